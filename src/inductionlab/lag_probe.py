@@ -1,0 +1,260 @@
+"""Protocol T1 — the lag probe (SPEC §4), free-recall style.
+
+One trial: ``[BOS] w1 … w500`` then the cue ``w250`` again; the next-token distribution at
+the last position is read, and the probability of the word at list position ``250 + k`` is
+the probability at **lag k** (k ∈ [−249, +250]; lag 0 = repeating the cue). Each trial is a
+fresh random order of a fixed set of the 500 most frequent single-token words (seed protocol:
+one 500-word sequence, 5,000 permutations); ``resample_words`` draws a new set per trial.
+Every condition sees the same trials (paired design).
+
+Reported per condition: mean raw probability per lag with a 95% CI over trials (normal
+approximation, mean ± 1.96·sd/√n), the same renormalised over the list tokens, the list mass
+(total probability on list tokens), and the arg-max response's lag (for the psifr-style CRP).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .ablation import Condition
+from .errors import InductionLabError
+from .instrument import ablate
+from .models import LoadedModel
+from .stimuli import seed_for, single_token_words
+
+Z95 = 1.959963984540054
+
+
+@dataclass
+class LagProbeConfig:
+    """Lag-probe parameters; defaults follow the seed protocol (SPEC §4) except where noted."""
+    list_length: int = 500          # words per list (seed protocol)
+    cue_position: int = 250         # 1-based list position of the repeated word (seed protocol)
+    n_permutations: int = 5000      # trials (seed protocol: 5,000; the CLI default is lower for CPU)
+    batch_size: int = 8             # trials per forward pass
+    seed: int = 0
+    resample_words: bool = False    # False: fixed set of the most frequent words, new order per trial
+    pool_size: int = 2000           # pool to resample from when resample_words
+    separator: str = " "            # between words: " " (each word its own leading-space token), ", ", "\n"
+    instruction: str = ""           # optional text after BOS, before the list
+    bos: bool = True
+    method: str = "zero"            # ablation method: zero | mean | sink
+
+
+@dataclass
+class Stimulus:
+    """The token layout of one list format."""
+    prefix_ids: list[int]
+    sep_ids: list[int]
+    word_prefix: str
+
+    def trial(self, word_ids: list[int], cue: int) -> list[int]:
+        """Token ids of one trial: prefix, words joined by separator, separator, cue, separator."""
+        ids = list(self.prefix_ids)
+        for j, w in enumerate(word_ids):
+            if j:
+                ids += self.sep_ids
+            ids.append(w)
+        return ids + self.sep_ids + [word_ids[cue - 1]] + self.sep_ids
+
+
+def make_stimulus(tokenizer, separator: str = " ", instruction: str = "", bos: bool = True) -> Stimulus:
+    """Token layout for a list format. A space separator folds into the words' leading space."""
+    word_prefix = "" if separator.endswith("\n") else " "
+    sep_text = separator.rstrip(" ")
+    sep_ids = tokenizer.encode(sep_text, add_special_tokens=False) if sep_text else []
+    prefix = []
+    if bos:
+        if tokenizer.bos_token_id is None:
+            raise InductionLabError("the tokenizer has no BOS token; pass --no-bos")
+        prefix.append(tokenizer.bos_token_id)
+    if instruction:
+        prefix += tokenizer.encode(instruction, add_special_tokens=False)
+    return Stimulus(prefix, sep_ids, word_prefix)
+
+
+@dataclass
+class LagProbeResult:
+    """Results of :func:`run_lag_probe`.
+
+    Attributes:
+        probs: condition name -> float32 ``[n_trials, list_length]`` raw probability of each
+            list position's word (column j ↔ lag ``j + 1 - cue_position``).
+        list_mass: condition name -> ``[n_trials]`` total probability on list tokens.
+        argmax_lag: condition name -> ``[n_trials]`` lag of the arg-max token (NaN if it is not a list word).
+        conditions: the :class:`Condition` list, in run order.
+        config: the :class:`LagProbeConfig` used; words: the word set (fixed mode).
+    """
+    probs: dict[str, np.ndarray]
+    list_mass: dict[str, np.ndarray]
+    argmax_lag: dict[str, np.ndarray]
+    conditions: list[Condition]
+    config: LagProbeConfig
+    words: list[str] = field(default_factory=list)
+
+    @property
+    def lags(self) -> np.ndarray:
+        return np.arange(1, self.config.list_length + 1) - self.config.cue_position
+
+    def _col(self, lag: int) -> int:
+        return lag + self.config.cue_position - 1
+
+    def summary(self) -> pd.DataFrame:
+        """Tidy table: one row per (condition, lag) with mean, 95% CI, renormalised mean and CI."""
+        rows = []
+        for c in self.conditions:
+            p = self.probs[c.name].astype(np.float64)
+            pr = p / p.sum(1, keepdims=True)
+            for arr, tag in ((p, ""), (pr, "_renorm")):
+                m, half = _mean_ci(arr)
+                if tag == "":
+                    base = pd.DataFrame({"condition": c.name, "kind": c.kind, "k": c.k, "draw": c.draw,
+                                         "lag": self.lags, "mean": m, "ci_low": m - half, "ci_high": m + half})
+                else:
+                    base["mean_renorm"], base["ci_low_renorm"], base["ci_high_renorm"] = m, m - half, m + half
+            rows.append(base)
+        return pd.concat(rows, ignore_index=True)
+
+    def headline(self) -> pd.DataFrame:
+        """One row per condition plus pooled ``random-k`` rows (per-trial mean over draws)."""
+        rows = []
+        for c in self.conditions:
+            rows.append(self._headline_row(c.name, c.kind, c.k, str(c.draw), self.probs[c.name], self.list_mass[c.name]))
+        ks = sorted({c.k for c in self.conditions if c.kind == "random"})
+        for k in ks:
+            names = [c.name for c in self.conditions if c.kind == "random" and c.k == k]
+            p = np.mean([self.probs[n] for n in names], axis=0)
+            mass = np.mean([self.list_mass[n] for n in names], axis=0)
+            rows.append(self._headline_row(f"random-{k}", "random", k, f"mean of {len(names)}", p, mass))
+        return pd.DataFrame(rows)
+
+    def _headline_row(self, name, kind, k, draw, p, mass) -> dict:
+        p = p.astype(np.float64)
+        out = {"condition": name, "kind": kind, "k": k, "draw": draw}
+        for lag, key in ((1, "lag_plus1"), (-1, "lag_minus1"), (0, "lag0")):
+            m, half = _mean_ci(p[:, self._col(lag)])
+            out[key], out[key + "_ci_low"], out[key + "_ci_high"] = m, m - half, m + half
+        m, half = _mean_ci(mass)
+        out["list_mass"], out["list_mass_ci_low"], out["list_mass_ci_high"] = m, m - half, m + half
+        return out
+
+    def to_json(self) -> dict:
+        """The ``lag_probe`` block of results.json."""
+        conds = []
+        for c in self.conditions:
+            p = self.probs[c.name].astype(np.float64)
+            m, half = _mean_ci(p)
+            h = self._headline_row(c.name, c.kind, c.k, c.draw, p, self.list_mass[c.name])
+            conds.append({**c.to_dict(), "n_trials": int(p.shape[0]),
+                          "lag_plus1": h["lag_plus1"], "lag_minus1": h["lag_minus1"], "lag0": h["lag0"],
+                          "list_mass": h["list_mass"],
+                          "lags": {int(l): float(v) for l, v in zip(self.lags, m)},
+                          "ci95": {int(l): [float(v - e), float(v + e)] for l, v, e in zip(self.lags, m, half)},
+                          "argmax_in_list": float(np.mean(~np.isnan(self.argmax_lag[c.name])))})
+        return {"config": asdict(self.config), "words": self.words, "conditions": conds,
+                "headline": self.headline().to_dict(orient="records")}
+
+
+def _mean_ci(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over axis 0 and the half-width of a normal-approximation 95% CI."""
+    arr = np.asarray(arr, dtype=np.float64)
+    n = arr.shape[0]
+    m = arr.mean(0)
+    half = Z95 * arr.std(0, ddof=1) / np.sqrt(n) if n > 1 else np.full_like(m, np.nan)
+    return m, half
+
+
+def next_token_probs(model, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token probabilities at the last position only. ``ids`` ``[B, T]`` → float32 ``[B, V]``."""
+    try:
+        logits = model(input_ids=ids, logits_to_keep=1).logits[:, -1]
+    except TypeError:  # architectures without logits_to_keep
+        logits = model(input_ids=ids).logits[:, -1]
+    return torch.softmax(logits.float(), dim=-1)
+
+
+def build_trials(loaded: LoadedModel, cfg: LagProbeConfig) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """All trials of a run.
+
+    Returns: ``ids`` LongTensor ``[n_trials, T]``, ``list_ids`` LongTensor ``[n_trials, list_length]``
+    (the word at each list position), and the word set (fixed mode; empty when resampling).
+
+    Raises:
+        InductionLabError: word pool smaller than the list; trial longer than the model's context;
+            cue position outside the list.
+    """
+    if not 1 <= cfg.cue_position <= cfg.list_length:
+        raise InductionLabError(f"cue position {cfg.cue_position} is outside a list of {cfg.list_length} words")
+    if cfg.n_permutations < 1:
+        raise InductionLabError("n_permutations must be at least 1")
+    tok = loaded.tokenizer
+    stim = make_stimulus(tok, cfg.separator, cfg.instruction, cfg.bos)
+    n_pool = max(cfg.pool_size, cfg.list_length) if cfg.resample_words else cfg.list_length
+    try:
+        pool = single_token_words(tok, n_pool, prefix=stim.word_prefix)
+    except InductionLabError as e:
+        raise InductionLabError(f"{e} (list length {cfg.list_length})") from None
+    length = len(stim.trial([p.token_id for p in pool[:cfg.list_length]], cfg.cue_position))
+    ctx = loaded.identity.get("max_position_embeddings")
+    if ctx and length > ctx:
+        raise InductionLabError(f"a trial of {length} tokens exceeds the model's context of {ctx}; "
+                                "use a shorter --list-length")
+    ids, lists = [], []
+    for t in range(cfg.n_permutations):
+        rng = np.random.default_rng(seed_for(cfg.seed, t))
+        if cfg.resample_words:
+            chosen = [pool[i].token_id for i in rng.choice(len(pool), cfg.list_length, replace=False)]
+        else:
+            chosen = [pool[i].token_id for i in rng.permutation(cfg.list_length)]
+        ids.append(stim.trial(chosen, cfg.cue_position))
+        lists.append(chosen)
+    words = [] if cfg.resample_words else [p.text for p in pool]
+    return torch.tensor(ids), torch.tensor(lists), words
+
+
+def run_lag_probe(loaded: LoadedModel, conditions: list[Condition], cfg: LagProbeConfig | None = None,
+                  progress=None) -> LagProbeResult:
+    """Run the lag probe under each condition (intact or with its heads ablated by ``cfg.method``).
+
+    Args:
+        loaded: from :func:`inductionlab.models.load_model`.
+        conditions: e.g. from :func:`inductionlab.ablation.ablation_conditions`.
+        progress: optional callable(n_trials_done) for a progress bar.
+
+    Raises:
+        InductionLabError: see :func:`build_trials`; head out of range; unknown method.
+    """
+    cfg = cfg or LagProbeConfig()
+    model = loaded.model
+    device = next(model.parameters()).device
+    ids, lists, words = build_trials(loaded, cfg)
+    ref = ids[: min(8, len(ids))].to(device) if cfg.method == "mean" else None
+    probs, mass, amax = {}, {}, {}
+    with torch.inference_mode():
+        for c in conditions:
+            ctx = ablate(model, c.heads, cfg.method, reference_ids=ref) if c.heads else contextlib.nullcontext()
+            out_p, out_m, out_a = [], [], []
+            with ctx:
+                for s in range(0, len(ids), cfg.batch_size):
+                    batch = ids[s:s + cfg.batch_size].to(device)
+                    lst = lists[s:s + cfg.batch_size].to(device)
+                    p = next_token_probs(model, batch)
+                    pl = p.gather(1, lst)                                        # [b, list_length]
+                    out_p.append(pl.cpu())
+                    out_m.append(pl.sum(1).cpu())
+                    top = p.argmax(1, keepdim=True)
+                    hit = (lst == top)
+                    col = hit.float().argmax(1).double() + 1 - cfg.cue_position
+                    col[~hit.any(1)] = float("nan")
+                    out_a.append(col.cpu())
+                    if progress is not None:
+                        progress(len(batch))
+            probs[c.name] = torch.cat(out_p).numpy()
+            mass[c.name] = torch.cat(out_m).double().numpy()
+            amax[c.name] = torch.cat(out_a).numpy()
+    return LagProbeResult(probs, mass, amax, list(conditions), cfg, words)
