@@ -29,3 +29,4 @@ def main() -> None:
 
 
 # Sub-commands live next to the API they wrap; each module registers itself on `main`.
+from . import cli_data  # noqa: E402,F401

@@ -1,0 +1,196 @@
+"""CLI for pretraining data: ``inductionlab corpus prepare|info`` and
+``inductionlab curriculum preview`` (thin layer over :mod:`inductionlab.data` and
+:mod:`inductionlab.curriculum`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+from .cli import main
+from .curriculum import SPAN_SOURCES, VARIANTS, BiInductStream, Batch, CurriculumConfig
+from .data.shards import TokenShards, prepare_corpus
+from .errors import InductionLabError
+
+
+@main.group()
+def corpus() -> None:
+    """Prepare and inspect tokenised pretraining corpora."""
+
+
+@corpus.command("prepare")
+@click.argument("source")
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path),
+              help="Directory to write (train.bin, heldout.bin, tokenizer.json, manifest.json).")
+@click.option("--tokenizer", default="bpe", show_default=True,
+              help="'bpe' (train a byte-level BPE on the training split), a tokenizer.json, a "
+                   "directory holding one, or a model spec such as smollm2-135m.")
+@click.option("--vocab-size", default=4096, show_default=True, help="BPE vocabulary size.")
+@click.option("--heldout-fraction", type=float, default=None,
+              help="Fraction of documents held out by MD5 [default: auto, 0.2%..5%].")
+@click.option("--seed", default=0, show_default=True, help="Seed of the document order.")
+@click.option("--text-field", default="text", show_default=True, help="JSONL/Parquet/dataset field.")
+@click.option("--max-documents", type=int, default=None, help="Use only the first N documents.")
+@click.option("--chunk-chars", default=4000, show_default=True,
+              help="Plain text: group paragraphs into documents of at least this many characters.")
+@click.option("--no-shuffle", is_flag=True, help="Keep source document order.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
+def corpus_prepare(source, out, tokenizer, vocab_size, heldout_fraction, seed, text_field,
+                   max_documents, chunk_chars, no_shuffle, overwrite) -> None:
+    """Tokenise SOURCE ('demo', a .txt/.jsonl/.parquet file or directory, or a saved Hugging
+    Face dataset) into memory-mapped shards with an MD5 held-out split."""
+    shards = prepare_corpus(source, out, tokenizer=tokenizer, vocab_size=vocab_size,
+                            heldout_fraction=heldout_fraction, seed=seed, text_field=text_field,
+                            max_documents=max_documents, chunk_chars=chunk_chars,
+                            shuffle=not no_shuffle, overwrite=overwrite)
+    _print_info(shards)
+
+
+@corpus.command("info")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--verify", is_flag=True, help="Also check the token files' sha256.")
+def corpus_info(path, verify) -> None:
+    """Summarise a prepared corpus directory."""
+    shards = TokenShards.open(path)
+    if verify:
+        shards.verify()
+    _print_info(shards)
+    if verify:
+        click.echo("sha256: ok")
+
+
+def _print_info(s: TokenShards) -> None:
+    m = s.manifest
+    t = m["tokenizer"]
+    click.echo(f"corpus: {s.path}  (source {m['source']['spec']}, {m['documents']} documents, "
+               f"{m['characters']:,} characters)")
+    click.echo(f"tokenizer: {t['spec']} vocab {t['vocab_size']}  eos {t['eos_id']} "
+               f"bos {t['bos_id']} sep {t['sep_id']} ({t['sep_token']!r})  dtype {m['dtype']}")
+    click.echo(f"held-out fraction: {m['heldout_fraction']:.4g} ({m['heldout_fraction_requested']})")
+    for split, c in m["splits"].items():
+        click.echo(f"  {split:8s} {c['documents']:>8,} documents {c['tokens']:>12,} tokens")
+
+
+@main.group()
+def curriculum() -> None:
+    """The Bi-Induct curriculum (SPEC §6)."""
+
+
+def _render_row(batch: Batch, row: int, decode, color: bool) -> str:
+    """Decoded window with snippets marked ⟦S ⟨SEP⟩ copy⟧ (newlines inside snippets as ↵)."""
+    ids = batch.input_ids[row].tolist()
+    out, col = [], 0
+    for r, start, L, direction in sorted(x for x in batch.snippets if x[0] == row):
+        out.append(decode(ids[col:start]))
+        s = decode(ids[start:start + L]).replace("\n", "↵")
+        copy = decode(ids[start + L + 1:start + 2 * L + 1]).replace("\n", "↵")
+        arrow = "→" if direction == "forward" else "←"
+        out.append(click.style(f"⟦{arrow} ", fg="yellow", bold=True) if color else f"⟦{arrow} ")
+        out.append(click.style(s, fg="cyan") if color else s)
+        out.append(click.style(" ⟨SEP⟩ ", fg="yellow") if color else " ⟨SEP⟩ ")
+        out.append(click.style(copy, fg="green" if direction == "forward" else "magenta")
+                   if color else copy)
+        out.append(click.style("⟧", fg="yellow", bold=True) if color else "⟧")
+        col = start + 2 * L + 1
+    out.append(decode(ids[col:]))
+    return "".join(out)
+
+
+def plot_synthetic_fraction(stream: BiInductStream, path: Path) -> None:
+    """PNG: realised snippet-token fraction per batch against the schedule m(t)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from .runs import atomic_write_bytes
+    import io
+
+    fr = stream.realised_fractions()
+    t0 = np.arange(stream.num_batches) * stream.tokens_per_batch
+    tt = np.linspace(0, stream.total_tokens, 400)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(t0 + stream.tokens_per_batch / 2, fr, ".", ms=3, alpha=0.5, label="realised (per batch)")
+    w = max(1, stream.num_batches // 50)
+    if stream.num_batches >= w and w > 1:
+        sm = np.convolve(fr, np.ones(w) / w, mode="valid")
+        ax.plot(t0[w - 1:] + stream.tokens_per_batch / 2 - (w - 1) * stream.tokens_per_batch / 2,
+                sm, "-", lw=1.5, label=f"realised ({w}-batch mean)")
+    ax.plot(tt, [stream.expected_fraction(t) for t in tt], "k--", lw=1, label="m(t) schedule")
+    ax.set_xlabel("training tokens t")
+    ax.set_ylabel("synthetic fraction")
+    ax.set_title(f"Bi-Induct {stream.cfg.variant}: m0={stream.cfg.m0}, "
+                 f"T_a={stream.anneal_tokens:,}, L={stream.lo if stream.lo == stream.hi else (stream.lo, stream.hi)}")
+    ax.set_ylim(-0.02, max(0.05, float(fr.max(initial=0)) * 1.15, stream.cfg.m0 * 1.15))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _parse_range(value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    try:
+        lo, hi = (int(x) for x in value.replace("-", ",").split(","))
+    except ValueError:
+        raise InductionLabError(f"--span-range {value!r} is not LO,HI (e.g. 10,30)") from None
+    return lo, hi
+
+
+@curriculum.command("preview")
+@click.argument("corpus_dir", type=click.Path(path_type=Path))
+@click.option("--variant", type=click.Choice(VARIANTS), default="balanced", show_default=True)
+@click.option("--span-length", default=20, show_default=True, help="L (SPEC §6).")
+@click.option("--span-range", default=None, help="Draw L per snippet from LO,HI instead.")
+@click.option("--m0", default=0.5, show_default=True, help="Initial synthetic-token fraction.")
+@click.option("--anneal-tokens", type=int, default=None, help="T_a [default: the budget].")
+@click.option("--span-source", type=click.Choice(SPAN_SOURCES), default="natural", show_default=True)
+@click.option("--sep-id", type=int, default=None, help="SEP id [default: newline token].")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--batch-size", default=8, show_default=True)
+@click.option("--seq-len", default=128, show_default=True)
+@click.option("--total-tokens", type=int, default=1_000_000, show_default=True)
+@click.option("--step", default=0, show_default=True, help="Batch to show.")
+@click.option("--windows", default=2, show_default=True, help="Rows of that batch to print.")
+@click.option("--plot", type=click.Path(path_type=Path), default=None,
+              help="Write a PNG of realised synthetic fraction vs the schedule.")
+@click.option("--color/--no-color", default=None, help="Colour snippets [default: if a terminal].")
+def curriculum_preview(corpus_dir, variant, span_length, span_range, m0, anneal_tokens,
+                       span_source, sep_id, seed, batch_size, seq_len, total_tokens, step,
+                       windows, plot, color) -> None:
+    """Print decoded training windows with Bi-Induct snippets marked ⟦→ S ⟨SEP⟩ copy⟧
+    (→ induction copy, ← reversed copy) and optionally plot the realised synthetic fraction."""
+    shards = TokenShards.open(corpus_dir)
+    cfg = CurriculumConfig(variant=variant, span_length=span_length,
+                           span_length_range=_parse_range(span_range), m0=m0,
+                           anneal_tokens=anneal_tokens, span_source=span_source, sep_id=sep_id,
+                           seed=seed)
+    stream = BiInductStream.from_shards(shards, cfg, batch_size=batch_size, seq_len=seq_len,
+                                        total_tokens=total_tokens)
+    b = stream.batch(step)
+    tok = shards.tokenizer()
+
+    def decode(ids):
+        return tok.decode(ids, skip_special_tokens=False)
+
+    if color is None:
+        color = sys.stdout.isatty()
+    fr = stream.realised_fractions()
+    click.echo(f"variant {variant}: {stream.num_batches} batches of {batch_size}x{seq_len}, "
+               f"{stream.total_tokens:,} tokens ({stream.epochs:.3f} epochs of natural text); "
+               f"step {step}: synthetic {b.synthetic_fraction:.3f}, m(t) "
+               f"{stream.expected_fraction(b.tokens_before):.3f}; whole run: realised "
+               f"{fr.mean():.4f} vs schedule mean "
+               f"{np.mean([stream.expected_fraction(t) for t in np.arange(stream.total_tokens, step=max(1, stream.total_tokens // 10000))]):.4f}")
+    for row in range(min(windows, batch_size)):
+        n = sum(1 for x in b.snippets if x[0] == row)
+        click.echo(click.style(f"--- window {row} ({n} snippets) ---", bold=True) if color
+                   else f"--- window {row} ({n} snippets) ---")
+        click.echo(_render_row(b, row, decode, color), color=color)
+    if plot is not None:
+        plot_synthetic_fraction(stream, plot)
+        click.echo(f"plot: {plot}")

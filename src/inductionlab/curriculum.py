@@ -1,0 +1,356 @@
+"""Protocol B1 — the Bi-Induct curriculum (SPEC §6) as a deterministic, iso-token stream.
+
+Training windows of ``seq_len`` tokens are cut from the natural token stream; a *snippet*
+``S SEP S`` (induction), ``S SEP reverse(S)`` (anti-induction) or, per snippet, one of the two
+with probability ½ (balanced) replaces natural tokens inside the window, so every variant
+trains on exactly the same number of tokens, windows and batches (iso-FLOPs).
+
+How a window (one row of a batch, global index ``r``, first token ``t_r = r·seq_len``) is built:
+
+1. Target: ``X_r = seq_len · mean_{t in window} m(t)`` synthetic tokens, with the mix ratio
+   ``m(t) = m0 · max(0, 1 − t / T_a)`` (SPEC §6), averaged exactly over the window's tokens.
+2. Snippet count ``k_r = floor(X_r / s̄) + Bernoulli(frac(X_r / s̄))`` where ``s̄ = 2·E[L] + 1``
+   is the mean snippet length, so ``E[synthetic tokens] = X_r`` exactly. Span lengths are ``L``
+   or, with ``span_length_range = (lo, hi)``, uniform integers in ``[lo, hi]`` per snippet
+   (rules out a fixed copy distance ``L + 1``, SPEC §6).
+3. Snippets that would overflow the window are dropped from the end, so the realised fraction
+   is capped near 1 (at most ``floor(seq_len / s)·s / seq_len`` with fixed length ``s = 2L+1``);
+   for ``m0 ≤ 0.5`` and ``2L+1 ≤ seq_len/2`` the cap never binds.
+4. The remaining ``n_r = seq_len − synthetic`` positions hold the next ``n_r`` natural tokens,
+   in order; the snippets sit between them at uniformly drawn gap positions. The natural
+   stream therefore advances by exactly ``n_r``: concatenating the natural tokens of all
+   windows gives the plain stream (wrapping around at its end; ``epochs`` records how often).
+5. ``S`` is a span of the natural stream at a uniformly drawn offset (spans containing a
+   special id are redrawn, up to 8 times), or ``L`` uniform random ids excluding the special
+   ids and SEP (``span_source="random"``).
+
+Every random quantity is a pure function of ``(seed, purpose, window index, slot)`` through the
+SplitMix64 finaliser (Steele, Lea & Flood 2014), so ``batch(step)`` is random access: a
+restarted trainer, or a DDP rank reading its rows, gets bit-identical batches without
+replaying the stream. The one piece of state, each window's offset into the natural stream,
+is a cumulative sum computed once (vectorised) in ``__init__``. For the same seed the snippet
+placements and spans are identical across ``induction``, ``anti`` and ``balanced``; only the
+copy's direction differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from .errors import InductionLabError
+
+VARIANTS = ("none", "induction", "anti", "balanced")
+SPAN_SOURCES = ("natural", "random")
+
+
+@dataclass
+class CurriculumConfig:
+    """Bi-Induct settings; defaults are SPEC §6's."""
+    variant: str = "none"            # none | induction | anti | balanced
+    span_length: int = 20            # L (SPEC §6: L = 20)
+    span_length_range: tuple[int, int] | None = None  # per-snippet L ~ U{lo..hi} (SPEC §6 option)
+    m0: float = 0.5                  # initial mix ratio (SPEC §6: m0 = 0.5)
+    anneal_tokens: int | None = None  # T_a; None = the full token budget (SPEC §6)
+    span_source: str = "natural"     # natural | random (SPEC §6 decision: natural)
+    sep_id: int | None = None        # None -> TokenShards.sep_id (newline / space token)
+    seed: int = 0
+
+    def length_bounds(self) -> tuple[int, int]:
+        """(lo, hi) of the span length L."""
+        if self.span_length_range is not None:
+            lo, hi = self.span_length_range
+            return int(lo), int(hi)
+        return int(self.span_length), int(self.span_length)
+
+
+@dataclass
+class Batch:
+    """One training batch.
+
+    Attributes:
+        step: batch index.
+        input_ids: LongTensor [batch_size, seq_len]; labels are the same ids (HF shifts them).
+        synthetic_mask: BoolTensor [batch_size, seq_len], True on snippet tokens (S, SEP, copy).
+        tokens_before: training tokens before this batch (= step · batch_size · seq_len).
+        synthetic_fraction: realised fraction of snippet tokens in this batch.
+        snippets: (row, start column, span length L, "forward" | "backward") per snippet; the
+            snippet occupies columns [start, start + 2L + 1).
+    """
+    step: int
+    input_ids: torch.Tensor
+    synthetic_mask: torch.Tensor
+    tokens_before: int
+    synthetic_fraction: float
+    snippets: list[tuple[int, int, int, str]] = field(default_factory=list)
+
+
+# --- stateless randomness: SplitMix64 finaliser (Steele, Lea & Flood 2014) ----------------------
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_C1 = np.uint64(0xBF58476D1CE4E5B9)
+_C2 = np.uint64(0x94D049BB133111EB)
+_P_COUNT, _P_LEN, _P_POS, _P_DIR, _P_SPAN, _P_RAND = 1, 2, 3, 4, 5, 6
+_SPAN_TRIES = 8
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 step on a uint64 array (wrapping arithmetic)."""
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * _C1
+    x = (x ^ (x >> np.uint64(27))) * _C2
+    return x ^ (x >> np.uint64(31))
+
+
+def _uniform(seed: int, purpose: int, rows: np.ndarray, slots: np.ndarray | int = 0) -> np.ndarray:
+    """Uniform floats in [0, 1), a pure function of (seed, purpose, row, slot); broadcasts."""
+    with np.errstate(over="ignore"):
+        key = _mix(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) ^ np.uint64(purpose))
+        h = _mix(key ^ np.asarray(rows, dtype=np.uint64))
+        h = _mix(h ^ np.asarray(slots, dtype=np.uint64))
+    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+
+class BiInductStream:
+    """Deterministic, resumable Bi-Induct batches over a natural token stream.
+
+    Args:
+        tokens: 1-D array of natural token ids (e.g. ``TokenShards.train``), documents joined by EOS.
+        cfg: :class:`CurriculumConfig`.
+        batch_size, seq_len: rows per batch, tokens per row.
+        total_tokens: training budget in tokens; ``num_batches = total_tokens // (batch_size·seq_len)``.
+        vocab_size: ids are < vocab_size (random spans draw from it).
+        sep_id: SEP token id (used when ``cfg.sep_id`` is None).
+        special_ids: ids never put inside S (e.g. EOS, BOS); SEP is also excluded from random S.
+
+    Raises:
+        InductionLabError: unknown variant or span source, m0 outside [0, 1], span length < 1 or
+            a snippet (2L + 1 tokens) longer than ``seq_len``, budget below one batch, empty
+            token stream, ids out of range.
+    """
+
+    def __init__(self, tokens: np.ndarray, cfg: CurriculumConfig, *, batch_size: int,
+                 seq_len: int, total_tokens: int, vocab_size: int, sep_id: int,
+                 special_ids: Sequence[int] = ()):
+        self.cfg = cfg
+        self.tokens = tokens
+        self.batch_size, self.seq_len = int(batch_size), int(seq_len)
+        self.vocab_size = int(vocab_size)
+        self.sep_id = int(cfg.sep_id if cfg.sep_id is not None else sep_id)
+        self.special_ids = tuple(int(i) for i in special_ids)
+        self._validate(total_tokens)
+        self.tokens_per_batch = self.batch_size * self.seq_len
+        self.num_batches = int(total_tokens) // self.tokens_per_batch
+        self.total_tokens = self.num_batches * self.tokens_per_batch
+        self.anneal_tokens = int(cfg.anneal_tokens) if cfg.anneal_tokens is not None else self.total_tokens
+        self.lo, self.hi = cfg.length_bounds()
+        self.active = cfg.variant != "none" and cfg.m0 > 0
+        self._kmax = self.seq_len // (2 * self.lo + 1) if self.active else 0
+        self._mean_snippet = 2.0 * (self.lo + self.hi) / 2.0 + 1.0
+        if cfg.span_source == "random":
+            allowed = np.ones(self.vocab_size, dtype=bool)
+            for i in (*self.special_ids, self.sep_id):
+                if 0 <= i < self.vocab_size:
+                    allowed[i] = False
+            self._allowed = np.flatnonzero(allowed)
+            if self._allowed.size == 0:
+                raise InductionLabError("no token id left for random spans after excluding the "
+                                        "special ids and SEP; check vocab_size")
+        # Natural tokens per window, then each window's offset into the stream (one cumsum).
+        n_rows = self.num_batches * self.batch_size
+        synth = np.zeros(n_rows, dtype=np.int64)
+        if self.active:
+            chunk = max(1, (1 << 22) // max(1, self._kmax))
+            for a in range(0, n_rows, chunk):
+                rows = np.arange(a, min(n_rows, a + chunk), dtype=np.int64)
+                synth[a:a + rows.size] = self._plan(rows)[2]
+        self._synthetic = synth
+        self._offsets = np.concatenate([[0], np.cumsum(self.seq_len - synth)]).astype(np.int64)
+        self.natural_tokens_used = int(self._offsets[-1])
+        self.epochs = self.natural_tokens_used / len(self.tokens)
+
+    # -- validation ----------------------------------------------------------------------------
+    def _validate(self, total_tokens: int) -> None:
+        c = self.cfg
+        if c.variant not in VARIANTS:
+            raise InductionLabError(f"unknown curriculum variant {c.variant!r}; use one of "
+                                    f"{', '.join(VARIANTS)}")
+        if c.span_source not in SPAN_SOURCES:
+            raise InductionLabError(f"unknown span source {c.span_source!r}; use natural or random")
+        if not (isinstance(c.m0, (int, float)) and 0.0 <= c.m0 <= 1.0):
+            raise InductionLabError(f"m0 must be in [0, 1] (a fraction of training tokens), got {c.m0}")
+        if c.anneal_tokens is not None and c.anneal_tokens <= 0:
+            raise InductionLabError(f"anneal_tokens must be > 0 (or None = the full budget), "
+                                    f"got {c.anneal_tokens}")
+        if self.batch_size < 1 or self.seq_len < 1:
+            raise InductionLabError(f"batch_size and seq_len must be >= 1, got "
+                                    f"{self.batch_size} and {self.seq_len}")
+        lo, hi = c.length_bounds()
+        if lo < 1 or hi < lo:
+            raise InductionLabError(f"span length must be >= 1 (range lo <= hi), got "
+                                    f"{c.span_length_range or c.span_length}")
+        if c.variant != "none" and 2 * hi + 1 > self.seq_len:
+            raise InductionLabError(f"span length {hi} does not fit the context: a snippet "
+                                    f"S SEP copy takes 2*{hi}+1 = {2 * hi + 1} tokens > seq_len "
+                                    f"{self.seq_len}; use a span length <= {(self.seq_len - 1) // 2}")
+        tok = self.tokens
+        if getattr(tok, "ndim", 0) != 1 or len(tok) == 0:
+            raise InductionLabError("the natural token stream is empty or not 1-D; "
+                                    "prepare a corpus with inductionlab corpus prepare")
+        if c.variant != "none" and c.span_source == "natural" and len(tok) < hi:
+            raise InductionLabError(f"the token stream ({len(tok)} tokens) is shorter than the "
+                                    f"span length {hi}")
+        if not 0 <= self.sep_id < self.vocab_size:
+            raise InductionLabError(f"sep_id {self.sep_id} outside the vocabulary [0, {self.vocab_size})")
+        if int(total_tokens) < self.batch_size * self.seq_len:
+            raise InductionLabError(f"token budget {total_tokens} is below one batch "
+                                    f"({self.batch_size}x{self.seq_len} = "
+                                    f"{self.batch_size * self.seq_len} tokens); raise total_tokens")
+
+    # -- schedule ------------------------------------------------------------------------------
+    def expected_fraction(self, t: int) -> float:
+        """m(t) = m0 · max(0, 1 − t / T_a): expected fraction of snippet tokens at training
+        token t (0 for variant ``none``)."""
+        if not self.active:
+            return 0.0
+        return float(self.cfg.m0 * max(0.0, 1.0 - t / self.anneal_tokens))
+
+    def _window_mean(self, rows: np.ndarray) -> np.ndarray:
+        """Exact mean of m(t) over each window's tokens t in [r·T, (r+1)·T)."""
+        a = rows.astype(np.float64) * self.seq_len
+        c = np.minimum(a + self.seq_len, float(self.anneal_tokens))
+        n = np.maximum(c - a, 0.0)  # tokens of the window with t < T_a
+        s = n - (a + c - 1.0) * n / (2.0 * self.anneal_tokens)
+        return self.cfg.m0 * s / self.seq_len
+
+    # -- plan ----------------------------------------------------------------------------------
+    def _plan(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per window: snippet count k [R], span lengths [R, kmax] (first k valid), synthetic
+        token count [R]."""
+        kmax = self._kmax
+        target = self._window_mean(rows) * self.seq_len / self._mean_snippet
+        base = np.floor(target)
+        k = (base + (_uniform(self.cfg.seed, _P_COUNT, rows) < target - base)).astype(np.int64)
+        k = np.minimum(k, kmax)
+        slots = np.arange(kmax, dtype=np.int64)[None, :]
+        if self.hi > self.lo:
+            u = _uniform(self.cfg.seed, _P_LEN, rows[:, None], slots)
+            lens = self.lo + np.floor(u * (self.hi - self.lo + 1)).astype(np.int64)
+        else:
+            lens = np.full((rows.size, kmax), self.lo, dtype=np.int64)
+        sizes = np.where(slots < k[:, None], 2 * lens + 1, 0)
+        fits = np.cumsum(sizes, axis=1) <= self.seq_len      # drop overflowing tail snippets
+        k = np.minimum(k, fits.sum(axis=1))
+        synth = np.where(slots < k[:, None], 2 * lens + 1, 0).sum(axis=1)
+        return k, lens, synth
+
+    def realised_fractions(self) -> np.ndarray:
+        """Realised snippet-token fraction of every batch, float64 [num_batches] (no batch built)."""
+        s = self._synthetic.reshape(self.num_batches, self.batch_size).sum(axis=1)
+        return s / self.tokens_per_batch
+
+    def natural_offset(self, row: int) -> int:
+        """Position in the (unwrapped) natural stream where window ``row`` starts reading."""
+        return int(self._offsets[row])
+
+    # -- batches -------------------------------------------------------------------------------
+    def _span(self, row: int, slot: int, length: int) -> np.ndarray:
+        c = self.cfg
+        if c.span_source == "random":
+            u = _uniform(c.seed, _P_RAND, np.full(length, row), slot * self.hi + np.arange(length))
+            return self._allowed[np.floor(u * self._allowed.size).astype(np.int64)]
+        n = len(self.tokens)
+        tries = np.arange(_SPAN_TRIES)
+        starts = np.floor(_uniform(c.seed, _P_SPAN, np.full(_SPAN_TRIES, row),
+                                   slot * _SPAN_TRIES + tries) * (n - length + 1)).astype(np.int64)
+        span = None
+        for s in starts:
+            span = np.asarray(self.tokens[s:s + length], dtype=np.int64)
+            if not self.special_ids or not np.isin(span, self.special_ids).any():
+                break
+        return span
+
+    def batch(self, step: int) -> Batch:
+        """Batch ``step`` (0-based); a pure function of (tokens, cfg, step).
+
+        Raises:
+            InductionLabError: step outside [0, num_batches).
+        """
+        if not 0 <= step < self.num_batches:
+            raise InductionLabError(f"step {step} outside [0, {self.num_batches})")
+        B, T, c = self.batch_size, self.seq_len, self.cfg
+        rows = step * B + np.arange(B, dtype=np.int64)
+        ids = np.empty((B, T), dtype=np.int64)
+        mask = np.zeros((B, T), dtype=bool)
+        snippets: list[tuple[int, int, int, str]] = []
+        if self.active:
+            k, lens, synth = self._plan(rows)
+            slots = np.arange(max(1, self._kmax))
+            upos = _uniform(c.seed, _P_POS, rows[:, None], slots[None, :])
+            udir = _uniform(c.seed, _P_DIR, rows[:, None], slots[None, :])
+        else:
+            k, synth = np.zeros(B, dtype=np.int64), np.zeros(B, dtype=np.int64)
+        n_tok = len(self.tokens)
+        for b in range(B):
+            r = int(rows[b])
+            n_nat = T - int(synth[b])
+            off = int(self._offsets[r])
+            idx = np.arange(off, off + n_nat) % n_tok
+            natural = np.asarray(self.tokens[idx], dtype=np.int64) if n_nat else np.zeros(0, np.int64)
+            kb = int(k[b])
+            if kb == 0:
+                ids[b] = natural
+                continue
+            gaps = np.sort(np.floor(upos[b, :kb] * (n_nat + 1)).astype(np.int64))
+            col, prev = 0, 0
+            for j in range(kb):
+                g = int(gaps[j])
+                ids[b, col:col + g - prev] = natural[prev:g]
+                col += g - prev
+                prev = g
+                L = int(lens[b, j])
+                S = self._span(r, j, L)
+                forward = c.variant == "induction" or (c.variant == "balanced" and udir[b, j] < 0.5)
+                ids[b, col:col + L] = S
+                ids[b, col + L] = self.sep_id
+                ids[b, col + L + 1:col + 2 * L + 1] = S if forward else S[::-1]
+                mask[b, col:col + 2 * L + 1] = True
+                snippets.append((b, col, L, "forward" if forward else "backward"))
+                col += 2 * L + 1
+            ids[b, col:] = natural[prev:]
+        return Batch(step=step, input_ids=torch.from_numpy(ids), synthetic_mask=torch.from_numpy(mask),
+                     tokens_before=step * self.tokens_per_batch,
+                     synthetic_fraction=float(synth.sum()) / self.tokens_per_batch,
+                     snippets=snippets)
+
+    def batches(self, start_step: int = 0) -> Iterator[Batch]:
+        """Batches ``start_step, ..., num_batches − 1``; resuming at a step reproduces the
+        uninterrupted stream exactly."""
+        if not 0 <= start_step <= self.num_batches:
+            raise InductionLabError(f"start_step {start_step} outside [0, {self.num_batches}]")
+        for s in range(start_step, self.num_batches):
+            yield self.batch(s)
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    @classmethod
+    def from_shards(cls, shards, cfg: CurriculumConfig, *, batch_size: int, seq_len: int,
+                    total_tokens: int) -> "BiInductStream":
+        """Stream over ``shards.train`` with its vocabulary, SEP and special ids (EOS, BOS)."""
+        special = [shards.eos_id] + ([shards.bos_id] if shards.bos_id is not None else [])
+        return cls(shards.train, cfg, batch_size=batch_size, seq_len=seq_len,
+                   total_tokens=total_tokens, vocab_size=shards.vocab_size,
+                   sep_id=shards.sep_id, special_ids=special)
+
+    def describe(self) -> dict:
+        """Run-record entry: config, budget, epochs over the natural stream."""
+        from dataclasses import asdict
+        return {**asdict(self.cfg), "sep_id_used": self.sep_id, "batch_size": self.batch_size,
+                "seq_len": self.seq_len, "num_batches": self.num_batches,
+                "total_tokens": self.total_tokens, "anneal_tokens_used": self.anneal_tokens,
+                "natural_tokens_used": self.natural_tokens_used, "epochs": self.epochs,
+                "synthetic_tokens": int(self._synthetic.sum()), "special_ids": list(self.special_ids)}

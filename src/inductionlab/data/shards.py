@@ -1,0 +1,309 @@
+"""Tokenised corpus shards: written once by :func:`prepare_corpus`, memory-mapped for training.
+
+A prepared corpus is a directory::
+
+    manifest.json          source, corpus hash, tokenizer, token counts per split, split rule
+    train.bin              1-D token ids, uint16 (vocab < 65536) or uint32, documents each followed by EOS
+    heldout.bin            the same for the held-out split
+    tokenizer.json         the tokenizer (``tokenizers`` JSON), plus tokenizer_config.json so
+                           ``AutoTokenizer.from_pretrained(dir)`` knows EOS
+
+Documents are assigned to a split by the MD5 rule of :mod:`inductionlab.data.corpus`, and the
+order of documents inside each split is a permutation drawn from ``seed`` (so a corpus stored
+book by book does not train book by book). The directory is written in a staging directory and
+renamed into place only when complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import InductionLabError
+from ..runs import atomic_write_json, staged_run_dir, versions
+from .corpus import auto_heldout_fraction, md5_unit, resolve_source
+from .tokenizer import TokenizerInfo, load_tokenizer, train_bpe
+
+FORMAT = "inductionlab-token-shards/1"
+SPLITS = ("train", "heldout")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocab < 65536), else uint32."""
+    return np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
+
+
+def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+@dataclass
+class TokenShards:
+    """A prepared corpus directory, memory-mapped.
+
+    Attributes:
+        train, heldout: 1-D read-only memmaps of token ids (``dtype`` uint16 or uint32),
+            every document followed by ``eos_id``.
+        manifest: the parsed ``manifest.json``.
+        vocab_size: tokenizer vocabulary size (ids are < vocab_size).
+        tokenizer_path: ``tokenizer.json``, loadable with
+            ``transformers.PreTrainedTokenizerFast(tokenizer_file=...)``.
+        bos_id, eos_id, sep_id: special ids; ``sep_id`` is the Bi-Induct separator default
+            (the single newline token, else the single space token; SPEC §6).
+    """
+    path: Path
+    manifest: dict
+    train: np.ndarray
+    heldout: np.ndarray
+    vocab_size: int
+    tokenizer_path: Path
+    eos_id: int
+    bos_id: int | None
+    sep_id: int
+    _tok: object = field(default=None, repr=False)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "TokenShards":
+        """Open a directory written by :func:`prepare_corpus`.
+
+        Raises:
+            InductionLabError: missing or unreadable manifest, unknown format, missing token
+                file, or a token file whose size disagrees with the manifest's token count.
+        """
+        path = Path(path)
+        mf = path / "manifest.json"
+        if not mf.is_file():
+            raise InductionLabError(f"{path} is not a prepared corpus (no manifest.json); "
+                                    "run: inductionlab corpus prepare SOURCE --out DIR")
+        try:
+            manifest = json.loads(mf.read_text())
+            fmt = manifest["format"]
+            tok = manifest["tokenizer"]
+            counts = manifest["splits"]
+            dtype = np.dtype(manifest["dtype"])
+            vocab_size, eos_id, sep_id = int(tok["vocab_size"]), int(tok["eos_id"]), int(tok["sep_id"])
+            bos_id = None if tok.get("bos_id") is None else int(tok["bos_id"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise InductionLabError(f"{mf} is corrupt ({type(e).__name__}: {e}); "
+                                    "prepare the corpus again") from None
+        if fmt != FORMAT:
+            raise InductionLabError(f"{mf}: format {fmt!r} is not {FORMAT!r}; prepare the corpus "
+                                    "again with this inductionlab")
+        arrays = {}
+        for split in SPLITS:
+            f = path / f"{split}.bin"
+            n = int(counts[split]["tokens"])
+            if not f.is_file():
+                raise InductionLabError(f"{f} missing; prepare the corpus again")
+            size = f.stat().st_size
+            if size != n * dtype.itemsize:
+                raise InductionLabError(f"{f} has {size} bytes, manifest says {n} tokens of "
+                                        f"{dtype.name}; the file is truncated or corrupt, prepare "
+                                        "the corpus again")
+            arrays[split] = (np.memmap(f, dtype=dtype, mode="r", shape=(n,)) if n
+                             else np.zeros(0, dtype=dtype))
+        tp = path / "tokenizer.json"
+        if not tp.is_file():
+            raise InductionLabError(f"{tp} missing; prepare the corpus again")
+        return cls(path, manifest, arrays["train"], arrays["heldout"], vocab_size, tp,
+                   eos_id, bos_id, sep_id)
+
+    def tokenizer(self):
+        """The ``tokenizers.Tokenizer`` (loaded once)."""
+        if self._tok is None:
+            from tokenizers import Tokenizer
+            self._tok = Tokenizer.from_file(str(self.tokenizer_path))
+        return self._tok
+
+    def hf_tokenizer(self):
+        """A ``transformers.PreTrainedTokenizerFast`` with EOS (and BOS, if any) set."""
+        from transformers import PreTrainedTokenizerFast
+        tok = self.tokenizer()
+        kw = {"eos_token": tok.id_to_token(self.eos_id)}
+        if self.bos_id is not None:
+            kw["bos_token"] = tok.id_to_token(self.bos_id)
+        return PreTrainedTokenizerFast(tokenizer_file=str(self.tokenizer_path), **kw)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer().decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def verify(self) -> None:
+        """Check the token files' sha256 against the manifest.
+
+        Raises:
+            InductionLabError: a file's hash differs.
+        """
+        for split in SPLITS:
+            want = self.manifest["splits"][split]["sha256"]
+            got = _sha256_file(self.path / f"{split}.bin")
+            if got != want:
+                raise InductionLabError(f"{self.path / (split + '.bin')} sha256 {got[:12]}... "
+                                        f"!= manifest {want[:12]}...; prepare the corpus again")
+
+
+def _limited(docs: Iterator[str], max_documents: int | None) -> Iterator[str]:
+    for i, d in enumerate(docs):
+        if max_documents is not None and i >= max_documents:
+            return
+        yield d
+
+
+def prepare_corpus(source: str | os.PathLike, out_dir: str | os.PathLike, *,
+                   tokenizer: str = "bpe", vocab_size: int = 4096,
+                   heldout_fraction: float | None = None, seed: int = 0,
+                   text_field: str = "text", max_documents: int | None = None,
+                   chunk_chars: int = 4000, shuffle: bool = True,
+                   overwrite: bool = False) -> TokenShards:
+    """Tokenise a corpus once into memory-mappable shards with a manifest.
+
+    Args:
+        source: ``"demo"``, a .txt/.jsonl/.parquet file (optionally .gz for text/JSONL), an
+            on-disk Hugging Face dataset, or a directory of such files
+            (:func:`inductionlab.data.corpus.resolve_source`).
+        out_dir: directory to create (must be new or empty unless ``overwrite``).
+        tokenizer: ``"bpe"`` to train a byte-level BPE of ``vocab_size`` on the training split,
+            or an existing tokenizer (tokenizer.json, a directory holding one, a model spec).
+        heldout_fraction: expected fraction of documents held out by the MD5 rule; ``None`` =
+            ``clip(200_000 / total characters, 0.002, 0.05)`` (0.2 % is the paper's value).
+        seed: seeds the permutation of document order within each split.
+        max_documents: use only the first N documents of the source.
+        chunk_chars: plain-text paragraphs are grouped into documents of at least this many
+            characters.
+        shuffle: permute document order with ``seed`` (memory ~ corpus tokens); False streams
+            documents in source order.
+
+    Returns:
+        The opened :class:`TokenShards`.
+
+    Raises:
+        InductionLabError: empty corpus, bad fraction, empty split, bad source or tokenizer.
+    """
+    if heldout_fraction is not None and not 0.0 <= heldout_fraction < 1.0:
+        raise InductionLabError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
+    if max_documents is not None and max_documents < 1:
+        raise InductionLabError(f"max_documents must be >= 1, got {max_documents}")
+    src = resolve_source(source, text_field=text_field, chunk_chars=chunk_chars)
+
+    def docs() -> Iterator[str]:
+        return _limited(src.documents(), max_documents)
+
+    # Pass 1: hash every document, count characters.
+    units, chars = [], []
+    corpus_hash = hashlib.sha256()
+    for d in docs():
+        h = hashlib.md5(d.encode("utf-8"))
+        corpus_hash.update(h.digest())
+        units.append(int(h.hexdigest(), 16) / float(2 ** 128))
+        chars.append(len(d))
+    if not units:
+        raise InductionLabError(f"corpus {source!s} has no non-empty document; check the path "
+                                "and --text-field")
+    total_chars = int(sum(chars))
+    fraction = auto_heldout_fraction(total_chars) if heldout_fraction is None else heldout_fraction
+    held = np.asarray(units) < fraction
+    n_held = int(held.sum())
+    if n_held == len(units):
+        raise InductionLabError(f"all {len(units)} documents fell in the held-out split "
+                                f"(fraction {fraction}); lower --heldout-fraction")
+    if fraction > 0 and n_held == 0:
+        raise InductionLabError(f"the held-out split is empty ({len(units)} documents, fraction "
+                                f"{fraction:.4g}); raise --heldout-fraction, add documents, or "
+                                "pass 0 for no held-out split")
+
+    # Pass 2: the tokenizer (a BPE sees the training split only).
+    if tokenizer == "bpe":
+        info: TokenizerInfo = train_bpe((d for d, h in zip(docs(), held) if not h), vocab_size)
+    else:
+        info = load_tokenizer(tokenizer)
+    tok = info.tokenizer
+    vocab = info.vocab_size
+    dtype = token_dtype(vocab)
+
+    # Pass 3: tokenise; each document followed by EOS.
+    out_dir = Path(out_dir)
+    with staged_run_dir(out_dir, overwrite=overwrite) as stage:
+        per_split: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
+        counts = {s: {"documents": 0, "tokens": 0, "characters": 0} for s in SPLITS}
+        files = {s: open(stage / f"{s}.bin", "wb") for s in SPLITS}
+        eos = np.array([info.eos_id], dtype=dtype)
+        try:
+            batch: list[tuple[str, bool]] = []
+
+            def flush() -> None:
+                enc = tok.encode_batch([d for d, _ in batch], add_special_tokens=False)
+                for (d, h), e in zip(batch, enc):
+                    split = "heldout" if h else "train"
+                    ids = np.concatenate([np.asarray(e.ids, dtype=dtype), eos])
+                    counts[split]["documents"] += 1
+                    counts[split]["tokens"] += int(ids.size)
+                    counts[split]["characters"] += len(d)
+                    if shuffle:
+                        per_split[split].append(ids)
+                    else:
+                        files[split].write(ids.tobytes())
+                batch.clear()
+
+            for d, h in zip(docs(), held):
+                batch.append((d, bool(h)))
+                if len(batch) >= 256:
+                    flush()
+            if batch:
+                flush()
+            if shuffle:
+                rng = np.random.default_rng(seed)
+                for s in SPLITS:
+                    for i in rng.permutation(len(per_split[s])):
+                        files[s].write(per_split[s][i].tobytes())
+        finally:
+            for f in files.values():
+                f.close()
+        for s in SPLITS:
+            counts[s]["sha256"] = _sha256_file(stage / f"{s}.bin")
+        _save_tokenizer(info, stage)
+        manifest = {
+            "format": FORMAT,
+            "source": src.describe(),
+            "corpus_sha256": corpus_hash.hexdigest(),
+            "documents": len(units),
+            "characters": total_chars,
+            "max_documents": max_documents,
+            "heldout_fraction": fraction,
+            "heldout_fraction_requested": "auto" if heldout_fraction is None else heldout_fraction,
+            "split_rule": "heldout iff int(md5(utf8(document)), 16) / 2**128 < heldout_fraction",
+            "seed": seed,
+            "shuffle": shuffle,
+            "dtype": dtype.name,
+            "tokenizer": {**info.describe(), "file": "tokenizer.json",
+                          "vocab_size_requested": vocab_size if tokenizer == "bpe" else None,
+                          "sha256": _sha256_file(stage / "tokenizer.json")},
+            "splits": counts,
+            "versions": versions(),
+        }
+        atomic_write_json(stage / "manifest.json", manifest)
+    return TokenShards.open(out_dir)
+
+
+def _save_tokenizer(info: TokenizerInfo, d: Path) -> None:
+    """tokenizer.json plus tokenizer_config.json (EOS/BOS) via transformers' save_pretrained."""
+    from transformers import PreTrainedTokenizerFast
+    tok = info.tokenizer
+    kw = {"eos_token": tok.id_to_token(info.eos_id)}
+    if info.bos_id is not None:
+        kw["bos_token"] = tok.id_to_token(info.bos_id)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, **kw)
+    hf.save_pretrained(str(d))
+    if not (d / "tokenizer.json").is_file():  # pragma: no cover - transformers always writes it
+        tok.save(str(d / "tokenizer.json"))
+
+
+__all__ = ["TokenShards", "prepare_corpus", "token_dtype", "md5_unit", "FORMAT"]
