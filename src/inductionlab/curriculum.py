@@ -257,21 +257,25 @@ class BiInductStream:
         return int(self._offsets[row])
 
     # -- batches -------------------------------------------------------------------------------
-    def _span(self, row: int, slot: int, length: int) -> np.ndarray:
-        c = self.cfg
+    def _spans(self, rows: np.ndarray, slots: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """S for each snippet: int64 [n, hi], the first ``lens[i]`` entries valid."""
+        c, hi = self.cfg, self.hi
+        q = np.arange(hi)
         if c.span_source == "random":
-            u = _uniform(c.seed, _P_RAND, np.full(length, row), slot * self.hi + np.arange(length))
+            u = _uniform(c.seed, _P_RAND, rows[:, None], slots[:, None] * hi + q[None, :])
             return self._allowed[np.floor(u * self._allowed.size).astype(np.int64)]
         n = len(self.tokens)
         tries = np.arange(_SPAN_TRIES)
-        starts = np.floor(_uniform(c.seed, _P_SPAN, np.full(_SPAN_TRIES, row),
-                                   slot * _SPAN_TRIES + tries) * (n - length + 1)).astype(np.int64)
-        span = None
-        for s in starts:
-            span = np.asarray(self.tokens[s:s + length], dtype=np.int64)
-            if not self.special_ids or not np.isin(span, self.special_ids).any():
-                break
-        return span
+        u = _uniform(c.seed, _P_SPAN, rows[:, None], slots[:, None] * _SPAN_TRIES + tries[None, :])
+        starts = np.floor(u * (n - lens[:, None] + 1)).astype(np.int64)           # [n, tries]
+        win = np.asarray(self.tokens[np.minimum(starts[:, :, None] + q, n - 1)], dtype=np.int64)
+        if self.special_ids:
+            bad = (np.isin(win, self.special_ids) & (q < lens[:, None, None])).any(axis=2)
+            ok = ~bad
+            pick = np.where(ok.any(axis=1), ok.argmax(axis=1), _SPAN_TRIES - 1)  # first clean try
+        else:
+            pick = np.zeros(len(rows), dtype=np.int64)
+        return win[np.arange(len(rows)), pick]
 
     def batch(self, step: int) -> Batch:
         """Batch ``step`` (0-based); a pure function of (tokens, cfg, step).
@@ -286,41 +290,49 @@ class BiInductStream:
         ids = np.empty((B, T), dtype=np.int64)
         mask = np.zeros((B, T), dtype=bool)
         snippets: list[tuple[int, int, int, str]] = []
+        synth = np.zeros(B, dtype=np.int64)
         if self.active:
             k, lens, synth = self._plan(rows)
-            slots = np.arange(max(1, self._kmax))
-            upos = _uniform(c.seed, _P_POS, rows[:, None], slots[None, :])
-            udir = _uniform(c.seed, _P_DIR, rows[:, None], slots[None, :])
-        else:
-            k, synth = np.zeros(B, dtype=np.int64), np.zeros(B, dtype=np.int64)
-        n_tok = len(self.tokens)
-        for b in range(B):
-            r = int(rows[b])
-            n_nat = T - int(synth[b])
-            off = int(self._offsets[r])
-            idx = np.arange(off, off + n_nat) % n_tok
-            natural = np.asarray(self.tokens[idx], dtype=np.int64) if n_nat else np.zeros(0, np.int64)
-            kb = int(k[b])
-            if kb == 0:
-                ids[b] = natural
-                continue
-            gaps = np.sort(np.floor(upos[b, :kb] * (n_nat + 1)).astype(np.int64))
-            col, prev = 0, 0
-            for j in range(kb):
-                g = int(gaps[j])
-                ids[b, col:col + g - prev] = natural[prev:g]
-                col += g - prev
-                prev = g
-                L = int(lens[b, j])
-                S = self._span(r, j, L)
-                forward = c.variant == "induction" or (c.variant == "balanced" and udir[b, j] < 0.5)
-                ids[b, col:col + L] = S
-                ids[b, col + L] = self.sep_id
-                ids[b, col + L + 1:col + 2 * L + 1] = S if forward else S[::-1]
-                mask[b, col:col + 2 * L + 1] = True
-                snippets.append((b, col, L, "forward" if forward else "backward"))
-                col += 2 * L + 1
-            ids[b, col:] = natural[prev:]
+            kmax = self._kmax
+            slot = np.arange(kmax)[None, :]
+            valid = slot < k[:, None]                                     # [B, kmax]
+            n_nat = T - synth
+            # gap positions: natural tokens before each snippet, sorted within the row
+            upos = _uniform(c.seed, _P_POS, rows[:, None], slot)
+            gaps = np.where(valid, np.floor(upos * (n_nat[:, None] + 1)), np.inf)
+            gaps = np.sort(gaps, axis=1)
+            size = np.where(valid, 2 * lens + 1, 0)
+            before = np.cumsum(size, axis=1) - size                      # snippet tokens before slot
+            col = np.where(valid, gaps, 0).astype(np.int64) + before    # first column of snippet
+            udir = _uniform(c.seed, _P_DIR, rows[:, None], slot)
+            if c.variant == "induction":
+                fwd = np.ones_like(valid)
+            elif c.variant == "anti":
+                fwd = np.zeros_like(valid)
+            else:
+                fwd = udir < 0.5
+            bi, sj = np.nonzero(valid)                                   # row-major: by row, slot
+            if bi.size:
+                L = lens[bi, sj]
+                S = self._spans(rows[bi], sj, L)                          # [n, hi]
+                q = np.arange(2 * self.hi + 1)[None, :]
+                Lc = L[:, None]
+                src = np.where(q < Lc, q, np.where(fwd[bi, sj][:, None], q - Lc - 1, 2 * Lc - q))
+                tok = np.take_along_axis(S, np.clip(src, 0, self.hi - 1), axis=1)
+                tok = np.where(q == Lc, self.sep_id, tok)
+                inside = q < 2 * Lc + 1
+                rr = np.broadcast_to(bi[:, None], inside.shape)[inside]
+                cc = (col[bi, sj][:, None] + q)[inside]
+                ids[rr, cc] = tok[inside]
+                mask[rr, cc] = True
+                cols, fw = col[bi, sj], fwd[bi, sj]
+                snippets = [(int(b_), int(c_), int(l_), "forward" if f_ else "backward")
+                            for b_, c_, l_, f_ in zip(bi, cols, L, fw)]
+        # natural tokens: the rows of one batch read consecutive stretches of the stream
+        off = int(self._offsets[rows[0]])
+        n_total = int(B * T - synth.sum())
+        idx = (off + np.arange(n_total)) % len(self.tokens)
+        ids[~mask] = np.asarray(self.tokens[idx], dtype=np.int64)
         return Batch(step=step, input_ids=torch.from_numpy(ids), synthetic_mask=torch.from_numpy(mask),
                      tokens_before=step * self.tokens_per_batch,
                      synthetic_fraction=float(synth.sum()) / self.tokens_per_batch,
