@@ -104,16 +104,26 @@ class LagProbeResult:
     def _col(self, lag: int) -> int:
         return lag + self.config.cue_position - 1
 
+    def curves(self) -> list[tuple[str, str, int, str, np.ndarray]]:
+        """(name, kind, k, draw, probs [n_trials, list_length]) per condition, plus pooled
+        ``random-k`` curves (per-trial mean over the random draws for that k)."""
+        out = [(c.name, c.kind, c.k, str(c.draw), self.probs[c.name]) for c in self.conditions]
+        for k in sorted({c.k for c in self.conditions if c.kind == "random"}):
+            names = [c.name for c in self.conditions if c.kind == "random" and c.k == k]
+            out.append((f"random-{k}", "random", k, "pooled", np.mean([self.probs[n] for n in names], axis=0)))
+        return out
+
     def summary(self) -> pd.DataFrame:
-        """Tidy table: one row per (condition, lag) with mean, 95% CI, renormalised mean and CI."""
+        """Tidy table: one row per (condition, lag) with mean, 95% CI, renormalised mean and CI.
+        Includes pooled ``random-k`` rows (``draw == "pooled"``)."""
         rows = []
-        for c in self.conditions:
-            p = self.probs[c.name].astype(np.float64)
+        for name, kind, k, draw, probs in self.curves():
+            p = probs.astype(np.float64)
             pr = p / p.sum(1, keepdims=True)
             for arr, tag in ((p, ""), (pr, "_renorm")):
                 m, half = _mean_ci(arr)
                 if tag == "":
-                    base = pd.DataFrame({"condition": c.name, "kind": c.kind, "k": c.k, "draw": c.draw,
+                    base = pd.DataFrame({"condition": name, "kind": kind, "k": k, "draw": draw,
                                          "lag": self.lags, "mean": m, "ci_low": m - half, "ci_high": m + half})
                 else:
                     base["mean_renorm"], base["ci_low_renorm"], base["ci_high_renorm"] = m, m - half, m + half

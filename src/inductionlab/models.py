@@ -126,7 +126,8 @@ def resolve(spec: str) -> tuple[str, Path | str, str | None, str]:
 
 
 def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32",
-               device: str = "cpu", device_map: str | None = None) -> LoadedModel:
+               device: str = "cpu", device_map: str | None = None,
+               attn_implementation: str = "sdpa") -> LoadedModel:
     """Load a causal LM and its tokenizer from a spec.
 
     Args:
@@ -152,13 +153,16 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32
             raise InductionLabError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
         dtype = DTYPES[dtype]
     source, path, gguf, name = resolve(spec)
-    kw: dict[str, Any] = {"dtype": dtype}
+    # SDPA explicitly: left unset, a GGUF load tries to fetch a hub attention kernel.
+    kw: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation}
     if device_map:
         kw["device_map"] = device_map
     try:
         if gguf:
             tok = AutoTokenizer.from_pretrained(Path(path).parent, gguf_file=gguf)
-            model = AutoModelForCausalLM.from_pretrained(Path(path).parent, gguf_file=gguf, **kw)
+            # dequantise in float32 (transformers' fast path), then cast
+            model = AutoModelForCausalLM.from_pretrained(Path(path).parent, gguf_file=gguf,
+                                                         **{**kw, "dtype": torch.float32}).to(dtype)
         else:
             local_only = source == "hub"
             tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
