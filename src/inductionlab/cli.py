@@ -26,6 +26,13 @@ class _Group(click.Group):
 @click.version_option(package_name="inductionlab")
 def main() -> None:
     """Study induction heads in Hugging Face causal language models."""
+    import os
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()      # our own progress bars show the phases
+    hf_logging.disable_progress_bar()
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -104,3 +111,4 @@ def _print_headline(res, out) -> None:
 # Sub-commands live next to the API they wrap; each module registers itself on `main`.
 from . import cli_data  # noqa: E402,F401
 from . import cli_train  # noqa: E402,F401
+from . import cli_study  # noqa: E402,F401
