@@ -56,8 +56,8 @@ class AnalyzeResult:
 
 
 def _bar(desc: str, total: int, disable: bool):
-    return tqdm(total=total, desc=desc, unit="seq" if "scor" in desc else "trial", disable=disable,
-                dynamic_ncols=True, leave=True)
+    unit = {"head scores": "seq", "lag probe": "trial"}.get(desc, "step")
+    return tqdm(total=total, desc=f"{desc:<12s}", unit=unit, disable=disable, dynamic_ncols=True, leave=True)
 
 
 def analyze(cfg: AnalyzeConfig, *, loaded: LoadedModel | None = None, progress: bool = True) -> AnalyzeResult:
@@ -71,7 +71,9 @@ def analyze(cfg: AnalyzeConfig, *, loaded: LoadedModel | None = None, progress: 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     if loaded is None:
-        loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
+        with _bar("load model", 1, not progress) as bar:
+            loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
+            bar.update(1)
     timings["load_s"] = time.perf_counter() - t0
     n_total = loaded.identity["n_layers"] * loaded.identity["n_heads"]
     N = default_exclude_top_n(n_total) if cfg.exclude_top_n is None else cfg.exclude_top_n
