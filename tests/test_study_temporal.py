@@ -1,0 +1,166 @@
+"""The temporal-dependencies study: k lists, random draws, verdict rules, resumability, CLI end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from _tiny import tiny_llama_dir
+from inductionlab.ablation import Condition, ablation_conditions, top_k_heads
+from inductionlab.errors import InductionLabError
+from inductionlab.lag_probe import LagProbeConfig, LagProbeResult
+from inductionlab.serial_recall import SerialRecallConfig, SerialRecallResult
+from inductionlab.study_temporal import TemporalStudyConfig, default_ks, headline_table, run_temporal_study, verdicts
+
+SMALL = dict(n_permutations=6, list_length=30, cue_position=15, recall_trials=4, recall_list_length=6, n_shots=2,
+             ks=[1, 2], n_draws=2, load_bearing_top=2, load_bearing_permutations=4, score_seq_len=20,
+             score_batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return tiny_llama_dir(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    from inductionlab.models import load_model
+    return load_model(str(tiny_dir))
+
+
+def test_default_ks_scale_with_head_count():
+    assert default_ks(270) == [10, 20, 50, 100]             # SmolLM2: 30 × 9, N = 135, cap 101
+    assert default_ks(72) == [4, 7, 14, 25]                 # Gemma 3 270M: 5/10/20/35% of 72, cap 27
+    assert default_ks(16) == [1, 2, 3, 6]                   # 4 × 4: cap int(0.75 × 8) = 6
+    assert default_ks(1024) == [10, 20, 50, 100]            # Llama-3.1-8B: the paper's list
+
+
+def test_random_draws_exclude_top_n_are_seeded_and_differ():
+    rng = np.random.default_rng(3)
+    scores = rng.random((6, 5))
+    excluded = set(top_k_heads(scores, 10))
+    conds = ablation_conditions(scores, [4, 8], n_draws=4, exclude_top_n=10, seed=11)
+    again = ablation_conditions(scores, [4, 8], n_draws=4, exclude_top_n=10, seed=11)
+    other = ablation_conditions(scores, [4, 8], n_draws=4, exclude_top_n=10, seed=12)
+    rand = [c for c in conds if c.kind == "random"]
+    assert len(rand) == 8
+    for c in rand:
+        assert len(set(c.heads)) == c.k and not set(c.heads) & excluded
+    assert [c.heads for c in conds] == [c.heads for c in again]
+    assert [c.heads for c in conds] != [c.heads for c in other]
+    for k in (4, 8):
+        draws = [tuple(c.heads) for c in rand if c.k == k]
+        assert len(set(draws)) == len(draws)                   # every draw differs
+    with pytest.raises(InductionLabError, match="remain outside"):
+        ablation_conditions(scores, [21], n_draws=1, exclude_top_n=10)
+
+
+def _synthetic(collapse: bool):
+    """Lag probe (L=5, cue 3: column 3 is lag +1) and recall results with known effects.
+
+    Intact: p(+1) ≈ 0.8. ``collapse``: induction-k ablation → 0.1, random → 0.8 (paper-like);
+    otherwise induction → 0.8 and random → 0.1. Recall accuracy follows the same pattern.
+    """
+    rng = np.random.default_rng(0)
+    n, ks = 40, [2]
+    conds = [Condition("intact", "intact"), Condition("induction-2", "induction", 2, 0, [(0, 0), (0, 1)]),
+             Condition("random-2-d0", "random", 2, 0, [(1, 0), (1, 1)]),
+             Condition("random-2-d1", "random", 2, 1, [(1, 2), (1, 3)])]
+    hi, lo = 0.8, 0.1
+    level = {"intact": hi, "induction-2": lo if collapse else hi,
+             "random-2-d0": hi if collapse else lo, "random-2-d1": hi if collapse else lo}
+    probs, recall = {}, {}
+    for c in conds:
+        p = np.full((n, 5), 0.02) + rng.uniform(0, 0.01, (n, 5))
+        p[:, 3] = level[c.name] + rng.uniform(-0.02, 0.02, n)
+        probs[c.name] = p
+        acc = rng.random((n, 6)) < level[c.name]
+        trans = np.full((n, 5, 6), 0.1)
+        recall[c.name] = {"correct": acc, "trans": trans / trans.sum(-1, keepdims=True),
+                          "list_mass": np.ones((n, 6))}
+    lag = LagProbeResult(probs, {k: v.sum(1) for k, v in probs.items()}, {k: np.full(n, 1.0) for k in probs},
+                         conds, LagProbeConfig(list_length=5, cue_position=3, n_permutations=n))
+    rec = SerialRecallResult(recall, conds, SerialRecallConfig(list_length=6, n_trials=n, generate=False))
+    return lag, rec, ks
+
+
+def test_verdicts_on_known_effects():
+    lag, rec, ks = _synthetic(collapse=True)
+    head = headline_table(lag, rec, ks)
+    row = head[(head.measure == "lag_plus1")].iloc[0]
+    assert row.intact == pytest.approx(0.8, abs=0.01) and row.induction == pytest.approx(0.1, abs=0.01)
+    assert row.random_minus_induction == pytest.approx(0.7, abs=0.02)
+    v = {d["claim"]: d["reproduced"] for d in verdicts(lag, rec, head, ks)}
+    assert v == {"a": True, "b": True, "c": True, "d": True}
+    lag, rec, ks = _synthetic(collapse=False)
+    head = headline_table(lag, rec, ks)
+    v = {d["claim"]: d["reproduced"] for d in verdicts(lag, rec, head, ks)}
+    assert v == {"a": True, "b": False, "c": False, "d": False}
+
+
+def test_interrupt_and_resume_equals_uninterrupted(tiny, tmp_path):
+    cfg = TemporalStudyConfig(**SMALL)
+    full = run_temporal_study(tiny, cfg, tmp_path / "full", progress=False)
+
+    seen = []
+
+    def stop(key):
+        seen.append(key)
+        if len(seen) == 5:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        run_temporal_study(tiny, cfg, out, progress=False, on_checkpoint=stop)
+    assert not (out / "results.json").exists()
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]   # nothing half-written
+    done = sorted(p.relative_to(out / "checkpoints").as_posix() for p in (out / "checkpoints").rglob("*.*"))
+    assert len(done) == 5
+    again = []
+    run_temporal_study(tiny, cfg, out, progress=False, on_checkpoint=again.append)
+    assert not set(again) & set(seen)                                  # finished pieces are not recomputed
+    n_conditions = 1 + len(SMALL["ks"]) * (1 + SMALL["n_draws"])
+    assert len(seen) + len(again) == 1 + 2 * n_conditions + SMALL["load_bearing_top"]
+    assert (out / "results.json").read_bytes() == (tmp_path / "full" / "results.json").read_bytes()
+    rec = json.loads((out / "results.json").read_text())
+    assert [v["claim"] for v in rec["verdicts"]] == ["a", "b", "c", "d"]
+    assert full.lag.probs["intact"].shape == (6, 30)
+    # a different configuration in the same directory is refused
+    with pytest.raises(InductionLabError, match="different parameters"):
+        run_temporal_study(tiny, TemporalStudyConfig(**{**SMALL, "n_draws": 3}), out, progress=False)
+
+
+def test_cli_end_to_end(tiny_dir, tmp_path):
+    from inductionlab.cli import main
+
+    out = tmp_path / "run"
+    args = ["study", "temporal", "--model", str(tiny_dir), "--out", str(out), "--permutations", "6",
+            "--list-length", "30", "--cue-position", "15", "--recall-trials", "4", "--recall-list-length", "6",
+            "--shots", "2", "--n-draws", "2", "--load-bearing-top", "3", "--dtype", "float32", "--no-progress",
+            "--method", "mean"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    for f in ["results.json", "report.md", "tables/headline.csv", "tables/load_bearing.csv", "tables/recall_crp.csv",
+              "tables/lag_crp_argmax.csv", "plots/ablation_vs_k.png", "plots/head_scores.png",
+              "plots/load_bearing.png", "plots/concentration.png", "plots/lag_curves_k6.png"]:
+        assert (out / f).stat().st_size > 0, f
+    rec = json.loads((out / "results.json").read_text())
+    assert rec["params"]["ks"] == [1, 2, 3, 6]               # 16 heads: default_ks(16)
+    assert rec["params"]["config"]["method"] == "mean"
+    assert len(rec["load_bearing"]["table"]) == 3
+    report = (out / "report.md").read_text()
+    assert report.count("reproduced") >= 4 and "(d) serial recall" in report
+    # a second invocation resumes: nothing left to compute, same results
+    before = (out / "results.json").read_bytes()
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert (out / "results.json").read_bytes() == before
+    # user mistakes: one line, exit code 2
+    r = CliRunner().invoke(main, args[:-2] + ["--ks", "9"])
+    assert r.exit_code == 2 and "error:" in r.output and "k=9" in r.output
+    r = CliRunner().invoke(main, ["study", "temporal", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "does not exist" in r.output
