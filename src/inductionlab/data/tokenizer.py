@@ -130,7 +130,8 @@ def _from_hf(hf, spec: str) -> TokenizerInfo:
 def load_tokenizer(spec: str | os.PathLike) -> TokenizerInfo:
     """Load an existing tokenizer: a ``tokenizer.json`` file, a directory holding one (special
     tokens from its ``tokenizer_config.json`` when present), or an inductionlab model spec
-    (``inductionlab.models.load_model``; e.g. ``smollm2-135m``).
+    (``inductionlab.models.load_model``; e.g. ``smollm2-135m``), a Hugging Face tokenizer
+    directory, or a hub id already in the local cache (never downloaded).
 
     Raises:
         InductionLabError: unknown spec, or no EOS token can be identified.
@@ -155,18 +156,22 @@ def load_tokenizer(spec: str | os.PathLike) -> TokenizerInfo:
             raise InductionLabError(f"{p}: cannot tell the EOS token; add a tokenizer_config.json "
                                     "with eos_token next to it")
         return TokenizerInfo(tok, "pretrained", s, eos, bos, default_sep_id(tok))
+    if p.is_dir():
+        return _from_hf(_auto_tokenizer(str(p), s), s)
     if p.exists():
         raise InductionLabError(f"{p}: not a tokenizer.json or a directory holding one")
+    from .. import models
+    if s.lower() in getattr(models, "EMBEDDED", {}):
+        return _from_hf(models.load_model(s).tokenizer, s)
+    return _from_hf(_auto_tokenizer(s, s), s)   # a hub id already in the local cache
+
+
+def _auto_tokenizer(name: str, spec: str):
+    """``AutoTokenizer.from_pretrained(name, local_files_only=True)``; never the network."""
+    from transformers import AutoTokenizer
     try:
-        from .. import models
-    except ImportError:  # pragma: no cover - models is part of the package
-        models = None
-    if models is not None:
-        try:
-            loaded = models.load_model(s)
-        except InductionLabError:
-            loaded = None
-        if loaded is not None:
-            return _from_hf(loaded.tokenizer, s)
-    raise InductionLabError(f"unknown tokenizer {s!r}; use 'bpe', a tokenizer.json path, a "
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception:  # noqa: BLE001 - transformers raises OSError/ValueError/... here
+        pass
+    raise InductionLabError(f"unknown tokenizer {spec!r}; use 'bpe', a tokenizer.json path, a "
                             "directory holding one, or a model spec such as smollm2-135m")
