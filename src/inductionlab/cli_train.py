@@ -1,0 +1,134 @@
+"""``inductionlab train`` and ``inductionlab telemetry``: thin click layers over
+:mod:`inductionlab.train`.
+
+Every :class:`~inductionlab.train.TrainConfig` field is also a flag (``seq_len`` -> ``--seq-len``);
+a flag overrides the same key of ``--config FILE``. Under ``torchrun --nproc_per_node=N`` the same
+command trains data-parallel (``--parallel ddp``) or sharded (``--parallel fsdp``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import click
+
+from .cli import main
+from .errors import InductionLabError
+
+
+def _config_options(f):
+    from .train.config import TrainConfig
+    for fld in reversed(dataclasses.fields(TrainConfig)):
+        flag = fld.name.replace("_", "-")
+        if fld.type == "bool":
+            f = click.option(f"--{flag}/--no-{flag}", fld.name, default=None,
+                             help=f"[default {fld.default}]")(f)
+        else:
+            typ = {"int": int, "float": float}.get(fld.type, str)
+            f = click.option(f"--{flag}", fld.name, type=typ, default=None,
+                             help=f"[default {fld.default!r}]")(f)
+    return f
+
+
+@main.command("train", context_settings={"max_content_width": 120})
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="YAML or TOML run config; flags override its keys.")
+@click.option("--print-config", is_flag=True, help="Print the resolved config and budget, then exit.")
+@_config_options
+def train_cmd(config_file, print_config, **flags):
+    """Pretrain a Llama-style model from scratch at matched compute (SPEC §7), with head telemetry.
+
+    Resumes automatically when --out holds the same run (e.g. after a crash); refuses an --out
+    that holds a different one.
+    """
+    from .train import TrainConfig, config_from_dict, load_config, train
+    from .train.config import model_config
+    from .train.flops import budget
+
+    cfg = load_config(config_file) if config_file else TrainConfig()
+    cfg = config_from_dict({k: v for k, v in flags.items() if v is not None}, cfg)
+    if print_config:
+        d = cfg.to_dict()
+        try:
+            from .data.shards import TokenShards
+            vocab = TokenShards.open(cfg.data).vocab_size if cfg.data else None
+        except InductionLabError:
+            vocab = None
+        if vocab and cfg.steps >= 1:
+            d["budget"] = budget(model_config(cfg.preset, vocab, max_position_embeddings=cfg.seq_len),
+                                 seq_len=cfg.seq_len, tokens_per_update=cfg.tokens_per_update,
+                                 steps=cfg.steps).to_dict()
+        click.echo(json.dumps(d, indent=2))
+        return
+    res = train(cfg)
+    r = res.record.get("results", {})
+    b = res.record["budget"]
+    click.echo(f"run {res.run_dir}: {res.steps} steps, {res.tokens} tokens, "
+               f"{b['n_params']:,} params ({b['n_params_non_embedding']:,} non-embedding), "
+               f"{b['flops']:.3e} FLOPs; final loss {r.get('final_loss')}, "
+               f"emergence step {r.get('emergence_step')} (threshold {r.get('induction_threshold')})")
+
+
+@main.command("telemetry")
+@click.argument("runs", nargs=-1, required=True, type=click.Path())
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Output directory (default: RUN/telemetry for one run; required for several).")
+@click.option("--threshold", type=float, default=None,
+              help="Induction-score threshold of the emergence step (default: the run's induction_threshold).")
+def telemetry_cmd(runs, out, threshold):
+    """Plot head telemetry over training: score heat maps, max / top-2% mean / heads-above-threshold
+    curves, held-out perplexity and the emergence step. Several RUNS must be matched-compute."""
+    from .runs import atomic_write_json, staged_run_dir, versions
+    from .train.flops import check_iso_flops, read_budgets
+    from .train.telemetry import (DEFAULT_THRESHOLDS, emergence_step, plot_curves, plot_heatmaps,
+                                  read_telemetry, summarize)
+
+    budgets = read_budgets(runs)
+    if len(runs) > 1:
+        check_iso_flops(budgets)
+        if out is None:
+            raise InductionLabError("several runs need --out DIR for the comparison plots")
+    records = {Path(r).name: json.loads((Path(r) / "run.json").read_text()) for r in runs}
+    if len(records) != len(runs):
+        raise InductionLabError("run directories must have distinct names")
+    if threshold is None:
+        threshold = float(next(iter(records.values()))["config"].get("induction_threshold", 0.4))
+    out = Path(out) if out else Path(runs[0]) / "telemetry"
+    if out.exists() and any(out.iterdir()) and not (out / "telemetry.json").is_file():
+        raise InductionLabError(f"{out} exists and is not a telemetry directory; pass a new --out")
+    thresholds = tuple(sorted(set(DEFAULT_THRESHOLDS) | {threshold}))
+    summaries, evals, report = {}, {}, {}
+    with staged_run_dir(out, overwrite=True) as stage:
+        for r in runs:
+            name = Path(r).name
+            heads, ev = read_telemetry(r)
+            s = summarize(heads, thresholds)
+            summaries[name], evals[name] = s, ev
+            s.to_csv(stage / f"{name}_summary.csv", index=False)
+            ev.to_csv(stage / f"{name}_eval.csv", index=False)
+            plot_heatmaps(heads, stage / f"{name}_heatmaps.png", f"{name}: head scores over training")
+            em = emergence_step(s, threshold)
+            last = s[s["step"] == s["step"].max()].set_index("score")
+            report[name] = {
+                "emergence_step": em,
+                "emergence_tokens": None if em is None else int(s.loc[s["step"] == em, "tokens"].iloc[0]),
+                "final": {sc: {"max": float(last.loc[sc, "max"]), "top2pct_mean": float(last.loc[sc, "top2pct_mean"]),
+                               "max_layer_head": [int(last.loc[sc, "max_layer"]), int(last.loc[sc, "max_head"])]}
+                          for sc in last.index},
+                "final_heldout_ppl": (None if ev["heldout_ppl"].isna().all()
+                                      else float(ev.sort_values("step")["heldout_ppl"].iloc[-1])),
+                "curriculum": records[name]["config"].get("curriculum"),
+            }
+        plot_curves(summaries, evals, stage / "curves.png", threshold)
+        atomic_write_json(stage / "telemetry.json", {"kind": "telemetry", "runs": [str(r) for r in runs],
+                                                      "threshold": threshold, "budgets": budgets,
+                                                      "results": report, "versions": versions()})
+    for name, rep in report.items():
+        ind = rep["final"]["induction"]
+        click.echo(f"{name}: emergence step {rep['emergence_step']} (induction > {threshold:g}); "
+                   f"final max induction {ind['max']:.3f} at L{ind['max_layer_head'][0]}H{ind['max_layer_head'][1]}, "
+                   f"max anti-induction {rep['final']['anti_induction']['max']:.3f}, "
+                   f"held-out ppl {rep['final_heldout_ppl']}")
+    click.echo(f"wrote {out}")

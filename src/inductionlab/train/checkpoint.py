@@ -1,0 +1,219 @@
+"""Checkpoints: log-spaced schedule, atomic writes, verified resume (SPEC §7).
+
+Layout of a run directory's ``checkpoints/``::
+
+    step_00000128/                 one checkpoint = a `save_pretrained` directory
+        config.json, model.safetensors, generation_config.json
+        tokenizer.json, tokenizer_config.json, ...        (the training tokenizer, next to the weights)
+        trainer_state.pt       optimizer, LR scheduler, data-stream step, torch/numpy/python RNG
+                               (only in the newest ``keep_resumable`` checkpoints)
+        telemetry.json         head scores and held-out perplexity at this step (when measured)
+        meta.json              step, tokens, kind, SHA-256 of every other file — written last
+
+A checkpoint is assembled in a hidden ``.step_N.partial-*`` directory and published with one
+``os.replace``; a kill at any moment leaves either the previous set of checkpoints or the new one,
+never a half-written ``step_N``. On resume the newest resumable checkpoint is verified against the
+checksums in its ``meta.json``; a mismatch is an error (the user decides whether to delete it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InductionLabError
+from ..runs import atomic_write_json
+
+META = "meta.json"
+STATE = "trainer_state.pt"
+
+
+def checkpoint_schedule(total_steps: int, n_log: int = 12, dense_start: int = 0, dense_end: int = 0,
+                        dense_every: int = 0) -> list[int]:
+    """Steps (optimizer updates completed) at which to checkpoint and measure telemetry.
+
+    Step 0 (initialisation) and ``total_steps`` always; ``n_log`` steps log-spaced between 1 and
+    ``total_steps`` (rounded, duplicates dropped); every ``dense_every`` steps in
+    ``[dense_start, dense_end]`` when ``dense_every > 0``.
+    """
+    steps = {0, total_steps}
+    if n_log > 0 and total_steps > 1:
+        steps.update(int(round(s)) for s in np.geomspace(1, total_steps, n_log))
+    if dense_every > 0 and dense_end >= dense_start:
+        steps.update(range(max(dense_start, 0), min(dense_end, total_steps) + 1, dense_every))
+    return sorted(s for s in steps if 0 <= s <= total_steps)
+
+
+def _sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def rng_state() -> dict[str, Any]:
+    """torch, numpy and python RNG states in a form ``torch.load(weights_only=True)`` accepts."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(tuple(v if not isinstance(v, list) else tuple(v) for v in state["python"]))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class CheckpointManager:
+    """Writes, lists, prunes and verifies the checkpoints of one run directory."""
+
+    def __init__(self, run_dir: str | Path, keep_resumable: int = 2):
+        self.dir = Path(run_dir) / "checkpoints"
+        self.keep_resumable = keep_resumable
+
+    @staticmethod
+    def name(step: int) -> str:
+        return f"step_{step:08d}"
+
+    def path(self, step: int) -> Path:
+        return self.dir / self.name(step)
+
+    def list(self) -> list[tuple[int, Path, dict]]:
+        """Published checkpoints, oldest first, as (step, path, meta)."""
+        out = []
+        if not self.dir.is_dir():
+            return out
+        for p in sorted(self.dir.glob("step_*")):
+            try:
+                meta = json.loads((p / META).read_text())
+            except (OSError, ValueError):
+                meta = {}
+            step = int(p.name.split("_")[1])
+            out.append((step, p, meta))
+        return out
+
+    def clean_partials(self) -> None:
+        """Remove staging directories left by a process killed mid-write."""
+        if self.dir.is_dir():
+            for p in self.dir.glob(".step_*"):
+                shutil.rmtree(p, ignore_errors=True)
+
+    def save(self, step: int, *, model, state_dict: dict | None, tokenizer, trainer_state: dict | None,
+             meta: dict, extra_json: dict[str, Any] | None = None) -> Path:
+        """Write checkpoint ``step`` atomically and return its path.
+
+        Args:
+            model: a ``PreTrainedModel`` whose ``save_pretrained`` writes config + weights.
+            state_dict: full (unsharded) state dict to save instead of ``model.state_dict()``.
+            tokenizer: a ``PreTrainedTokenizerBase`` (saved next to the weights) or None.
+            trainer_state: optimizer / scheduler / RNG / stream state (``torch.save``), or None.
+            meta: JSON-able facts about the step (tokens, kind, ...); checksums are added here.
+            extra_json: more JSON files to place in the checkpoint, name -> object.
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        final = self.path(step)
+        stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=self.dir))
+        from transformers.utils import logging as hf_logging
+        bars = hf_logging.is_progress_bar_enabled()
+        try:
+            hf_logging.disable_progress_bar()
+            try:
+                model.save_pretrained(stage, state_dict=state_dict, safe_serialization=True)
+            finally:
+                if bars:
+                    hf_logging.enable_progress_bar()
+            if tokenizer is not None:
+                tokenizer.save_pretrained(stage)
+            if trainer_state is not None:
+                torch.save(trainer_state, stage / STATE)
+            for name, obj in (extra_json or {}).items():
+                atomic_write_json(stage / name, obj)
+            files = sorted(p for p in stage.rglob("*") if p.is_file())
+            sums = {}
+            for p in files:
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+                sums[str(p.relative_to(stage))] = _sha256(p)
+            atomic_write_json(stage / META, {**meta, "step": step, "resumable": trainer_state is not None,
+                                             "sha256": sums})
+            if final.exists():                        # a re-run of a step after resume: swap it out
+                trash = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=self.dir))
+                os.replace(final, trash / final.name)
+                os.replace(stage, final)
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                os.replace(stage, final)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        """Drop rolling checkpoints that are no longer the newest, and optimizer state from all but
+        the newest ``keep_resumable`` checkpoints."""
+        ckpts = self.list()
+        for step, p, meta in ckpts[:-1]:
+            if meta.get("kind") == "rolling":
+                trash = self.dir / f".{p.name}.old-prune"
+                os.replace(p, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+        resumable = [(s, p, m) for s, p, m in self.list() if m.get("resumable")]
+        for step, p, meta in resumable[:-self.keep_resumable]:
+            meta = {**meta, "resumable": False}
+            meta["sha256"] = {k: v for k, v in meta["sha256"].items() if k != STATE}
+            atomic_write_json(p / META, meta)       # first say it is not resumable, then delete
+            (p / STATE).unlink(missing_ok=True)
+
+    def verify(self, path: Path) -> dict:
+        """Check every file of a checkpoint against its recorded SHA-256; return its meta.
+
+        Raises:
+            InductionLabError: missing ``meta.json``, missing file or checksum mismatch.
+        """
+        fix = f"delete {path} to resume from the previous checkpoint, or pass a new --out"
+        try:
+            meta = json.loads((path / META).read_text())
+            sums = meta["sha256"]
+        except (OSError, ValueError, KeyError):
+            raise InductionLabError(f"checkpoint {path} is corrupt (unreadable {META}); {fix}") from None
+        for rel, digest in sums.items():
+            f = path / rel
+            if not f.is_file():
+                raise InductionLabError(f"checkpoint {path} is corrupt ({rel} is missing); {fix}")
+            if _sha256(f) != digest:
+                raise InductionLabError(f"checkpoint {path} is corrupt ({rel} fails its checksum); {fix}")
+        return meta
+
+    def latest_resumable(self) -> tuple[int, Path, dict] | None:
+        """The newest checkpoint holding trainer state, verified; None when there is none."""
+        for step, p, meta in reversed(self.list()):
+            if not meta:
+                self.verify(p)                         # raises: a published dir without meta is corrupt
+            if meta.get("resumable"):
+                return step, p, self.verify(p)
+        return None
+
+    @staticmethod
+    def load_trainer_state(path: Path) -> dict:
+        try:
+            return torch.load(path / STATE, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unpickling failure means a damaged file
+            raise InductionLabError(f"checkpoint {path} is corrupt ({STATE}: {str(e).splitlines()[0]}); "
+                                    f"delete {path} to resume from the previous checkpoint") from None

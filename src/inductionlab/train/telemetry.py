@@ -1,0 +1,284 @@
+"""Head telemetry over training (SPEC §8): per-head scores and held-out perplexity at every
+checkpoint, their summaries, the emergence step, and plots.
+
+Measured at each checkpoint (:func:`measure`):
+
+* ``induction`` / ``anti_induction``: :func:`inductionlab.scores.compute_head_scores` on random
+  repeated sequences of ``telemetry_seq_len`` tokens (50 by default, SPEC §3).
+* ``copy_offset``: mean attention probability from each query in the second half of a snippet
+  ``[BOS] S SEP S`` (S = L random tokens, L = the curriculum's span length) to the key q − L,
+  i.e. the token that followed the earlier occurrence of the query token, which sits L + 1
+  positions before the token being predicted (the fixed offset of Bi-Induct snippets, SPEC §6).
+* ``copy_offset_control``: the same key offset on ``[BOS] S SEP R`` with R fresh random tokens,
+  where content gives no reason to look there. A head that copies by *position* scores high on
+  both; an induction head scores high on ``copy_offset`` (and on ``induction``, measured at
+  offset 50 ≠ L) but not on the control.
+* held-out loss (nats/token) and perplexity ``exp(loss)`` on the natural held-out split.
+
+Summaries per checkpoint and score (:func:`summarize`): max, mean of the top 2% of heads
+(at least one head), number of heads above each threshold, layer of the strongest head, and the
+share of the total (positive) score held by the top 2% (concentration). The emergence step is
+the first checkpoint whose maximum induction score exceeds a stated threshold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..errors import InductionLabError
+
+SCORES = ("induction", "anti_induction", "copy_offset", "copy_offset_control")
+DEFAULT_THRESHOLDS = (0.1, 0.2, 0.4)
+
+
+@contextlib.contextmanager
+def preserved_rng():
+    """Run a block without disturbing torch, numpy or python RNG streams (for resumable runs)."""
+    np_state, py_state = np.random.get_state(), random.getstate()
+    with torch.random.fork_rng(devices=[]):
+        yield
+    np.random.set_state(np_state)
+    random.setstate(py_state)
+
+
+def copy_offset_targets(span_length: int, bos: bool) -> torch.Tensor:
+    """Target key per query for ``[BOS] S SEP X`` with ``|S| = |X| = L``: LongTensor [2L + 1 + bos].
+
+    Query q = p0 + L + 1 + j (holding X[j], j = 0..L-2) → key q − L = p0 + 1 + j; other queries −1.
+    """
+    L, p0 = span_length, int(bos)
+    n = p0 + 2 * L + 1
+    t = torch.full((n,), -1, dtype=torch.long)
+    q = torch.arange(p0 + L + 1, p0 + 2 * L)
+    t[q] = q - L
+    return t
+
+
+def copy_offset_scores(model, *, span_length: int, pool: torch.Tensor, sep_id: int | None, bos_id: int | None,
+                       batch_size: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
+    """``copy_offset`` and ``copy_offset_control`` scores, each float64 [n_layers, n_heads].
+
+    Raises:
+        InductionLabError: the snippet is longer than the model's context or the pool too small.
+    """
+    from ..instrument import instrument
+    from ..stimuli import random_sequences
+
+    L = span_length
+    ctx = getattr(model.config, "max_position_embeddings", None)
+    n = int(bos_id is not None) + 2 * L + 1
+    if ctx and n > ctx:
+        raise InductionLabError(f"copy-offset probe of {n} tokens exceeds the context {ctx}; lower span_length")
+    rows = random_sequences(pool, 2 * batch_size, L, seed)
+    S, R = rows[:batch_size], rows[batch_size:]
+    sep = pool[0].item() if sep_id is None else sep_id
+    sep_col = torch.full((batch_size, 1), sep, dtype=torch.long)
+    pre = [torch.full((batch_size, 1), bos_id, dtype=torch.long)] if bos_id is not None else []
+    t = copy_offset_targets(L, bos_id is not None)
+    valid = (t >= 0).double()
+    device = next(model.parameters()).device
+    out = {}
+    for name, second in (("copy_offset", S), ("copy_offset_control", R)):
+        ids = torch.cat(pre + [S, sep_col, second], dim=1).to(device)
+        with torch.inference_mode(), instrument(model, reductions={name: t}) as inst:
+            model(input_ids=ids)
+        red = inst.reduced[name].double()                                # [L, B, H, Q]
+        out[name] = ((red * valid).sum(-1) / valid.sum()).mean(1).numpy()
+    return out
+
+
+def heldout_loss(model, tokens: np.ndarray, *, seq_len: int, n_tokens: int, batch_size: int = 8,
+                 autocast_dtype: torch.dtype | None = None) -> float:
+    """Mean next-token loss (nats/token) on the first ``n_tokens`` held-out tokens, cut into
+    non-overlapping windows of ``seq_len`` tokens.
+
+    Raises:
+        InductionLabError: the held-out split is shorter than one window.
+    """
+    n_win = min(n_tokens, len(tokens)) // seq_len
+    if n_win < 1:
+        raise InductionLabError(f"held-out split has {len(tokens)} tokens, fewer than one window of {seq_len}; "
+                                "prepare the data with a larger held-out fraction or lower seq_len")
+    device = next(model.parameters()).device
+    win = torch.from_numpy(np.asarray(tokens[: n_win * seq_len], dtype=np.int64)).view(n_win, seq_len)
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for i in range(0, n_win, batch_size):
+            ids = win[i:i + batch_size].to(device)
+            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                enabled=autocast_dtype is not None):
+                logits = model(input_ids=ids).logits
+            nll = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                                                    ids[:, 1:].reshape(-1), reduction="sum")
+            total += nll.item()
+            count += ids[:, 1:].numel()
+    return total / count
+
+
+def measure(model, *, vocab_size: int, special_ids: Sequence[int] = (), bos_id: int | None = None,
+            sep_id: int | None = None, span_length: int = 20, seq_len: int = 50, batch_size: int = 16,
+            heldout: np.ndarray | None = None, eval_seq_len: int = 1024, eval_tokens: int = 65536,
+            autocast_dtype: torch.dtype | None = None, seed: int = 0) -> dict[str, Any]:
+    """All telemetry of one model state (see module docstring). RNG streams are left untouched.
+
+    Returns: ``{"scores": {name: [[float]] (n_layers x n_heads)}, "heldout_loss": nats | None,
+    "heldout_ppl": float | None, "params": {...}}``.
+    """
+    from ..scores import compute_head_scores
+    from ..stimuli import ordinary_token_ids
+
+    was_training = model.training
+    model.eval()
+    try:
+        with preserved_rng():
+            hs = compute_head_scores(model, vocab_size=vocab_size, exclude_ids=tuple(special_ids), bos_id=bos_id,
+                                     seq_len=seq_len, batch_size=batch_size, seed=seed,
+                                     names=("induction", "anti_induction"))
+            pool = ordinary_token_ids(vocab_size, tuple(special_ids) + ((sep_id,) if sep_id is not None else ()))
+            cs = copy_offset_scores(model, span_length=span_length, pool=pool, sep_id=sep_id, bos_id=bos_id,
+                                    batch_size=batch_size, seed=seed + 1)
+            loss = None
+            if heldout is not None and eval_tokens > 0:
+                loss = heldout_loss(model, heldout, seq_len=eval_seq_len, n_tokens=eval_tokens,
+                                    autocast_dtype=autocast_dtype)
+    finally:
+        model.train(was_training)
+    scores = {"induction": hs.scores["induction"], "anti_induction": hs.scores["anti_induction"], **cs}
+    return {"scores": {k: np.asarray(v, dtype=float).tolist() for k, v in scores.items()},
+            "heldout_loss": loss, "heldout_ppl": math.exp(loss) if loss is not None else None,
+            "params": {"seq_len": seq_len, "batch_size": batch_size, "span_length": span_length, "seed": seed,
+                       "eval_tokens": eval_tokens, "eval_seq_len": eval_seq_len, "bos_id": bos_id, "sep_id": sep_id}}
+
+
+# ---- tables ----------------------------------------------------------------------------------
+
+def read_telemetry(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Telemetry of a run from its checkpoints' ``telemetry.json``.
+
+    Returns: (heads, evals): ``heads`` tidy rows (step, tokens, score, layer, head, value);
+    ``evals`` rows (step, tokens, heldout_loss, heldout_ppl).
+
+    Raises:
+        InductionLabError: the directory holds no telemetry.
+    """
+    rows, evals = [], []
+    for p in sorted((Path(run_dir) / "checkpoints").glob("step_*/telemetry.json")):
+        t = json.loads(p.read_text())
+        step, tokens = t["step"], t["tokens"]
+        evals.append({"step": step, "tokens": tokens, "heldout_loss": t.get("heldout_loss"),
+                      "heldout_ppl": t.get("heldout_ppl")})
+        for name, grid in t["scores"].items():
+            for layer, row in enumerate(grid):
+                for head, v in enumerate(row):
+                    rows.append({"step": step, "tokens": tokens, "score": name, "layer": layer, "head": head,
+                                 "value": v})
+    if not evals:
+        raise InductionLabError(f"{run_dir} holds no telemetry (no checkpoints/step_*/telemetry.json); "
+                                "pass a run directory written by `inductionlab train`")
+    return pd.DataFrame(rows), pd.DataFrame(evals)
+
+
+def summarize(heads: pd.DataFrame, thresholds: Iterable[float] = DEFAULT_THRESHOLDS,
+              top_frac: float = 0.02) -> pd.DataFrame:
+    """Per (step, score): max, top-2% mean, heads above each threshold, layer of the max head,
+    concentration (share of the positive total held by the top 2% of heads)."""
+    out = []
+    for (step, tokens, score), g in heads.groupby(["step", "tokens", "score"], sort=True):
+        v = g["value"].to_numpy()
+        k = max(1, math.ceil(top_frac * len(v)))
+        order = np.argsort(-v, kind="stable")
+        pos = np.clip(v, 0, None)
+        row = {"step": step, "tokens": tokens, "score": score, "max": float(v[order[0]]),
+               "top2pct_mean": float(v[order[:k]].mean()),
+               "max_layer": int(g["layer"].to_numpy()[order[0]]), "max_head": int(g["head"].to_numpy()[order[0]]),
+               "concentration": float(pos[order[:k]].sum() / pos.sum()) if pos.sum() > 0 else float("nan")}
+        for t in thresholds:
+            row[f"n_above_{t:g}"] = int((v > t).sum())
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def emergence_step(summary: pd.DataFrame, threshold: float = 0.4, score: str = "induction") -> int | None:
+    """First checkpoint step whose maximum ``score`` exceeds ``threshold`` (None if never)."""
+    s = summary[(summary["score"] == score) & (summary["max"] > threshold)].sort_values("step")
+    return int(s["step"].iloc[0]) if len(s) else None
+
+
+# ---- plots -----------------------------------------------------------------------------------
+
+def plot_heatmaps(heads: pd.DataFrame, path: Path, title: str, scores: Sequence[str] = SCORES) -> None:
+    """One panel per score: heads (layer-major, y) × checkpoints (x), colour = score."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scores = [s for s in scores if s in set(heads["score"])]
+    fig, axes = plt.subplots(1, len(scores), figsize=(4.2 * len(scores), 4.5), squeeze=False)
+    for ax, name in zip(axes[0], scores):
+        g = heads[heads["score"] == name]
+        m = g.pivot_table(index=["layer", "head"], columns="step", values="value")
+        im = ax.imshow(m.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+        ax.set_xticks(range(m.shape[1]), [str(c) for c in m.columns], rotation=90, fontsize=6)
+        n_heads = int(g["head"].max()) + 1
+        ax.set_yticks(range(0, m.shape[0], n_heads), [f"L{l}" for l in range(0, m.shape[0] // n_heads)], fontsize=7)
+        ax.set_xlabel("checkpoint (optimizer step)")
+        ax.set_title(name)
+    fig.colorbar(im, ax=axes[0].tolist(), label="attention probability on target")
+    fig.suptitle(title)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_curves(summaries: dict[str, pd.DataFrame], evals: dict[str, pd.DataFrame], path: Path,
+                threshold: float) -> None:
+    """Max, top-2% mean and heads-above-threshold over tokens for induction and anti-induction,
+    held-out perplexity, and the emergence step of each run (dashed line)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 4, figsize=(17, 7.5))
+    thr_col = f"n_above_{threshold:g}"
+    for r, score in enumerate(("induction", "anti_induction")):
+        for c, (col, label) in enumerate((("max", "max score"), ("top2pct_mean", "top-2% mean"),
+                                          (thr_col, f"heads above {threshold:g}"))):
+            ax = axes[r, c]
+            for i, (name, s) in enumerate(summaries.items()):
+                g = s[s["score"] == score].sort_values("tokens")
+                x = g["tokens"].clip(lower=1)
+                ax.plot(x, g[col], marker=".", label=name, color=f"C{i}")
+                em = emergence_step(s, threshold) if score == "induction" else None
+                if em is not None:
+                    ax.axvline(max(1, int(s.loc[s["step"] == em, "tokens"].iloc[0])), color=f"C{i}", ls="--", lw=0.8)
+            ax.set_xscale("log")
+            ax.set_title(f"{score}: {label}")
+            ax.set_xlabel("training tokens")
+    ax = axes[0, 3]
+    for i, (name, e) in enumerate(evals.items()):
+        e = e.dropna(subset=["heldout_ppl"]).sort_values("tokens")
+        ax.plot(e["tokens"].clip(lower=1), e["heldout_ppl"], marker=".", color=f"C{i}", label=name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_title("held-out perplexity")
+    ax.set_xlabel("training tokens")
+    ax = axes[1, 3]
+    for i, (name, s) in enumerate(summaries.items()):
+        for ls, score in (("-", "copy_offset"), (":", "copy_offset_control")):
+            g = s[s["score"] == score].sort_values("tokens")
+            ax.plot(g["tokens"].clip(lower=1), g["max"], ls=ls, color=f"C{i}", label=f"{name} {score}")
+    ax.set_xscale("log")
+    ax.set_title("copy_offset max (solid) vs control (dotted)")
+    ax.set_xlabel("training tokens")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
