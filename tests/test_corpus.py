@@ -136,6 +136,12 @@ def test_pretrained_tokenizer_file(tmp_path):
     assert np.array_equal(a.train, b.train) and b.eos_id == a.eos_id and b.sep_id == a.sep_id
 
 
+def test_token_dtype_by_vocabulary():
+    from inductionlab.data.shards import token_dtype
+    assert token_dtype(65535) == np.uint16          # shards contract: uint16 iff vocab < 65536
+    assert token_dtype(65536) == np.uint32
+
+
 def test_auto_heldout_fraction():
     f = corpus_mod.auto_heldout_fraction
     assert f(1_000_000) == 0.05                  # small corpus: capped at 5 %

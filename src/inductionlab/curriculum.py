@@ -24,6 +24,11 @@ How a window (one row of a batch, global index ``r``, first token ``t_r = r·seq
    special id are redrawn, up to 8 times), or ``L`` uniform random ids excluding the special
    ids and SEP (``span_source="random"``).
 
+Tolerance: with a fixed L a window's snippet count is the floor or the ceiling of its target,
+so its realised fraction is within ``(2L+1)/seq_len`` of the window's mean m(t); the mean over
+R independent windows is then within ε of the schedule except with probability
+``2·exp(−2Rε² / ((2L+1)/seq_len)²)`` (Hoeffding). After ``T_a`` every window is natural text.
+
 Every random quantity is a pure function of ``(seed, purpose, window index, slot)`` through the
 SplitMix64 finaliser (Steele, Lea & Flood 2014), so ``batch(step)`` is random access: a
 restarted trainer, or a DDP rank reading its rows, gets bit-identical batches without
