@@ -73,7 +73,7 @@ class TrainConfig:
     updates (one update = ``tokens_per_update`` tokens, reached by gradient accumulation).
     """
 
-    data: str = ""                       # directory written by `inductionlab data prepare` (TokenShards)
+    data: str = ""                       # directory written by `inductionlab corpus prepare` (TokenShards)
     out: str = ""                        # run directory (resumed when it holds the same run)
     preset: str = "0.13b"                # a key of PRESETS
     seq_len: int = 1024                  # context length (paper: 1024)
@@ -133,7 +133,7 @@ class TrainConfig:
     def validate(self, world_size: int = 1) -> None:
         """Check every field; raise :class:`InductionLabError` naming the problem and the fix."""
         if not self.data:
-            raise InductionLabError("no training data; pass --data DIR (written by `inductionlab data prepare`)")
+            raise InductionLabError("no training data; pass --data DIR (written by `inductionlab corpus prepare`)")
         if not self.out:
             raise InductionLabError("no output directory; pass --out DIR")
         if self.preset not in PRESETS:
