@@ -102,6 +102,28 @@ def test_verdicts_on_known_effects():
     assert v == {"a": True, "b": False, "c": False, "d": False}
 
 
+def test_load_bearing_table_and_concentration_hand_worked():
+    from inductionlab.load_bearing import concentration, load_bearing_table, single_head_conditions
+
+    induction = np.array([[0.1, 0.9], [0.5, 0.2]])
+    conds = single_head_conditions(induction, 3)
+    assert [c.heads for c in conds] == [[(0, 1)], [(1, 0)], [(1, 1)]]
+    intact = {"p": np.array([0.5, 0.7])}
+    # per-trial deltas: head (0,1): −0.3, −0.3; head (1,0): +0.1, −0.1 (mean 0); head (1,1): −0.1, −0.1
+    single = {"head-L0H1": {"p": np.array([0.2, 0.4])}, "head-L1H0": {"p": np.array([0.6, 0.6])},
+              "head-L1H1": {"p": np.array([0.4, 0.6])}}
+    t = load_bearing_table(induction, conds, intact, single)
+    assert list(t.p_delta) == pytest.approx([-0.3, 0.0, -0.1])
+    assert t.p_delta_ci_low[0] == pytest.approx(-0.3) and t.p_delta_ci_high[0] == pytest.approx(-0.3)
+    # head (1,0): deltas ±0.1, sd 0.1414, half-width 1.96·0.1414/√2 = 0.196
+    assert t.p_delta_ci_high[1] == pytest.approx(1.959964 * 0.1, rel=1e-5)
+    assert list(t.p_drop_share) == pytest.approx([0.75, 0.0, 0.25])
+    c = concentration(t, "p", tops=(1, 2, 5))
+    assert c["total_drop"] == pytest.approx(0.4)
+    assert c["by_effect"] == pytest.approx({1: 0.75, 2: 1.0})                   # 5 > 3 heads: left out
+    assert c["by_induction_rank"] == pytest.approx({1: 0.75, 2: 0.75})
+
+
 def test_interrupt_and_resume_equals_uninterrupted(tiny, tmp_path):
     cfg = TemporalStudyConfig(**SMALL)
     full = run_temporal_study(tiny, cfg, tmp_path / "full", progress=False)
@@ -124,7 +146,7 @@ def test_interrupt_and_resume_equals_uninterrupted(tiny, tmp_path):
     run_temporal_study(tiny, cfg, out, progress=False, on_checkpoint=again.append)
     assert not set(again) & set(seen)                                  # finished pieces are not recomputed
     n_conditions = 1 + len(SMALL["ks"]) * (1 + SMALL["n_draws"])
-    assert len(seen) + len(again) == 1 + 2 * n_conditions + SMALL["load_bearing_top"]
+    assert len(seen) + len(again) == 1 + 2 * n_conditions + 2 * SMALL["load_bearing_top"]
     assert (out / "results.json").read_bytes() == (tmp_path / "full" / "results.json").read_bytes()
     rec = json.loads((out / "results.json").read_text())
     assert [v["claim"] for v in rec["verdicts"]] == ["a", "b", "c", "d"]
@@ -151,7 +173,9 @@ def test_cli_end_to_end(tiny_dir, tmp_path):
     rec = json.loads((out / "results.json").read_text())
     assert rec["params"]["ks"] == [1, 2, 3, 6]               # 16 heads: default_ks(16)
     assert rec["params"]["config"]["method"] == "mean"
-    assert len(rec["load_bearing"]["table"]) == 3
+    lb = rec["load_bearing"]
+    assert len(lb["table"]) == 3 and set(lb["concentration"]) == {"lag_plus1", "recall_lag_plus1", "recall_accuracy"}
+    assert {"lag_plus1_delta", "recall_lag_plus1_delta", "recall_accuracy_delta"} <= set(lb["table"][0])
     report = (out / "report.md").read_text()
     assert report.count("reproduced") >= 4 and "(d) serial recall" in report
     # a second invocation resumes: nothing left to compute, same results

@@ -10,7 +10,8 @@ continues from the finished pieces):
    (``n_draws`` seeded draws), for each k — the lag probe (``lag/<condition>.npz``) and few-shot
    serial recall (``recall/<condition>.npz``);
 3. the per-head load-bearing map: each of the top-N induction heads ablated alone, lag probe on
-   the first ``load_bearing_permutations`` trials (``single/<condition>.npz``).
+   the first ``load_bearing_permutations`` trials (``single/<condition>.npz``) and serial recall
+   (``single_recall/<condition>.npz``).
 
 Then ``results.json``, ``tables/*.csv``, ``plots/*.png`` and ``report.md`` are written, stating
 each claim of the temporal-dependencies paper on this model as reproduced / not reproduced:
@@ -176,7 +177,7 @@ class TemporalStudy:
     lag: LagProbeResult
     recall: SerialRecallResult
     load_bearing: pd.DataFrame | None
-    concentration: dict | None
+    concentration: dict[str, dict] | None
     headline: pd.DataFrame
     verdicts: list[dict]
     record: dict
@@ -257,10 +258,11 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     singles = single_head_conditions(induction, cfg.load_bearing_top) if cfg.load_bearing_top > 0 else []
 
     # 2–3. conditions
-    todo = [("lag", c) for c in conditions] + [("recall", c) for c in conditions] + [("single", c) for c in singles]
-    sizes = {"lag": cfg.n_permutations, "recall": cfg.recall_trials, "single": lb_n}
+    todo = [("lag", c) for c in conditions] + [("recall", c) for c in conditions] + \
+        [("single", c) for c in singles] + [("single_recall", c) for c in singles]
+    sizes = {"lag": cfg.n_permutations, "recall": cfg.recall_trials, "single": lb_n, "single_recall": cfg.recall_trials}
     pending = [(ph, c) for ph, c in todo if not ck._path(f"{ph}/{c.name}", "npz").exists()]
-    lag_parts, rec_parts, single_parts = {}, {}, {}
+    parts: dict[str, dict[str, dict]] = {ph: {} for ph in sizes}
     words: dict[str, list[str]] = {}
     with tqdm(total=sum(sizes[ph] for ph, _ in pending), desc="conditions", unit="trial", disable=not progress) as bar:
         for phase, c in todo:
@@ -269,7 +271,7 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
             arrays = ck.load_npz(key)
             if arrays is None:
                 bar.set_postfix_str(key)
-                if phase == "recall":
+                if phase in ("recall", "single_recall"):
                     r = run_serial_recall(loaded, [c], rec_cfg, progress=bar.update)
                     arrays = {**r.data[c.name], "words": np.asarray(r.words)}
                 else:
@@ -281,7 +283,8 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
                 saved(key)
                 timings[f"{phase}_s"] = timings.get(f"{phase}_s", 0.0) + time.perf_counter() - t
             words[phase] = [str(w) for w in arrays.pop("words")]
-            {"lag": lag_parts, "recall": rec_parts, "single": single_parts}[phase][c.name] = arrays
+            parts[phase][c.name] = arrays
+    lag_parts, rec_parts = parts["lag"], parts["recall"]
 
     lag = LagProbeResult({n: a["probs"] for n, a in lag_parts.items()}, {n: a["list_mass"] for n, a in lag_parts.items()},
                          {n: a["argmax_lag"] for n, a in lag_parts.items()}, conditions, lag_cfg, words["lag"])
@@ -289,9 +292,15 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     col = cfg.cue_position  # column of lag +1 (0-based index cue_position)
     lb_table = conc = None
     if singles:
-        lb_table = load_bearing_table(induction, lag.probs["intact"][:lb_n, col],
-                                      {n: a["probs"][:, col] for n, a in single_parts.items()}, singles)
-        conc = concentration(lb_table)
+        single_rec = SerialRecallResult(parts["single_recall"], singles, rec_cfg)
+        rec_intact = recall.trial_measures("intact")
+        intact = {"lag_plus1": lag.probs["intact"][:lb_n, col], "recall_lag_plus1": rec_intact["lag_plus1"],
+                  "recall_accuracy": rec_intact["accuracy"]}
+        single = {c.name: {"lag_plus1": parts["single"][c.name]["probs"][:, col],
+                           **{f"recall_{k}": v for k, v in single_rec.trial_measures(c.name).items()
+                              if k in ("lag_plus1", "accuracy")}} for c in singles}
+        lb_table = load_bearing_table(induction, singles, intact, single)
+        conc = {m: concentration(lb_table, m) for m in intact}
     head = headline_table(lag, recall, ks)
     verd = verdicts(lag, recall, head, ks)
     record = {
@@ -531,8 +540,10 @@ def write_outputs(out: Path, loaded, hs, lag, recall, lb_table, conc, head, verd
     plot_curves(crp[crp.lag.abs() <= 10], figs / "lag_crp_argmax.png", shown, "lag", "CRP (arg-max response)",
                 f"{name}: psifr-style lag-CRP of the arg-max response", value="prob")
     if lb_table is not None:
-        plot_load_bearing(lb_table, figs / "load_bearing.png", title=f"{name}: per-head effect on p(lag +1)")
-        plot_concentration(conc, figs / "concentration.png", title=f"{name}: concentration of the lag +1 effect")
+        plot_load_bearing(lb_table, {m: MEASURES[m] for m in conc}, figs / "load_bearing.png",
+                          title=f"{name}: per-head effect of ablating one induction head ({lag.config.method})")
+        plot_concentration({MEASURES[m]: conc[m] for m in ("lag_plus1", "recall_lag_plus1")}, figs / "concentration.png",
+                           title=f"{name}: concentration of the lag +1 effect")
     atomic_write_json(out / "results.json", record)
     atomic_write_text(out / "report.md", report(loaded, lag, recall, lb_table, conc, head, verd, record, ks))
 
@@ -560,6 +571,13 @@ def report(loaded, lag, recall, lb_table, conc, head, verd, record, ks) -> str:
         lines.append(f"| ({v['claim']}) {v['text']} | **{'reproduced' if v['reproduced'] else 'not reproduced'}** "
                      f"| {v['evidence']} |")
     lines += ["", "Decision rules: " + "; ".join(f"({v['claim']}) {v['rule']}" for v in verd) + ".", ""]
+    tc = recall.transition_curve()
+    tc = tc[(tc.condition == "intact") & (tc.lag != 0)].sort_values("mean", ascending=False)
+    if len(tc):
+        top = tc.iloc[0]
+        lines += [f"For comparison, the intact serial-recall transition curve (renormalised over the "
+                  f"{recall.config.list_length} list items) peaks at lag {int(top.lag):+d}: "
+                  f"{_f(top['mean'], top.ci_low, top.ci_high)}.", ""]
     intact = lag.headline().set_index("condition").loc["intact"]
     lines += [f"Intact list mass (probability on the {lag.config.list_length} list words): "
               f"{_f(intact.list_mass, intact.list_mass_ci_low, intact.list_mass_ci_high)}; p(lag 0, repeating the cue): "
@@ -587,17 +605,25 @@ def report(loaded, lag, recall, lb_table, conc, head, verd, record, ks) -> str:
                   "Full tables: `tables/lag_crp_argmax.csv`.", "", "![lag-CRP](plots/lag_crp_argmax.png)", ""]
     if lb_table is not None:
         lines += ["## Per-head load-bearing map", "",
-                  f"Each of the top {len(lb_table)} heads by induction score ablated alone ({lag.config.method}), lag probe "
-                  f"on {record['load_bearing']['n_trials']} trials; Δ = p_ablated(+1) − p_intact(+1), paired 95% CI.", "",
-                  "| rank | head | induction score | Δ p(lag +1) | share of total drop |", "| --- | --- | --- | --- | --- |"]
-        for r in lb_table.itertuples():
-            lines.append(f"| {r.rank} | L{r.layer}H{r.head} | {r.induction_score:.3f} | "
-                         f"{_f(r.delta, r.delta_ci_low, r.delta_ci_high, 4)} | {r.drop_share:.1%} |")
-        be = conc["by_effect"]
-        lines += ["", f"Concentration: the total single-head drop is {conc['total_drop']:.4f}; the largest 1 / 5 / 10 "
-                  "heads carry " + " / ".join(f"{v:.0%}" for v in be.values()) + " of it "
-                  "(heads ordered by induction rank: " + " / ".join(f"{v:.0%}" for v in conc["by_induction_rank"].values())
-                  + ").", "", "![load-bearing](plots/load_bearing.png) ![concentration](plots/concentration.png)", ""]
+                  f"Each of the top {len(lb_table)} heads by induction score ablated alone ({lag.config.method}): lag probe "
+                  f"on {record['load_bearing']['n_trials']} trials and serial recall on {recall.config.n_trials} prompts; "
+                  "Δ = ablated − intact, paired 95% CI.", "",
+                  "| rank | head | induction score | Δ lag probe p(+1) | Δ serial recall p(+1) | Δ serial recall accuracy |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for r in lb_table.to_dict(orient="records"):
+            cells = [_f(r[f"{m}_delta"], r[f"{m}_delta_ci_low"], r[f"{m}_delta_ci_high"])
+                     for m in ("lag_plus1", "recall_lag_plus1", "recall_accuracy")]
+            lines.append(f"| {r['rank']} | L{r['layer']}H{r['head']} | {r['induction_score']:.3f} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for m, c in conc.items():
+            if m == "recall_accuracy":
+                continue
+            lines.append(f"Concentration of {MEASURES[m]}: total single-head drop {c['total_drop']:.3g}; the largest "
+                         + " / ".join(str(n) for n in c["by_effect"]) + " heads carry "
+                         + " / ".join(f"{v:.0%}" for v in c["by_effect"].values()) + " of it (the top "
+                         + " / ".join(str(n) for n in c["by_induction_rank"]) + " by induction score: "
+                         + " / ".join(f"{v:.0%}" for v in c["by_induction_rank"].values()) + ").")
+        lines += ["", "![load-bearing](plots/load_bearing.png)", "", "![concentration](plots/concentration.png)", ""]
     lines += ["## Head scores", "", "![head scores](plots/head_scores.png)", "",
               "All numbers: `results.json`; tables: `tables/`.", ""]
     return "\n".join(lines)
