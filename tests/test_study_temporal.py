@@ -102,6 +102,37 @@ def test_verdicts_on_known_effects():
     assert v == {"a": True, "b": False, "c": False, "d": False}
 
 
+def _row(measure, k, intact, ind, rnd, diff_ci):
+    """A headline row with the given means and the CI of random − induction (other CIs tight)."""
+    r = {"measure": measure, "k": k}
+    for arm, v in (("intact", intact), ("induction", ind), ("random", rnd), ("induction_minus_intact", ind - intact),
+                   ("random_minus_intact", rnd - intact), ("random_minus_induction", rnd - ind)):
+        r[arm], r[arm + "_ci_low"], r[arm + "_ci_high"] = v, v - 0.01, v + 0.01
+    r["random_minus_induction_ci_low"], r["random_minus_induction_ci_high"] = diff_ci
+    return r
+
+
+def test_majority_rule_ignores_floor_but_not_reversal():
+    import pandas as pd
+
+    lag, rec, _ = _synthetic(collapse=True)
+    ks = [1, 2, 3]
+    # k = 1, 2: induction collapses, random keeps; k = 3: both at the floor (no evidence either way)
+    rows = [_row("lag_plus1", 1, 0.8, 0.1, 0.8, (0.6, 0.8)), _row("lag_plus1", 2, 0.8, 0.05, 0.75, (0.6, 0.8)),
+            _row("lag_plus1", 3, 0.8, 0.0, 0.0, (-0.01, 0.01))]
+    rows += [_row("recall_accuracy", r["k"], r["intact"], r["induction"], r["random"],
+                  (r["random_minus_induction_ci_low"], r["random_minus_induction_ci_high"])) for r in rows]
+    v = {d["claim"]: d for d in verdicts(lag, rec, pd.DataFrame(rows), ks)}
+    assert v["b"]["reproduced"] and v["d"]["reproduced"]
+    assert [v["b"]["per_k"][k]["holds"] for k in ks] == [True, True, False]
+    assert not v["c"]["reproduced"]                         # at k = 3 random ablation removed p(+1)
+    # a significant reversal at any k (random lower than induction) refutes (b) and (d)
+    rows[2] = _row("lag_plus1", 3, 0.8, 0.6, 0.2, (-0.5, -0.3))
+    rows[5] = _row("recall_accuracy", 3, 0.8, 0.6, 0.2, (-0.5, -0.3))
+    v = {d["claim"]: d["reproduced"] for d in verdicts(lag, rec, pd.DataFrame(rows), ks)}
+    assert not v["b"] and not v["d"]
+
+
 def test_load_bearing_table_and_concentration_hand_worked():
     from inductionlab.load_bearing import concentration, load_bearing_table, single_head_conditions
 

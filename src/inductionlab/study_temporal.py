@@ -385,12 +385,14 @@ def verdicts(lag: LagProbeResult, recall: SerialRecallResult, head: pd.DataFrame
         CI of the next highest lag;
     (b) at k: the paired difference p_random − p_induction has a CI above 0 and the induction drop
         (intact − induction) is positive and at least twice the random drop; reproduced if this
-        holds at the largest k and at half of the ks or more;
+        holds at half of the ks or more and the opposite (random − induction CI below 0) holds at
+        none. (Not "at the largest k": at a large fraction of a small model's heads both arms can
+        sit at the floor, which is no evidence either way; every k is listed in ``per_k``.)
     (c) at k: random ablation lowers p(+1) by less than 10% of the intact value, or the paired
         difference random − intact is not significantly negative (CI reaches 0); reproduced if it
         holds at every k;
     (d) at k: the paired difference of teacher-forced serial-recall accuracy random − induction
-        has a CI above 0; reproduced like (b).
+        has a CI above 0; reproduced like (b) (majority of ks, contradicted at none).
     """
     f = lambda m, lo, hi: f"{m:.3g} [{lo:.3g}, {hi:.3g}]"  # noqa: E731
     s = lag.summary()
@@ -409,7 +411,8 @@ def verdicts(lag: LagProbeResult, recall: SerialRecallResult, head: pd.DataFrame
 
     def majority(per_k):
         hold = [per_k[k]["holds"] for k in ks]
-        return bool(hold[-1] and sum(hold) * 2 >= len(hold))
+        against = [per_k[k]["random_minus_induction"][2] < 0 for k in ks]
+        return bool(sum(hold) * 2 >= len(hold) and not any(against))
 
     lp = rows("lag_plus1")
     per_b, per_c = {}, {}
@@ -428,7 +431,8 @@ def verdicts(lag: LagProbeResult, recall: SerialRecallResult, head: pd.DataFrame
     r = lp[kmax]
     out.append({"claim": "b", "text": "induction-head ablation lowers p(lag +1) far more than random ablation",
                 "reproduced": majority(per_b), "per_k": per_b,
-                "rule": "random − induction CI > 0 and induction drop ≥ 2 × random drop, at the largest k and ≥ half the ks",
+                "rule": "random − induction CI > 0 and induction drop ≥ 2 × random drop at ≥ half the ks, "
+                        "significantly reversed at none",
                 "evidence": f"k={kmax}: intact {f(r.intact, r.intact_ci_low, r.intact_ci_high)}, induction "
                             f"{f(r.induction, r.induction_ci_low, r.induction_ci_high)}, random "
                             f"{f(r.random, r.random_ci_low, r.random_ci_high)}; held at "
@@ -450,7 +454,7 @@ def verdicts(lag: LagProbeResult, recall: SerialRecallResult, head: pd.DataFrame
     r = ra[kmax]
     out.append({"claim": "d", "text": "serial recall suffers more under induction ablation than under random ablation",
                 "reproduced": majority(per_d), "per_k": per_d,
-                "rule": "teacher-forced accuracy random − induction CI > 0, at the largest k and ≥ half the ks",
+                "rule": "teacher-forced accuracy random − induction CI > 0 at ≥ half the ks, significantly reversed at none",
                 "evidence": f"k={kmax}: accuracy intact {f(r.intact, r.intact_ci_low, r.intact_ci_high)}, induction "
                             f"{f(r.induction, r.induction_ci_low, r.induction_ci_high)}, random "
                             f"{f(r.random, r.random_ci_low, r.random_ci_high)}; held at "
@@ -571,6 +575,9 @@ def report(loaded, lag, recall, lb_table, conc, head, verd, record, ks) -> str:
         lines.append(f"| ({v['claim']}) {v['text']} | **{'reproduced' if v['reproduced'] else 'not reproduced'}** "
                      f"| {v['evidence']} |")
     lines += ["", "Decision rules: " + "; ".join(f"({v['claim']}) {v['rule']}" for v in verd) + ".", ""]
+    if not verd[0]["reproduced"]:
+        lines += ["Claim (a) is not reproduced: p(lag +1) is not a peak of the intact lag curve on this model, so (b) and "
+                  "(c) compare ablations on a probability the model does not single out.", ""]
     tc = recall.transition_curve()
     tc = tc[(tc.condition == "intact") & (tc.lag != 0)].sort_values("mean", ascending=False)
     if len(tc):
