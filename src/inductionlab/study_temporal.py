@@ -433,10 +433,10 @@ def verdicts(lag: LagProbeResult, recall: SerialRecallResult, head: pd.DataFrame
                 "reproduced": majority(per_b), "per_k": per_b,
                 "rule": "random − induction CI > 0 and induction drop ≥ 2 × random drop at ≥ half the ks, "
                         "significantly reversed at none",
-                "evidence": f"k={kmax}: intact {f(r.intact, r.intact_ci_low, r.intact_ci_high)}, induction "
-                            f"{f(r.induction, r.induction_ci_low, r.induction_ci_high)}, random "
-                            f"{f(r.random, r.random_ci_low, r.random_ci_high)}; held at "
-                            f"{sum(v['holds'] for v in per_b.values())}/{len(ks)} ks"})
+                "evidence": f"intact {f(r.intact, r.intact_ci_low, r.intact_ci_high)}; " + "; ".join(
+                    f"k={k}: induction {f(lp[k].induction, lp[k].induction_ci_low, lp[k].induction_ci_high)}, random "
+                    f"{f(lp[k].random, lp[k].random_ci_low, lp[k].random_ci_high)}" for k in ks)
+                    + f"; held at {sum(v['holds'] for v in per_b.values())}/{len(ks)} ks"})
     up = [k for k in ks if lp[k].random_minus_intact_ci_low > 0]
     out.append({"claim": "c", "text": "random ablation leaves p(lag +1) intact or raises it",
                 "reproduced": all(v["holds"] for v in per_c.values()), "per_k": per_c,
@@ -455,10 +455,10 @@ def verdicts(lag: LagProbeResult, recall: SerialRecallResult, head: pd.DataFrame
     out.append({"claim": "d", "text": "serial recall suffers more under induction ablation than under random ablation",
                 "reproduced": majority(per_d), "per_k": per_d,
                 "rule": "teacher-forced accuracy random − induction CI > 0 at ≥ half the ks, significantly reversed at none",
-                "evidence": f"k={kmax}: accuracy intact {f(r.intact, r.intact_ci_low, r.intact_ci_high)}, induction "
-                            f"{f(r.induction, r.induction_ci_low, r.induction_ci_high)}, random "
-                            f"{f(r.random, r.random_ci_low, r.random_ci_high)}; held at "
-                            f"{sum(v['holds'] for v in per_d.values())}/{len(ks)} ks"})
+                "evidence": f"accuracy intact {f(r.intact, r.intact_ci_low, r.intact_ci_high)}; " + "; ".join(
+                    f"k={k}: induction {f(ra[k].induction, ra[k].induction_ci_low, ra[k].induction_ci_high)}, random "
+                    f"{f(ra[k].random, ra[k].random_ci_low, ra[k].random_ci_high)}" for k in ks)
+                    + f"; held at {sum(v['holds'] for v in per_d.values())}/{len(ks)} ks"})
     return out
 
 
