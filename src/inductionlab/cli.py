@@ -55,7 +55,7 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--n-draws", default=2, show_default=True, help="Random-head draws per k.")
 @click.option("--exclude-top", type=int, default=None, help="Random heads come from outside the top N [default: min(300, heads/2)].")
 @click.option("--method", default="zero", show_default=True, type=click.Choice(["zero", "mean", "sink"]))
-@click.option("--n-permutations", default=48, show_default=True, help="Lag-probe trials per condition (seed protocol: 5000).")
+@click.option("--n-permutations", default=64, show_default=True, help="Lag-probe trials per condition (seed protocol: 5000).")
 @click.option("--batch-size", default=8, show_default=True, help="Lag-probe trials per forward pass.")
 @click.option("--list-length", default=500, show_default=True)
 @click.option("--cue-position", default=250, show_default=True)
