@@ -98,8 +98,10 @@ def plot_load_bearing(table: pd.DataFrame, measures: dict[str, str], path, title
                         xytext=(3, 3), textcoords="offset points")
         ax.axhline(0, color="grey", lw=0.5)
         ax.set_xlabel("induction score")
-        ax.set_ylabel(f"Δ {label} (head ablated alone)")
+        ax.set_ylabel("Δ when the head alone is ablated")
+        ax.set_title(label, fontsize=9)
     fig.suptitle(title or "Per-head load-bearing map")
+    fig.tight_layout()
     save(fig, path)
 
 
