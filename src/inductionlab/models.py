@@ -6,7 +6,6 @@ file hash or revision, dtype, shape of the attention) that every result stores.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import Any
 import torch
 
 from .errors import InductionLabError
+from .runs import sha256_file
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -57,14 +57,6 @@ class LoadedModel:
     @property
     def n_heads(self) -> int:
         return self.identity["n_heads"]
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def attention_shape(config) -> dict:

@@ -54,6 +54,17 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """SHA-256 hex digest of a file, read in 4 MiB chunks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
     path = Path(path)

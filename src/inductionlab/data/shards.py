@@ -26,7 +26,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import InductionLabError
-from ..runs import atomic_write_json, staged_run_dir, versions
+from ..runs import atomic_write_json, sha256_file, staged_run_dir, versions
 from .corpus import auto_heldout_fraction, md5_unit, resolve_source
 from .tokenizer import TokenizerInfo, load_tokenizer, train_bpe
 
@@ -37,14 +37,6 @@ SPLITS = ("train", "heldout")
 def token_dtype(vocab_size: int) -> np.dtype:
     """uint16 when every id fits (vocab < 65536), else uint32."""
     return np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
-
-
-def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
 
 
 @dataclass
@@ -145,7 +137,7 @@ class TokenShards:
         """
         for split in SPLITS:
             want = self.manifest["splits"][split]["sha256"]
-            got = _sha256_file(self.path / f"{split}.bin")
+            got = sha256_file(self.path / f"{split}.bin")
             if got != want:
                 raise InductionLabError(f"{self.path / (split + '.bin')} sha256 {got[:12]}... "
                                         f"!= manifest {want[:12]}...; prepare the corpus again")
@@ -268,7 +260,7 @@ def prepare_corpus(source: str | os.PathLike, out_dir: str | os.PathLike, *,
             for f in files.values():
                 f.close()
         for s in SPLITS:
-            counts[s]["sha256"] = _sha256_file(stage / f"{s}.bin")
+            counts[s]["sha256"] = sha256_file(stage / f"{s}.bin")
         _save_tokenizer(info, stage)
         manifest = {
             "format": FORMAT,
@@ -285,7 +277,7 @@ def prepare_corpus(source: str | os.PathLike, out_dir: str | os.PathLike, *,
             "dtype": dtype.name,
             "tokenizer": {**info.describe(), "file": "tokenizer.json",
                           "vocab_size_requested": vocab_size if tokenizer == "bpe" else None,
-                          "sha256": _sha256_file(stage / "tokenizer.json")},
+                          "sha256": sha256_file(stage / "tokenizer.json")},
             "splits": counts,
             "versions": versions(),
         }

@@ -18,7 +18,6 @@ checksums in its ``meta.json``; a mismatch is an error (the user decides whether
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -31,7 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import InductionLabError
-from ..runs import atomic_write_json
+from ..runs import atomic_write_json, sha256_file
 
 META = "meta.json"
 STATE = "trainer_state.pt"
@@ -51,14 +50,6 @@ def checkpoint_schedule(total_steps: int, n_log: int = 12, dense_start: int = 0,
     if dense_every > 0 and dense_end >= dense_start:
         steps.update(range(max(dense_start, 0), min(dense_end, total_steps) + 1, dense_every))
     return sorted(s for s in steps if 0 <= s <= total_steps)
-
-
-def _sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def rng_state() -> dict[str, Any]:
@@ -149,7 +140,7 @@ class CheckpointManager:
             for p in files:
                 with open(p, "rb") as f:
                     os.fsync(f.fileno())
-                sums[str(p.relative_to(stage))] = _sha256(p)
+                sums[str(p.relative_to(stage))] = sha256_file(p)
             atomic_write_json(stage / META, {**meta, "step": step, "resumable": trainer_state is not None,
                                              "sha256": sums})
             if final.exists():                        # a re-run of a step after resume: swap it out
@@ -197,7 +188,7 @@ class CheckpointManager:
             f = path / rel
             if not f.is_file():
                 raise InductionLabError(f"checkpoint {path} is corrupt ({rel} is missing); {fix}")
-            if _sha256(f) != digest:
+            if sha256_file(f) != digest:
                 raise InductionLabError(f"checkpoint {path} is corrupt ({rel} fails its checksum); {fix}")
         return meta
 
