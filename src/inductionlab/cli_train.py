@@ -18,17 +18,32 @@ from .cli import main
 from .errors import InductionLabError
 
 
+def _field_comments(cls) -> dict[str, str]:
+    """The trailing ``# comment`` of each field in the dataclass source: one source of truth for --help."""
+    import inspect
+    import re
+
+    out = {}
+    for line in inspect.getsource(cls).splitlines():
+        m = re.match(r"\s+(\w+): [^=]+=.*?#\s*(.+)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+
 def _config_options(f):
     from .train.config import TrainConfig
+    notes = _field_comments(TrainConfig)
     for fld in reversed(dataclasses.fields(TrainConfig)):
         flag = fld.name.replace("_", "-")
+        note = notes.get(fld.name, "")
         if fld.type == "bool":
             f = click.option(f"--{flag}/--no-{flag}", fld.name, default=None,
-                             help=f"[default {fld.default}]")(f)
+                             help=f"{note} [default {fld.default}]".strip())(f)
         else:
             typ = {"int": int, "float": float}.get(fld.type, str)
             f = click.option(f"--{flag}", fld.name, type=typ, default=None,
-                             help=f"[default {fld.default!r}]")(f)
+                             help=f"{note} [default {fld.default!r}]".strip())(f)
     return f
 
 

@@ -75,30 +75,30 @@ class TrainConfig:
 
     data: str = ""                       # directory written by `inductionlab corpus prepare` (TokenShards)
     out: str = ""                        # run directory (resumed when it holds the same run)
-    preset: str = "0.13b"                # a key of PRESETS
+    preset: str = "0.13b"                # cpu-tiny | cpu-small | 0.13b | 0.5b | 1b (PRESETS)
     seq_len: int = 1024                  # context length (paper: 1024)
     tokens: int = 0                      # token budget; steps = tokens // tokens_per_update
     tokens_per_update: int = 65536       # 2^16 tokens per optimizer update (paper)
     micro_batch_size: int = 8            # sequences per forward pass per process (memory knob only)
     # AdamW and schedule (paper): beta 0.9/0.999, wd 0.1, peak 1e-3, 3% warm-up then cosine.
-    lr: float = 1e-3
+    lr: float = 1e-3                     # peak learning rate (paper)
     min_lr_ratio: float = 0.1            # decision: cosine ends at 10% of peak (Chinchilla convention)
-    warmup_frac: float = 0.03
+    warmup_frac: float = 0.03            # linear warm-up over this fraction of the steps (paper)
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
-    weight_decay: float = 0.1
+    weight_decay: float = 0.1            # AdamW weight decay (paper)
     grad_clip: float = 1.0               # decision: global L2 norm clip at 1.0 (common Llama setting)
     precision: str = "auto"              # auto (bf16 autocast on CUDA with bf16, else fp32) | fp32 | bf16
-    seed: int = 0
+    seed: int = 0                        # model init, data stream and telemetry probes
     deterministic: bool = False          # torch.use_deterministic_algorithms (bit-identical resume on CPU)
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = "sdpa"    # training attention kernel (telemetry uses its own)
     # Bi-Induct curriculum (SPEC §6): passed to inductionlab.curriculum.CurriculumConfig
     curriculum: str = "none"             # none | induction | anti | balanced
-    span_length: int = 20
+    span_length: int = 20                # L, snippet span length in tokens (SPEC §6)
     span_length_min: int = 0             # >0 together with span_length_max: length drawn per snippet
     span_length_max: int = 0
-    m0: float = 0.5
+    m0: float = 0.5                      # initial synthetic fraction; m(t) = m0 * max(0, 1 - t/T_a)
     anneal_tokens: int = 0               # 0 = the whole budget (SPEC §6)
     span_source: str = "natural"         # natural | random
     # Checkpoints (SPEC §7): log-spaced plus an optional dense window, plus rolling resume points.
@@ -109,15 +109,15 @@ class TrainConfig:
     save_every: int = 0                  # rolling resume checkpoint every N steps (0 = off); only the last kept
     keep_resumable: int = 2              # optimizer state is kept in the newest N checkpoints only
     # Telemetry (SPEC §8)
-    telemetry: bool = True
+    telemetry: bool = True               # head scores and held-out perplexity at every checkpoint
     telemetry_seq_len: int = 50          # repeated random-token half length for the induction score
     telemetry_batch: int = 16
     induction_threshold: float = 0.4     # decision: "induction head" = induction score above this
     eval_tokens: int = 65536             # held-out tokens for perplexity (decision)
     # Distributed (torchrun) and logging
     parallel: str = "ddp"                # ddp | fsdp (used only under torchrun with WORLD_SIZE > 1)
-    log_every: int = 1
-    progress: bool = True
+    log_every: int = 1                   # metrics row every N updates
+    progress: bool = True                # progress bar with tokens/s and loss
     tensorboard: bool = True             # only when the tensorboard package is installed
 
     # ---- derived quantities -----------------------------------------------------------------
