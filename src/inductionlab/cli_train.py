@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import sys
 from pathlib import Path
 
 import click
@@ -80,10 +82,19 @@ def train_cmd(config_file, print_config, **flags):
     res = train(cfg)
     r = res.record.get("results", {})
     b = res.record["budget"]
+    loss = r.get("final_loss")
+    loss = f"{loss:.4f}" if isinstance(loss, float) else "-"
     click.echo(f"run {res.run_dir}: {res.steps} steps, {res.tokens} tokens, "
                f"{b['n_params']:,} params ({b['n_params_non_embedding']:,} non-embedding), "
-               f"{b['flops']:.3e} FLOPs; final loss {r.get('final_loss')}, "
+               f"{b['flops']:.3e} FLOPs; final loss {loss}, "
                f"emergence step {r.get('emergence_step')} (threshold {r.get('induction_threshold')})")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # The run is complete and the process group destroyed. Skip interpreter teardown: with
+        # gloo, C++ static destructors can meet a still-joinable worker thread and abort
+        # ("terminate called without an active exception"), turning a finished run into exit -6.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 @main.command("telemetry")
