@@ -5,7 +5,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .PHONY: setup run test test-all corpus
-setup:
+setup: $(VENV)/.setup-done
+
+# re-run set-up only when what it installs from has changed
+$(VENV)/.setup-done: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 
 run: setup

@@ -67,6 +67,8 @@ def test_analyze_end_to_end(tiny_dir, tmp_path):
     (["--top", "99"], "exceeds the model's 16 heads"),
     (["--list-length", "5000", "--cue-position", "10"], "word pool too small"),
     (["--list-length", "100", "--cue-position", "10"], "exceeds the model's context of 64"),
+    (["--n-permutations", "1"], "at least 2 trials"),
+    (["--cue-position", "30"], "outside a list of 24 words"),
 ])
 def test_bad_input_one_line_error_nothing_written(tiny_dir, tmp_path, extra, message):
     out = tmp_path / "run"

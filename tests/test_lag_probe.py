@@ -88,9 +88,11 @@ def test_stimulus_layout(word_tokenizer):
 def test_bad_inputs(word_tokenizer):
     lm = loaded_fake(word_tokenizer, 1)
     with pytest.raises(InductionLabError, match="word pool too small"):
-        build_trials(lm, LagProbeConfig(list_length=5000, cue_position=10, n_permutations=1))
+        build_trials(lm, LagProbeConfig(list_length=5000, cue_position=10, n_permutations=2))
     lm.identity["max_position_embeddings"] = 16
     with pytest.raises(InductionLabError, match="exceeds the model's context of 16"):
-        build_trials(lm, LagProbeConfig(list_length=20, cue_position=10, n_permutations=1))
+        build_trials(lm, LagProbeConfig(list_length=20, cue_position=10, n_permutations=2))
+    with pytest.raises(InductionLabError, match="at least 2 trials"):
+        LagProbeConfig(n_permutations=1).validate()
     with pytest.raises(InductionLabError, match="outside a list"):
-        build_trials(lm, LagProbeConfig(list_length=20, cue_position=21, n_permutations=1))
+        build_trials(lm, LagProbeConfig(list_length=20, cue_position=21, n_permutations=2))

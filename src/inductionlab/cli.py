@@ -59,7 +59,7 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--batch-size", default=8, show_default=True, help="Lag-probe trials per forward pass.")
 @click.option("--list-length", default=500, show_default=True)
 @click.option("--cue-position", default=250, show_default=True)
-@click.option("--separator", default=" ", show_default=True, help='Between words: " ", ", " or "\\n".')
+@click.option("--separator", default=" ", help='Between words: " " (default: each word is its own leading-space token), ", " or "\\n".')
 @click.option("--instruction", default="", help="Text after BOS, before the list.")
 @click.option("--no-bos", is_flag=True, help="Do not prepend BOS.")
 @click.option("--resample-words", is_flag=True, help="Draw a new word set per trial instead of permuting a fixed set.")
@@ -81,6 +81,9 @@ def analyze(model, dtype, device, out, overwrite, seed, top, ks, n_draws, exclud
     if out.exists() and any(out.iterdir()) and not overwrite:  # fail before the slow part
         raise InductionLabError(f"output directory {out} already exists and is not empty; pass a new --out or --overwrite")
     separator = separator.replace("\\n", "\n")
+    if quiet:  # also silences the GGUF de-quantisation bar, which ignores transformers' logging switch
+        import os
+        os.environ["TQDM_DISABLE"] = "1"
     lag = LagProbeConfig(list_length=list_length, cue_position=cue_position, n_permutations=n_permutations,
                          batch_size=batch_size, seed=seed, resample_words=resample_words, separator=separator,
                          instruction=instruction, bos=not no_bos, method=method)

@@ -45,6 +45,23 @@ class LagProbeConfig:
     bos: bool = True
     method: str = "zero"            # ablation method: zero | mean | sink
 
+    def validate(self) -> None:
+        """Check the options that need no model (called before any model is loaded).
+
+        Raises:
+            InductionLabError: cue outside the list, fewer than 2 trials (no CI), bad batch size or method.
+        """
+        if self.list_length < 2:
+            raise InductionLabError(f"list length {self.list_length} is too short; use at least 2 words")
+        if not 1 <= self.cue_position <= self.list_length:
+            raise InductionLabError(f"cue position {self.cue_position} is outside a list of {self.list_length} words")
+        if self.n_permutations < 2:
+            raise InductionLabError(f"n_permutations={self.n_permutations}: at least 2 trials are needed for a CI")
+        if self.batch_size < 1:
+            raise InductionLabError(f"batch size {self.batch_size} must be at least 1")
+        if self.method not in ("zero", "mean", "sink"):
+            raise InductionLabError(f"unknown ablation method {self.method!r}; use zero, mean or sink")
+
 
 @dataclass
 class Stimulus:
@@ -143,6 +160,23 @@ class LagProbeResult:
             rows.append(self._headline_row(f"random-{k}", "random", k, f"mean of {len(names)}", p, mass))
         return pd.DataFrame(rows)
 
+    def contrasts(self, lag: int = 1) -> pd.DataFrame:
+        """Paired per-trial contrast at one lag for each k: random-k (mean of draws) − induction-k,
+        with a 95% CI over trials (same trials in every condition)."""
+        rows = []
+        col = self._col(lag)
+        for k in sorted({c.k for c in self.conditions if c.kind == "induction"}):
+            ind = [c.name for c in self.conditions if c.kind == "induction" and c.k == k]
+            rnd = [c.name for c in self.conditions if c.kind == "random" and c.k == k]
+            if not ind or not rnd:
+                continue
+            pi = self.probs[ind[0]][:, col].astype(np.float64)
+            pr = np.mean([self.probs[n][:, col] for n in rnd], axis=0).astype(np.float64)
+            m, half = _mean_ci(pr - pi)
+            rows.append({"k": k, "lag": lag, "induction": pi.mean(), "random": pr.mean(),
+                         "random_minus_induction": float(m), "ci_low": float(m - half), "ci_high": float(m + half)})
+        return pd.DataFrame(rows)
+
     def _headline_row(self, name, kind, k, draw, p, mass) -> dict:
         p = p.astype(np.float64)
         out = {"condition": name, "kind": kind, "k": k, "draw": draw}
@@ -159,7 +193,7 @@ class LagProbeResult:
         for c in self.conditions:
             p = self.probs[c.name].astype(np.float64)
             m, half = _mean_ci(p)
-            h = self._headline_row(c.name, c.kind, c.k, c.draw, p, self.list_mass[c.name])
+            h = self._headline_row(c.name, c.kind, c.k, str(c.draw), p, self.list_mass[c.name])
             conds.append({**c.to_dict(), "n_trials": int(p.shape[0]),
                           "lag_plus1": h["lag_plus1"], "lag_minus1": h["lag_minus1"], "lag0": h["lag0"],
                           "list_mass": h["list_mass"],
@@ -167,7 +201,8 @@ class LagProbeResult:
                           "ci95": {int(l): [float(v - e), float(v + e)] for l, v, e in zip(self.lags, m, half)},
                           "argmax_in_list": float(np.mean(~np.isnan(self.argmax_lag[c.name])))})
         return {"config": asdict(self.config), "words": self.words, "conditions": conds,
-                "headline": self.headline().to_dict(orient="records")}
+                "headline": self.headline().to_dict(orient="records"),
+                "contrasts_lag_plus1": self.contrasts(1).to_dict(orient="records")}
 
 
 def _mean_ci(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -198,10 +233,7 @@ def build_trials(loaded: LoadedModel, cfg: LagProbeConfig) -> tuple[torch.Tensor
         InductionLabError: word pool smaller than the list; trial longer than the model's context;
             cue position outside the list.
     """
-    if not 1 <= cfg.cue_position <= cfg.list_length:
-        raise InductionLabError(f"cue position {cfg.cue_position} is outside a list of {cfg.list_length} words")
-    if cfg.n_permutations < 1:
-        raise InductionLabError("n_permutations must be at least 1")
+    cfg.validate()
     tok = loaded.tokenizer
     stim = make_stimulus(tok, cfg.separator, cfg.instruction, cfg.bos)
     n_pool = max(cfg.pool_size, cfg.list_length) if cfg.resample_words else cfg.list_length

@@ -65,8 +65,16 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
+    """Write ``data`` to ``path`` through a temporary file and an atomic rename.
+
+    The file gets ordinary permissions (0666 less the umask), not mkstemp's private 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -75,6 +83,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -116,6 +125,7 @@ def staged_run_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterator[
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
+    os.chmod(stage, 0o777 & ~_umask())   # mkdtemp makes it private (0700)
     if out.exists():
         shutil.rmtree(out)
     os.replace(stage, out)
