@@ -186,7 +186,7 @@ def report(res: AnalyzeResult) -> str:
     lines += ["", f"Induction loss: first copy {il['first_copy']:.2f} nats, second copy {il['second_copy']:.2f} nats.",
               "", "## Lag probe", "",
               f"{cfg['lag']['n_permutations']} trials per condition, list of {cfg['lag']['list_length']} words, cue at "
-              f"position {cfg['lag']['cue_position']}, {cfg['method'] if 'method' in cfg else cfg['lag']['method']} ablation. "
+              f"position {cfg['lag']['cue_position']}, {cfg['lag']['method']} ablation. "
               "Probabilities are raw next-token probabilities; 95% CIs over trials.", "",
               "| condition | lag +1 | lag -1 | lag 0 | list mass |", "|---|---|---|---|---|"]
     for _, r in hl.iterrows():

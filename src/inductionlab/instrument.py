@@ -139,8 +139,8 @@ class Instrumentation:
         self.model = model
         self.shape = attention_shape(model.config)
         L, H = self.shape["n_layers"], self.shape["n_heads"]
-        self.by_layer: dict[int, list[HeadIntervention]] = {}
-        for iv in interventions:
+        self.by_layer: dict[int, list[tuple[int, HeadIntervention]]] = {}   # layer -> [(index, intervention)]
+        for i, iv in enumerate(interventions):
             if iv.method not in METHODS:
                 raise InductionLabError(f"unknown ablation method {iv.method!r}; use one of {', '.join(METHODS)}")
             if not (0 <= iv.layer < L and 0 <= iv.head < H):
@@ -150,7 +150,7 @@ class Instrumentation:
                 raise InductionLabError("mean ablation needs the head's mean output; pass reference_ids to ablate()")
             if iv.method == "knockout" and iv.edges is None:
                 raise InductionLabError("knockout needs edges (a [Q, K] bool mask or (query, key) pairs)")
-            self.by_layer.setdefault(iv.layer, []).append(iv)
+            self.by_layer.setdefault(iv.layer, []).append((i, iv))
         self.interventions = list(interventions)
         self.effect = {i: False for i in range(len(self.interventions))}
         self.reduction_targets = dict(reductions)
@@ -179,8 +179,7 @@ class Instrumentation:
         B, H, Q, _ = query.shape
         K = key.shape[-2]
         row_dead = None
-        mask_edits = [(i, iv) for i, iv in enumerate(self.interventions) if iv.layer == layer
-                      and iv.method in ("sink", "knockout")]
+        mask_edits = [(i, iv) for i, iv in ivs if iv.method in ("sink", "knockout")]
         if mask_edits:
             if attention_mask is None:
                 attention_mask = torch.zeros(B, 1, Q, K, dtype=query.dtype, device=query.device)
@@ -206,8 +205,7 @@ class Instrumentation:
             attention_mask = new
         out, weights = self._base(module, kwargs)(module, query, key, value, attention_mask, **kwargs)
         # out: [B, Q, H, D]; weights: [B, H, Q, K] or None
-        edits = [(i, iv) for i, iv in enumerate(self.interventions) if iv.layer == layer
-                 and iv.method in ("zero", "mean")]
+        edits = [(i, iv) for i, iv in ivs if iv.method in ("zero", "mean")]
         if edits or (row_dead is not None and row_dead.any()):
             out = out.clone()
             if weights is not None:
