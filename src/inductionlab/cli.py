@@ -43,19 +43,19 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 @main.command()
-@click.option("--model", "model", default="smollm2-135m", show_default=True,
+@click.option("--model", "-m", "model", default="smollm2-135m", show_default=True,
               help="smollm2-135m, gemma3-270m, a local model directory, a .gguf file or a cached hub id.")
 @click.option("--dtype", default="bfloat16", show_default=True, type=click.Choice(["bfloat16", "float32", "float16"]))
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--out", type=click.Path(file_okay=False), default=None, help="Run directory [default: runs/analyze-<time>].")
+@click.option("--out", "-o", type=click.Path(file_okay=False), default=None, help="Run directory [default: runs/analyze-<time>].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing, non-empty --out.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--top", default=10, show_default=True, help="Induction heads listed in the headline.")
 @click.option("--ks", default="5,10,20", show_default=True, help="Numbers of heads to ablate.")
 @click.option("--n-draws", default=2, show_default=True, help="Random-head draws per k.")
-@click.option("--exclude-top", type=int, default=None, help="Random heads come from outside the top N [default: min(300, heads/2)].")
+@click.option("--exclude-top", "--exclude-top-n", type=int, default=None, help="Random heads come from outside the top N [default: min(300, heads/2)].")
 @click.option("--method", default="zero", show_default=True, type=click.Choice(["zero", "mean", "sink"]))
-@click.option("--n-permutations", default=64, show_default=True, help="Lag-probe trials per condition (seed protocol: 5000).")
+@click.option("--n-permutations", "--permutations", default=64, show_default=True, help="Lag-probe trials per condition (seed protocol: 5000).")
 @click.option("--batch-size", default=8, show_default=True, help="Lag-probe trials per forward pass.")
 @click.option("--list-length", default=500, show_default=True)
 @click.option("--cue-position", default=250, show_default=True)
@@ -65,7 +65,7 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--resample-words", is_flag=True, help="Draw a new word set per trial instead of permuting a fixed set.")
 @click.option("--score-seq-len", default=50, show_default=True, help="T, tokens per copy for head scores.")
 @click.option("--score-batch-size", default=16, show_default=True)
-@click.option("--quiet", is_flag=True, help="No progress bars.")
+@click.option("--quiet", "--no-progress", is_flag=True, help="No progress bars.")
 def analyze(model, dtype, device, out, overwrite, seed, top, ks, n_draws, exclude_top, method, n_permutations,
             batch_size, list_length, cue_position, separator, instruction, no_bos, resample_words, score_seq_len,
             score_batch_size, quiet):

@@ -46,9 +46,9 @@ def study() -> None:
 @click.option("--ks", callback=_int_list, default=None,
               help="comma-separated k list (default: 10,20,50,100 clipped/scaled to the model's heads)")
 @click.option("--n-draws", type=click.IntRange(1), default=3, show_default=True, help="random-head draws per k")
-@click.option("--exclude-top-n", type=click.IntRange(0), default=None,
+@click.option("--exclude-top-n", "--exclude-top", type=click.IntRange(0), default=None,
               help="random heads are drawn outside the top N by induction score (default min(300, heads // 2))")
-@click.option("--permutations", type=click.IntRange(2), default=64, show_default=True,
+@click.option("--permutations", "--n-permutations", type=click.IntRange(2), default=64, show_default=True,
               help="lag-probe trials per condition (seed protocol: 5000)")
 @click.option("--list-length", type=click.IntRange(2), default=500, show_default=True)
 @click.option("--cue-position", type=click.IntRange(1), default=250, show_default=True)
@@ -68,7 +68,7 @@ def study() -> None:
 @click.option("--batch-size", type=click.IntRange(1), default=None,
               help="trials per forward pass (default: from free GPU memory; 8 on CPU)")
 @click.option("--threads", type=click.IntRange(1), default=None, help="torch CPU threads")
-@click.option("--no-progress", is_flag=True)
+@click.option("--no-progress", "--quiet", is_flag=True, help="no progress bars")
 def temporal(model, out, overwrite, method, ks, n_draws, exclude_top_n, permutations, list_length, cue_position,
              recall_trials, recall_list_length, shots, no_generate, load_bearing_top, load_bearing_permutations,
              seed, device, dtype, device_map, batch_size, threads, no_progress) -> None:

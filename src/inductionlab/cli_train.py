@@ -33,6 +33,11 @@ def _field_comments(cls) -> dict[str, str]:
     return out
 
 
+_CHOICES = {"preset": ["cpu-tiny", "cpu-small", "0.13b", "0.5b", "1b"],
+            "curriculum": ["none", "induction", "anti", "balanced"], "span_source": ["natural", "random"],
+            "precision": ["auto", "fp32", "bf16"], "parallel": ["ddp", "fsdp"]}
+
+
 def _config_options(f):
     from .train.config import TrainConfig
     notes = _field_comments(TrainConfig)
@@ -42,6 +47,9 @@ def _config_options(f):
         if fld.type == "bool":
             f = click.option(f"--{flag}/--no-{flag}", fld.name, default=None,
                              help=f"{note} [default {fld.default}]".strip())(f)
+        elif fld.name in _CHOICES:
+            f = click.option(f"--{flag}", fld.name, type=click.Choice(_CHOICES[fld.name]), default=None,
+                             help=f"[default {fld.default!r}]")(f)
         else:
             typ = {"int": int, "float": float}.get(fld.type, str)
             f = click.option(f"--{flag}", fld.name, type=typ, default=None,
@@ -153,8 +161,9 @@ def telemetry_cmd(runs, out, threshold):
                                                       "results": report, "versions": versions()})
     for name, rep in report.items():
         ind = rep["final"]["induction"]
+        ppl = rep["final_heldout_ppl"]
+        ppl = f"{ppl:.1f}" if isinstance(ppl, float) else "-"
         click.echo(f"{name}: emergence step {rep['emergence_step']} (induction > {threshold:g}); "
                    f"final max induction {ind['max']:.3f} at L{ind['max_layer_head'][0]}H{ind['max_layer_head'][1]}, "
-                   f"max anti-induction {rep['final']['anti_induction']['max']:.3f}, "
-                   f"held-out ppl {rep['final_heldout_ppl']}")
+                   f"max anti-induction {rep['final']['anti_induction']['max']:.3f}, held-out ppl {ppl}")
     click.echo(f"wrote {out}")
