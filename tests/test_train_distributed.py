@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
-from test_train_helpers import make_corpus, run_cli, tiny_flags
+from test_train_helpers import losses, make_corpus, run_cli, tiny_flags
 
 STEPS = 6
 # global batch 16 sequences: 1 process x 4 micro-batches of 4, or 2 processes x 2 micro-batches of 4
@@ -26,10 +24,6 @@ def torchrun(args, prelude=""):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=0",
            "--no-python", sys.executable, "-c", code, *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-def losses(run):
-    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")

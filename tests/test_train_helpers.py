@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -43,6 +44,11 @@ def run_cli(args: list[str], prelude: str = "", **kw) -> subprocess.CompletedPro
     env = {**os.environ, "OMP_NUM_THREADS": "1", **kw.pop("env", {})}
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
                           env=env, **kw)
+
+
+def losses(run: Path) -> list[float]:
+    """The loss of every logged update of a run, from its metrics.jsonl."""
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_tiny_corpus_opens(tmp_path):

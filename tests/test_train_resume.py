@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from inductionlab.train.checkpoint import CheckpointManager
-from test_train_helpers import make_corpus, run_cli, tiny_flags
+from test_train_helpers import losses, make_corpus, run_cli, tiny_flags
 
 STEPS = 16
 # save_every=2 adds rolling resume points; the log schedule is 0, 1, 4, 16 (3 log-spaced + 0)
@@ -57,16 +57,12 @@ def _final_weights(run):
     return load_file(run / "checkpoints" / f"step_{STEPS:08d}" / "model.safetensors")
 
 
-def _losses(run):
-    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 def _assert_same_run(a, b):
     wa, wb = _final_weights(a), _final_weights(b)
     assert wa.keys() == wb.keys()
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k              # bit-identical
-    assert _losses(a) == _losses(b) and len(_losses(a)) == STEPS
+    assert losses(a) == losses(b) and len(losses(a)) == STEPS
 
 
 def test_sigkill_then_resume_is_bit_identical(runs):
@@ -76,7 +72,7 @@ def test_sigkill_then_resume_is_bit_identical(runs):
     assert p.returncode == -signal.SIGKILL
     assert json.loads((out / "run.json").read_text())["status"] == "running"
     assert CheckpointManager(out).latest_resumable()[0] == 8
-    assert len(_losses(out)) == 9                        # step 9 was logged, never checkpointed
+    assert len(losses(out)) == 9                        # step 9 was logged, never checkpointed
     p = run_cli(["train", *tiny_flags(data, out, **OVER)])
     assert p.returncode == 0, p.stderr
     rec = json.loads((out / "run.json").read_text())

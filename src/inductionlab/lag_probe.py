@@ -121,13 +121,23 @@ class LagProbeResult:
     def _col(self, lag: int) -> int:
         return lag + self.config.cue_position - 1
 
+    def _draws(self, kind: str) -> dict[int, list[str]]:
+        """k -> names of the conditions of one kind with that k (the random draws), sorted by k."""
+        out: dict[int, list[str]] = {}
+        for c in sorted((c for c in self.conditions if c.kind == kind), key=lambda c: c.k):
+            out.setdefault(c.k, []).append(c.name)
+        return out
+
+    def _pooled(self, names: list[str], table: dict[str, np.ndarray]) -> np.ndarray:
+        """Per-trial mean over conditions (paired trials), e.g. over the random draws of one k."""
+        return np.mean([table[n] for n in names], axis=0)
+
     def curves(self) -> list[tuple[str, str, int, str, np.ndarray]]:
         """(name, kind, k, draw, probs [n_trials, list_length]) per condition, plus pooled
         ``random-k`` curves (per-trial mean over the random draws for that k)."""
         out = [(c.name, c.kind, c.k, str(c.draw), self.probs[c.name]) for c in self.conditions]
-        for k in sorted({c.k for c in self.conditions if c.kind == "random"}):
-            names = [c.name for c in self.conditions if c.kind == "random" and c.k == k]
-            out.append((f"random-{k}", "random", k, "pooled", np.mean([self.probs[n] for n in names], axis=0)))
+        for k, names in self._draws("random").items():
+            out.append((f"random-{k}", "random", k, "pooled", self._pooled(names, self.probs)))
         return out
 
     def summary(self) -> pd.DataFrame:
@@ -152,12 +162,9 @@ class LagProbeResult:
         rows = []
         for c in self.conditions:
             rows.append(self._headline_row(c.name, c.kind, c.k, str(c.draw), self.probs[c.name], self.list_mass[c.name]))
-        ks = sorted({c.k for c in self.conditions if c.kind == "random"})
-        for k in ks:
-            names = [c.name for c in self.conditions if c.kind == "random" and c.k == k]
-            p = np.mean([self.probs[n] for n in names], axis=0)
-            mass = np.mean([self.list_mass[n] for n in names], axis=0)
-            rows.append(self._headline_row(f"random-{k}", "random", k, f"mean of {len(names)}", p, mass))
+        for k, names in self._draws("random").items():
+            rows.append(self._headline_row(f"random-{k}", "random", k, f"mean of {len(names)}",
+                                           self._pooled(names, self.probs), self._pooled(names, self.list_mass)))
         return pd.DataFrame(rows)
 
     def contrasts(self, lag: int = 1) -> pd.DataFrame:
@@ -165,13 +172,12 @@ class LagProbeResult:
         with a 95% CI over trials (same trials in every condition)."""
         rows = []
         col = self._col(lag)
-        for k in sorted({c.k for c in self.conditions if c.kind == "induction"}):
-            ind = [c.name for c in self.conditions if c.kind == "induction" and c.k == k]
-            rnd = [c.name for c in self.conditions if c.kind == "random" and c.k == k]
-            if not ind or not rnd:
+        random = self._draws("random")
+        for k, ind in self._draws("induction").items():
+            if k not in random:
                 continue
             pi = self.probs[ind[0]][:, col].astype(np.float64)
-            pr = np.mean([self.probs[n][:, col] for n in rnd], axis=0).astype(np.float64)
+            pr = self._pooled(random[k], self.probs)[:, col].astype(np.float64)
             m, half = _mean_ci(pr - pi)
             rows.append({"k": k, "lag": lag, "induction": pi.mean(), "random": pr.mean(),
                          "random_minus_induction": float(m), "ci_low": float(m - half), "ci_high": float(m + half)})
