@@ -216,7 +216,6 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     if lb_n > cfg.n_permutations:
         raise InductionLabError(f"load_bearing_permutations={lb_n} exceeds n_permutations={cfg.n_permutations}; "
                                 "the per-head map reuses the first trials of the lag probe")
-    max_ctx = ident.get("max_position_embeddings")
     lag_bs = cfg.batch_size or auto_batch_size(loaded, cfg.list_length + 4)
     rec_bs = cfg.batch_size or auto_batch_size(loaded, (cfg.n_shots + 1) * (2 * cfg.recall_list_length + 4),
                                                cfg.recall_list_length)
