@@ -111,7 +111,14 @@ def _print_headline(res, out) -> None:
                f"lag probe {t['lag_probe_s']:.0f}). Run directory: {out}")
 
 
-# Sub-commands live next to the API they wrap; each module registers itself on `main`.
-from . import cli_data  # noqa: E402,F401
-from . import cli_train  # noqa: E402,F401
-from . import cli_study  # noqa: E402,F401
+# Sub-commands live next to the API they wrap and are registered here, explicitly (no import cycle:
+# the sub-command modules never import this one).
+def _register() -> None:
+    from . import cli_data, cli_study, cli_train
+
+    for module in (cli_data, cli_train, cli_study):
+        for command in module.COMMANDS:
+            main.add_command(command)
+
+
+_register()

@@ -10,13 +10,12 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .cli import main
 from .curriculum import SPAN_SOURCES, VARIANTS, BiInductStream, Batch, CurriculumConfig
 from .data.shards import TokenShards, prepare_corpus
 from .errors import InductionLabError
 
 
-@main.group()
+@click.group()
 def corpus() -> None:
     """Prepare and inspect tokenised pretraining corpora."""
 
@@ -74,7 +73,7 @@ def _print_info(s: TokenShards) -> None:
         click.echo(f"  {split:8s} {c['documents']:>8,} documents {c['tokens']:>12,} tokens")
 
 
-@main.group()
+@click.group()
 def curriculum() -> None:
     """The Bi-Induct curriculum (SPEC §6)."""
 
@@ -194,3 +193,6 @@ def curriculum_preview(corpus_dir, variant, span_length, span_range, m0, anneal_
     if plot is not None:
         plot_synthetic_fraction(stream, plot)
         click.echo(f"plot: {plot}")
+
+
+COMMANDS = [corpus, curriculum]   # registered on `inductionlab` by cli.py

@@ -11,7 +11,6 @@ from pathlib import Path
 import click
 import torch
 
-from .cli import main
 from .errors import InductionLabError
 from .models import DEFAULT_MODEL, load_model
 from .runs import timestamp
@@ -29,7 +28,7 @@ def _int_list(ctx, param, value):
     return out
 
 
-@main.group("study")
+@click.group("study")
 def study() -> None:
     """Multi-protocol studies that reproduce a paper's experimental design on one model."""
 
@@ -96,3 +95,6 @@ def temporal(model, out, overwrite, method, ks, n_draws, exclude_top_n, permutat
     for v in res.verdicts:
         click.echo(f"({v['claim']}) {'reproduced' if v['reproduced'] else 'NOT reproduced'}: {v['text']} — {v['evidence']}")
     click.echo(f"report: {out / 'report.md'}")
+
+
+COMMANDS = [study]   # registered on `inductionlab` by cli.py

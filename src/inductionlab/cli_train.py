@@ -16,7 +16,6 @@ from pathlib import Path
 
 import click
 
-from .cli import main
 from .errors import InductionLabError
 
 
@@ -57,7 +56,7 @@ def _config_options(f):
     return f
 
 
-@main.command("train", context_settings={"max_content_width": 120})
+@click.command("train", context_settings={"max_content_width": 120})
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="YAML or TOML run config; flags override its keys.")
 @click.option("--print-config", is_flag=True, help="Print the resolved config and budget, then exit.")
@@ -105,7 +104,7 @@ def train_cmd(config_file, print_config, **flags):
         os._exit(0)
 
 
-@main.command("telemetry")
+@click.command("telemetry")
 @click.argument("runs", nargs=-1, required=True, type=click.Path())
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output directory (default: RUN/telemetry for one run; required for several).")
@@ -167,3 +166,6 @@ def telemetry_cmd(runs, out, threshold):
                    f"final max induction {ind['max']:.3f} at L{ind['max_layer_head'][0]}H{ind['max_layer_head'][1]}, "
                    f"max anti-induction {rep['final']['anti_induction']['max']:.3f}, held-out ppl {ppl}")
     click.echo(f"wrote {out}")
+
+
+COMMANDS = [train_cmd, telemetry_cmd]   # registered on `inductionlab` by cli.py
