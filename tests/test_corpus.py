@@ -156,7 +156,7 @@ def test_auto_heldout_fraction():
     ("bad_field", "no string field 'text'"),
     ("bad_fraction", "heldout_fraction must be in [0, 1)"),
     ("empty_heldout", "held-out split is empty"),
-    ("bad_vocab", "vocab_size must be in"),
+    ("bad_vocab", "vocab-size must be in"),
     ("bad_tokenizer", "unknown tokenizer"),
 ])
 def test_bad_inputs_one_line_errors(tmp_path, case, msg, monkeypatch):

@@ -77,7 +77,7 @@ def test_config_files_and_typos(tmp_path):
     assert (cfg.preset, cfg.lr, cfg.warmup_frac, cfg.tokens, cfg.beta2) == ("cpu-tiny", 3e-4, 0.05, 1_000_000, 0.999)
     (tmp_path / "b.toml").write_text('preset = "cpu-small"\nseq_len = 128\n[curriculum_opts]\ncurriculum = "anti"\n')
     cfg = load_config(tmp_path / "b.toml")
-    assert (cfg.preset, cfg.seq_len, cfg.curriculum) == ("cpu-small", 128, "anti")
+    assert (cfg.preset, cfg.seq_len, cfg.curriculum.variant) == ("cpu-small", 128, "anti")
     (tmp_path / "c.yaml").write_text("warmup_fracc: 0.1\n")
     with pytest.raises(InductionLabError, match="unknown config key 'warmup_fracc'; did you mean 'warmup_frac'"):
         load_config(tmp_path / "c.yaml")

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import numpy as np
 from .curriculum import SPAN_SOURCES, VARIANTS, BiInductStream, Batch, CurriculumConfig
 from .data.shards import TokenShards, prepare_corpus
 from .errors import InductionLabError
+from .cli_options import run_dir_options
+from .outputs import check_output_dir, check_output_file
 
 
 @click.group()
@@ -22,8 +25,6 @@ def corpus() -> None:
 
 @corpus.command("prepare")
 @click.argument("source")
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path),
-              help="Directory to write (train.bin, heldout.bin, tokenizer.json, manifest.json).")
 @click.option("--tokenizer", default="bpe", show_default=True,
               help="'bpe' (train a byte-level BPE on the training split), a tokenizer.json, a "
                    "directory holding one, or a model spec such as smollm2-135m.")
@@ -36,7 +37,7 @@ def corpus() -> None:
 @click.option("--chunk-chars", default=4000, show_default=True,
               help="Plain text: group paragraphs into documents of at least this many characters.")
 @click.option("--no-shuffle", is_flag=True, help="Keep source document order.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
+@run_dir_options("corpus", required=True)
 def corpus_prepare(source, out, tokenizer, vocab_size, heldout_fraction, seed, text_field,
                    max_documents, chunk_chars, no_shuffle, overwrite) -> None:
     """Tokenise SOURCE ('demo', a .txt/.jsonl/.parquet file or directory, or a saved Hugging
@@ -73,6 +74,43 @@ def _print_info(s: TokenShards) -> None:
         click.echo(f"  {split:8s} {c['documents']:>8,} documents {c['tokens']:>12,} tokens")
 
 
+def _cur_help(name: str) -> str:
+    return next(f.metadata["help"] for f in dataclasses.fields(CurriculumConfig) if f.name == name)
+
+
+def curriculum_options(f):
+    """The Bi-Induct options, spelled the same in ``train`` and ``curriculum preview``; help from
+    :class:`CurriculumConfig`'s field metadata. Unset options are None (the command's default
+    or its config file applies); :func:`curriculum_overrides` turns them into config keys."""
+    opts = [
+        click.option("--curriculum", "--variant", "cur_variant", type=click.Choice(VARIANTS), default=None,
+                     help=_cur_help("variant") + " [default: none; preview: balanced]"),
+        click.option("--span-length", "cur_span_length", type=int, default=None,
+                     help=_cur_help("span_length") + " [default: 20]"),
+        click.option("--span-range", "cur_span_length_range", default=None, metavar="LO,HI",
+                     help=_cur_help("span_length_range")),
+        click.option("--m0", "cur_m0", type=float, default=None, help=_cur_help("m0") + " [default: 0.5]"),
+        click.option("--anneal-tokens", "cur_anneal_tokens", type=int, default=None, help=_cur_help("anneal_tokens")),
+        click.option("--span-source", "cur_span_source", type=click.Choice(SPAN_SOURCES), default=None,
+                     help=_cur_help("span_source") + " [default: natural]"),
+        click.option("--sep-id", "cur_sep_id", type=int, default=None, help=_cur_help("sep_id")),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def curriculum_overrides(kwargs: dict) -> dict:
+    """Pop the ``cur_*`` options from a command's kwargs: ``{CurriculumConfig field: value}`` of
+    those given (``--span-range`` parsed to a (lo, hi) tuple)."""
+    out = {}
+    for k in [k for k in kwargs if k.startswith("cur_")]:
+        v = kwargs.pop(k)
+        if v is not None:
+            out[k[4:]] = _parse_range(v) if k == "cur_span_length_range" else v
+    return out
+
+
 @click.group()
 def curriculum() -> None:
     """The Bi-Induct curriculum (SPEC §6)."""
@@ -100,41 +138,20 @@ def _render_row(batch: Batch, row: int, decode, color: bool) -> str:
 
 def plot_synthetic_fraction(stream: BiInductStream, path: Path) -> None:
     """PNG: realised snippet-token fraction per batch against the schedule m(t)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from .runs import atomic_write_bytes
-    import io
-
-    fr = stream.realised_fractions()
-    t0 = np.arange(stream.num_batches) * stream.tokens_per_batch
+    from .plots import curriculum_fraction
     tt = np.linspace(0, stream.total_tokens, 400)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot(t0 + stream.tokens_per_batch / 2, fr, ".", ms=3, alpha=0.5, label="realised (per batch)")
-    w = max(1, stream.num_batches // 50)
-    if stream.num_batches >= w and w > 1:
-        sm = np.convolve(fr, np.ones(w) / w, mode="valid")
-        ax.plot(t0[w - 1:] + stream.tokens_per_batch / 2 - (w - 1) * stream.tokens_per_batch / 2,
-                sm, "-", lw=1.5, label=f"realised ({w}-batch mean)")
-    ax.plot(tt, [stream.expected_fraction(t) for t in tt], "k--", lw=1, label="m(t) schedule")
-    ax.set_xlabel("training tokens t")
-    ax.set_ylabel("synthetic fraction")
-    ax.set_title(f"Bi-Induct {stream.cfg.variant}: m0={stream.cfg.m0}, "
-                 f"T_a={stream.anneal_tokens:,}, L={stream.lo if stream.lo == stream.hi else (stream.lo, stream.hi)}")
-    ax.set_ylim(-0.02, max(0.05, float(fr.max(initial=0)) * 1.15, stream.cfg.m0 * 1.15))
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    L = stream.lo if stream.lo == stream.hi else (stream.lo, stream.hi)
+    curriculum_fraction(stream.realised_fractions(), stream.tokens_per_batch, tt,
+                        np.array([stream.expected_fraction(t) for t in tt]), path,
+                        f"Bi-Induct {stream.cfg.variant}: m0={stream.cfg.m0}, T_a={stream.anneal_tokens:,}, L={L}",
+                        stream.cfg.m0)
 
 
 def _parse_range(value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
     try:
-        lo, hi = (int(x) for x in value.replace("-", ",").split(","))
+        lo, hi = (int(x) for x in value.split(","))
     except ValueError:
         raise InductionLabError(f"--span-range {value!r} is not LO,HI (e.g. 10,30)") from None
     return lo, hi
@@ -142,14 +159,8 @@ def _parse_range(value: str | None) -> tuple[int, int] | None:
 
 @curriculum.command("preview")
 @click.argument("corpus_dir", type=click.Path(path_type=Path))
-@click.option("--variant", type=click.Choice(VARIANTS), default="balanced", show_default=True)
-@click.option("--span-length", default=20, show_default=True, help="L (SPEC §6).")
-@click.option("--span-range", default=None, help="Draw L per snippet from LO,HI instead.")
-@click.option("--m0", default=0.5, show_default=True, help="Initial synthetic-token fraction.")
-@click.option("--anneal-tokens", type=int, default=None, help="T_a [default: the budget].")
-@click.option("--span-source", type=click.Choice(SPAN_SOURCES), default="natural", show_default=True)
-@click.option("--sep-id", type=int, default=None, help="SEP id [default: newline token].")
-@click.option("--seed", default=0, show_default=True)
+@curriculum_options
+@click.option("--seed", default=0, show_default=True, help="Seed of snippet placement.")
 @click.option("--batch-size", default=8, show_default=True)
 @click.option("--seq-len", default=128, show_default=True)
 @click.option("--total-tokens", type=int, default=1_000_000, show_default=True)
@@ -158,18 +169,24 @@ def _parse_range(value: str | None) -> tuple[int, int] | None:
 @click.option("--plot", type=click.Path(path_type=Path), default=None,
               help="Write a PNG of realised synthetic fraction vs the schedule.")
 @click.option("--color/--no-color", default=None, help="Colour snippets [default: if a terminal].")
-def curriculum_preview(corpus_dir, variant, span_length, span_range, m0, anneal_tokens,
-                       span_source, sep_id, seed, batch_size, seq_len, total_tokens, step,
-                       windows, plot, color) -> None:
+def curriculum_preview(corpus_dir, seed, batch_size, seq_len, total_tokens, step, windows, plot, color,
+                       **cur) -> None:
     """Print decoded training windows with Bi-Induct snippets marked ⟦→ S ⟨SEP⟩ copy⟧
     (→ induction copy, ← reversed copy) and optionally plot the realised synthetic fraction."""
+    cfg = CurriculumConfig(**{"variant": "balanced", **curriculum_overrides(cur)}, seed=seed)
+    cfg.validate()
+    for name, v, lo in (("--batch-size", batch_size, 1), ("--seq-len", seq_len, 2), ("--total-tokens", total_tokens, 1),
+                        ("--step", step, 0), ("--windows", windows, 0), ("--seed", seed, 0)):
+        if v < lo:
+            raise InductionLabError(f"{name} must be >= {lo}, got {v}")
+    if plot is not None:
+        check_output_file(plot, "--plot")
     shards = TokenShards.open(corpus_dir)
-    cfg = CurriculumConfig(variant=variant, span_length=span_length,
-                           span_length_range=_parse_range(span_range), m0=m0,
-                           anneal_tokens=anneal_tokens, span_source=span_source, sep_id=sep_id,
-                           seed=seed)
     stream = BiInductStream.from_shards(shards, cfg, batch_size=batch_size, seq_len=seq_len,
                                         total_tokens=total_tokens)
+    if step >= stream.num_batches:
+        raise InductionLabError(f"--step {step} is past the last batch ({stream.num_batches - 1}) of "
+                                f"--total-tokens {total_tokens}; pass a smaller --step")
     b = stream.batch(step)
     tok = shards.tokenizer()
 
@@ -179,6 +196,7 @@ def curriculum_preview(corpus_dir, variant, span_length, span_range, m0, anneal_
     if color is None:
         color = sys.stdout.isatty()
     fr = stream.realised_fractions()
+    variant = cfg.variant
     click.echo(f"variant {variant}: {stream.num_batches} batches of {batch_size}x{seq_len}, "
                f"{stream.total_tokens:,} tokens ({stream.epochs:.3f} epochs of natural text); "
                f"step {step}: synthetic {b.synthetic_fraction:.3f}, m(t) "

@@ -16,43 +16,31 @@ from pathlib import Path
 
 import click
 
+from .cli_data import curriculum_options, curriculum_overrides
+from .cli_options import run_dir_options
 from .errors import InductionLabError
 
 
-def _field_comments(cls) -> dict[str, str]:
-    """The trailing ``# comment`` of each field in the dataclass source: one source of truth for --help."""
-    import inspect
-    import re
-
-    out = {}
-    for line in inspect.getsource(cls).splitlines():
-        m = re.match(r"\s+(\w+): [^=]+=.*?#\s*(.+)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).strip()
-    return out
-
-
-_CHOICES = {"preset": ["cpu-tiny", "cpu-small", "0.13b", "0.5b", "1b"],
-            "curriculum": ["none", "induction", "anti", "balanced"], "span_source": ["natural", "random"],
-            "precision": ["auto", "fp32", "bf16"], "parallel": ["ddp", "fsdp"]}
-
-
 def _config_options(f):
+    """One flag per scalar :class:`TrainConfig` field (``seq_len`` -> ``--seq-len``), help text and
+    choices from the field's metadata. ``out`` comes from the shared run-directory options and the
+    nested curriculum from :func:`inductionlab.cli_data.curriculum_options`."""
     from .train.config import TrainConfig
-    notes = _field_comments(TrainConfig)
     for fld in reversed(dataclasses.fields(TrainConfig)):
+        if fld.name in ("out", "curriculum"):
+            continue
         flag = fld.name.replace("_", "-")
-        note = notes.get(fld.name, "")
+        note = fld.metadata.get("help", "")
         if fld.type == "bool":
             f = click.option(f"--{flag}/--no-{flag}", fld.name, default=None,
-                             help=f"{note} [default {fld.default}]".strip())(f)
-        elif fld.name in _CHOICES:
-            f = click.option(f"--{flag}", fld.name, type=click.Choice(_CHOICES[fld.name]), default=None,
-                             help=f"[default {fld.default!r}]")(f)
+                             help=f"{note} [default: {fld.default}]".strip())(f)
+        elif "choices" in fld.metadata:
+            f = click.option(f"--{flag}", fld.name, type=click.Choice(list(fld.metadata["choices"])), default=None,
+                             help=f"{note} [default: {fld.default}]".strip())(f)
         else:
             typ = {"int": int, "float": float}.get(fld.type, str)
             f = click.option(f"--{flag}", fld.name, type=typ, default=None,
-                             help=f"{note} [default {fld.default!r}]".strip())(f)
+                             help=f"{note} [default: {fld.default!r}]".strip())(f)
     return f
 
 
@@ -60,8 +48,10 @@ def _config_options(f):
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="YAML or TOML run config; flags override its keys.")
 @click.option("--print-config", is_flag=True, help="Print the resolved config and budget, then exit.")
+@run_dir_options("train")
 @_config_options
-def train_cmd(config_file, print_config, **flags):
+@curriculum_options
+def train_cmd(config_file, print_config, out, overwrite, **flags):
     """Pretrain a Llama-style model from scratch at matched compute (SPEC §7), with head telemetry.
 
     Resumes automatically when --out holds the same run (e.g. after a crash); refuses an --out
@@ -71,8 +61,14 @@ def train_cmd(config_file, print_config, **flags):
     from .train.config import model_config
     from .train.flops import budget
 
+    cur = curriculum_overrides(flags)
     cfg = load_config(config_file) if config_file else TrainConfig()
-    cfg = config_from_dict({k: v for k, v in flags.items() if v is not None}, cfg)
+    cfg = config_from_dict({**{k: v for k, v in flags.items() if v is not None}, "curriculum": cur}, cfg)
+    if out is not None:
+        cfg.out = out
+    elif not cfg.out:
+        from .runs import default_run_dir
+        cfg.out = str(default_run_dir("train"))
     if print_config:
         d = cfg.to_dict()
         try:
@@ -86,7 +82,7 @@ def train_cmd(config_file, print_config, **flags):
                                  steps=cfg.steps).to_dict()
         click.echo(json.dumps(d, indent=2))
         return
-    res = train(cfg)
+    res = train(cfg, overwrite=overwrite)
     r = res.record.get("results", {})
     b = res.record["budget"]
     loss = r.get("final_loss")
@@ -106,55 +102,53 @@ def train_cmd(config_file, print_config, **flags):
 
 @click.command("telemetry")
 @click.argument("runs", nargs=-1, required=True, type=click.Path())
-@click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="Output directory (default: RUN/telemetry for one run; required for several).")
+@run_dir_options("telemetry")
 @click.option("--threshold", type=float, default=None,
               help="Induction-score threshold of the emergence step (default: the run's induction_threshold).")
-def telemetry_cmd(runs, out, threshold):
+def telemetry_cmd(runs, out, overwrite, threshold):
     """Plot head telemetry over training: score heat maps, max / top-2% mean / heads-above-threshold
-    curves, held-out perplexity and the emergence step. Several RUNS must be matched-compute."""
+    curves, held-out perplexity and the emergence step. Several RUNS must be matched-compute.
+
+    --out defaults to RUN/telemetry for one run (required for several)."""
+    import math
+
+    from .outputs import check_output_dir
+    from .plots import training_curves, training_heatmaps
     from .runs import atomic_write_json, staged_run_dir, versions
     from .train.flops import check_iso_flops, read_budgets
-    from .train.telemetry import (DEFAULT_THRESHOLDS, emergence_step, plot_curves, plot_heatmaps,
-                                  read_telemetry, summarize)
+    from .train.telemetry import DEFAULT_THRESHOLDS, read_telemetry, run_summary, summarize
 
+    if threshold is not None and not (math.isfinite(threshold) and 0 <= threshold <= 1):
+        raise InductionLabError(f"--threshold must be an attention probability in [0, 1], got {threshold}")
+    if len(runs) > 1 and out is None:
+        raise InductionLabError("several runs need --out DIR for the comparison plots")
+    if len({Path(r).name for r in runs}) != len(runs):
+        raise InductionLabError("run directories must have distinct names")
+    out = check_output_dir(Path(out) if out else Path(runs[0]) / "telemetry")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise InductionLabError(f"output directory {out} already exists and is not empty; pass a new --out "
+                                "or --overwrite")
     budgets = read_budgets(runs)
     if len(runs) > 1:
         check_iso_flops(budgets)
-        if out is None:
-            raise InductionLabError("several runs need --out DIR for the comparison plots")
     records = {Path(r).name: json.loads((Path(r) / "run.json").read_text()) for r in runs}
-    if len(records) != len(runs):
-        raise InductionLabError("run directories must have distinct names")
     if threshold is None:
         threshold = float(next(iter(records.values()))["config"].get("induction_threshold", 0.4))
-    out = Path(out) if out else Path(runs[0]) / "telemetry"
-    if out.exists() and any(out.iterdir()) and not (out / "telemetry.json").is_file():
-        raise InductionLabError(f"{out} exists and is not a telemetry directory; pass a new --out")
+    tables = {Path(r).name: read_telemetry(r) for r in runs}          # raises before anything is written
     thresholds = tuple(sorted(set(DEFAULT_THRESHOLDS) | {threshold}))
     summaries, evals, report = {}, {}, {}
     with staged_run_dir(out, overwrite=True) as stage:
-        for r in runs:
-            name = Path(r).name
-            heads, ev = read_telemetry(r)
+        for name, (heads, ev) in tables.items():
             s = summarize(heads, thresholds)
             summaries[name], evals[name] = s, ev
             s.to_csv(stage / f"{name}_summary.csv", index=False)
             ev.to_csv(stage / f"{name}_eval.csv", index=False)
-            plot_heatmaps(heads, stage / f"{name}_heatmaps.png", f"{name}: head scores over training")
-            em = emergence_step(s, threshold)
-            last = s[s["step"] == s["step"].max()].set_index("score")
-            report[name] = {
-                "emergence_step": em,
-                "emergence_tokens": None if em is None else int(s.loc[s["step"] == em, "tokens"].iloc[0]),
-                "final": {sc: {"max": float(last.loc[sc, "max"]), "top2pct_mean": float(last.loc[sc, "top2pct_mean"]),
-                               "max_layer_head": [int(last.loc[sc, "max_layer"]), int(last.loc[sc, "max_head"])]}
-                          for sc in last.index},
-                "final_heldout_ppl": (None if ev["heldout_ppl"].isna().all()
-                                      else float(ev.sort_values("step")["heldout_ppl"].iloc[-1])),
-                "curriculum": records[name]["config"].get("curriculum"),
-            }
-        plot_curves(summaries, evals, stage / "curves.png", threshold)
+            training_heatmaps(heads, stage / f"{name}_heatmaps.png", f"{name}: head scores over training")
+            cur = records[name]["config"].get("curriculum")
+            report[name] = {**run_summary(heads, ev, threshold, summary=s),
+                            "curriculum": cur.get("variant") if isinstance(cur, dict) else cur}
+        training_curves(summaries, evals, {n: r["emergence_tokens"] for n, r in report.items()},
+                        stage / "curves.png", threshold)
         atomic_write_json(stage / "telemetry.json", {"kind": "telemetry", "runs": [str(r) for r in runs],
                                                       "threshold": threshold, "budgets": budgets,
                                                       "results": report, "versions": versions()})

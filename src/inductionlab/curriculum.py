@@ -52,17 +52,32 @@ VARIANTS = ("none", "induction", "anti", "balanced")
 SPAN_SOURCES = ("natural", "random")
 
 
+def _opt(default, help: str, **kw):
+    """A dataclass field carrying its ``--help`` text (read by the CLI, never parsed from source)."""
+    return field(default=default, metadata={"help": help, **kw})
+
+
 @dataclass
 class CurriculumConfig:
-    """Bi-Induct settings; defaults are SPEC §6's."""
-    variant: str = "none"            # none | induction | anti | balanced
-    span_length: int = 20            # L (SPEC §6: L = 20)
-    span_length_range: tuple[int, int] | None = None  # per-snippet L ~ U{lo..hi} (SPEC §6 option)
-    m0: float = 0.5                  # initial mix ratio (SPEC §6: m0 = 0.5)
-    anneal_tokens: int | None = None  # T_a; None = the full token budget (SPEC §6)
-    span_source: str = "natural"     # natural | random (SPEC §6 decision: natural)
-    sep_id: int | None = None        # None -> TokenShards.sep_id (newline / space token)
-    seed: int = 0
+    """Bi-Induct settings; defaults are SPEC §6's. Nested as ``TrainConfig.curriculum``.
+
+    Raises (:meth:`validate`): InductionLabError naming the field and the fix.
+    """
+    variant: str = _opt("none", "Bi-Induct variant: none | induction | anti | balanced (SPEC §6).",
+                        choices=VARIANTS)
+    span_length: int = _opt(20, "L, snippet span length in tokens (SPEC §6: 20).")
+    span_length_range: tuple[int, int] | None = _opt(
+        None, "LO,HI: draw L per snippet uniformly from [LO, HI] instead of a fixed L (SPEC §6 option).")
+    m0: float = _opt(0.5, "Initial synthetic-token fraction; m(t) = m0 * max(0, 1 - t/T_a) (SPEC §6).")
+    anneal_tokens: int | None = _opt(None, "T_a in tokens [default: the whole token budget] (SPEC §6).")
+    span_source: str = _opt("natural", "Where S comes from: natural (spans of the corpus) | random ids.",
+                            choices=SPAN_SOURCES)
+    sep_id: int | None = _opt(None, "SEP token id [default: the corpus' newline token, else its space token].")
+    seed: int | None = _opt(None, "Seed of snippet placement [default: the run's --seed; 0 outside a run].")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.span_length_range, list):
+            self.span_length_range = tuple(self.span_length_range)
 
     def length_bounds(self) -> tuple[int, int]:
         """(lo, hi) of the span length L."""
@@ -70,6 +85,32 @@ class CurriculumConfig:
             lo, hi = self.span_length_range
             return int(lo), int(hi)
         return int(self.span_length), int(self.span_length)
+
+    def validate(self) -> None:
+        """Check every field on its own (the stream checks the fit to ``seq_len`` and the data).
+
+        Raises:
+            InductionLabError: unknown variant or span source, m0 not in [0, 1] (or NaN), span
+                length < 1, a range with lo > hi, anneal_tokens <= 0, negative sep_id or seed.
+        """
+        if self.variant not in VARIANTS:
+            raise InductionLabError(f"unknown curriculum variant {self.variant!r}; use one of {', '.join(VARIANTS)}")
+        if self.span_source not in SPAN_SOURCES:
+            raise InductionLabError(f"unknown span source {self.span_source!r}; use natural or random")
+        if not (isinstance(self.m0, (int, float)) and 0.0 <= self.m0 <= 1.0):
+            raise InductionLabError(f"m0 must be in [0, 1] (a fraction of training tokens), got {self.m0}")
+        r = self.span_length_range
+        if r is not None and (len(r) != 2 or not all(isinstance(x, int) for x in r)):
+            raise InductionLabError(f"span_length_range must be two integers LO,HI (e.g. 10,30), got {r!r}")
+        lo, hi = self.length_bounds()
+        if lo < 1 or hi < lo:
+            raise InductionLabError(f"span length must be >= 1 (range lo <= hi), got {r or self.span_length}")
+        if self.anneal_tokens is not None and self.anneal_tokens <= 0:
+            raise InductionLabError(f"anneal_tokens must be > 0 (or unset = the full budget), got {self.anneal_tokens}")
+        if self.sep_id is not None and self.sep_id < 0:
+            raise InductionLabError(f"sep_id must be a token id >= 0, got {self.sep_id}")
+        if self.seed is not None and self.seed < 0:
+            raise InductionLabError(f"seed must be >= 0, got {self.seed}")
 
 
 @dataclass
@@ -119,6 +160,21 @@ def _uniform(seed: int, purpose: int, rows: np.ndarray, slots: np.ndarray | int 
     return (h >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
 
 
+def check_token_ids(tokens: np.ndarray, vocab_size: int, what: str, chunk: int = 1 << 24) -> None:
+    """Raise when a token id is outside ``[0, vocab_size)`` (one pass, in chunks of a memmap).
+
+    Raises:
+        InductionLabError: the largest id is >= vocab_size (a corpus prepared with another tokenizer
+            or a damaged shard).
+    """
+    for a in range(0, len(tokens), chunk):
+        part = np.asarray(tokens[a:a + chunk])
+        if part.size and (int(part.max()) >= vocab_size or int(part.min()) < 0):
+            bad = int(part.max()) if int(part.max()) >= vocab_size else int(part.min())
+            raise InductionLabError(f"{what} holds token id {bad}, outside the vocabulary [0, {vocab_size}); "
+                                    "the shard is damaged or from another tokenizer: prepare the corpus again")
+
+
 class BiInductStream:
     """Deterministic, resumable Bi-Induct batches over a natural token stream.
 
@@ -146,6 +202,7 @@ class BiInductStream:
         self.vocab_size = int(vocab_size)
         self.sep_id = int(cfg.sep_id if cfg.sep_id is not None else sep_id)
         self.special_ids = tuple(int(i) for i in special_ids)
+        self.seed = 0 if cfg.seed is None else int(cfg.seed)
         self._validate(total_tokens)
         self.tokens_per_batch = self.batch_size * self.seq_len
         self.num_batches = int(total_tokens) // self.tokens_per_batch
@@ -180,23 +237,11 @@ class BiInductStream:
     # -- validation ----------------------------------------------------------------------------
     def _validate(self, total_tokens: int) -> None:
         c = self.cfg
-        if c.variant not in VARIANTS:
-            raise InductionLabError(f"unknown curriculum variant {c.variant!r}; use one of "
-                                    f"{', '.join(VARIANTS)}")
-        if c.span_source not in SPAN_SOURCES:
-            raise InductionLabError(f"unknown span source {c.span_source!r}; use natural or random")
-        if not (isinstance(c.m0, (int, float)) and 0.0 <= c.m0 <= 1.0):
-            raise InductionLabError(f"m0 must be in [0, 1] (a fraction of training tokens), got {c.m0}")
-        if c.anneal_tokens is not None and c.anneal_tokens <= 0:
-            raise InductionLabError(f"anneal_tokens must be > 0 (or None = the full budget), "
-                                    f"got {c.anneal_tokens}")
+        c.validate()
         if self.batch_size < 1 or self.seq_len < 1:
             raise InductionLabError(f"batch_size and seq_len must be >= 1, got "
                                     f"{self.batch_size} and {self.seq_len}")
         lo, hi = c.length_bounds()
-        if lo < 1 or hi < lo:
-            raise InductionLabError(f"span length must be >= 1 (range lo <= hi), got "
-                                    f"{c.span_length_range or c.span_length}")
         if c.variant != "none" and 2 * hi + 1 > self.seq_len:
             raise InductionLabError(f"span length {hi} does not fit the context: a snippet "
                                     f"S SEP copy takes 2*{hi}+1 = {2 * hi + 1} tokens > seq_len "
@@ -210,6 +255,7 @@ class BiInductStream:
                                     f"span length {hi}")
         if not 0 <= self.sep_id < self.vocab_size:
             raise InductionLabError(f"sep_id {self.sep_id} outside the vocabulary [0, {self.vocab_size})")
+        check_token_ids(tok, self.vocab_size, "the natural token stream")
         if int(total_tokens) < self.batch_size * self.seq_len:
             raise InductionLabError(f"token budget {total_tokens} is below one batch "
                                     f"({self.batch_size}x{self.seq_len} = "
@@ -238,11 +284,11 @@ class BiInductStream:
         kmax = self._kmax
         target = self._window_mean(rows) * self.seq_len / self._mean_snippet
         base = np.floor(target)
-        k = (base + (_uniform(self.cfg.seed, _P_COUNT, rows) < target - base)).astype(np.int64)
+        k = (base + (_uniform(self.seed, _P_COUNT, rows) < target - base)).astype(np.int64)
         k = np.minimum(k, kmax)
         slots = np.arange(kmax, dtype=np.int64)[None, :]
         if self.hi > self.lo:
-            u = _uniform(self.cfg.seed, _P_LEN, rows[:, None], slots)
+            u = _uniform(self.seed, _P_LEN, rows[:, None], slots)
             lens = self.lo + np.floor(u * (self.hi - self.lo + 1)).astype(np.int64)
         else:
             lens = np.full((rows.size, kmax), self.lo, dtype=np.int64)
@@ -267,11 +313,11 @@ class BiInductStream:
         c, hi = self.cfg, self.hi
         q = np.arange(hi)
         if c.span_source == "random":
-            u = _uniform(c.seed, _P_RAND, rows[:, None], slots[:, None] * hi + q[None, :])
+            u = _uniform(self.seed, _P_RAND, rows[:, None], slots[:, None] * hi + q[None, :])
             return self._allowed[np.floor(u * self._allowed.size).astype(np.int64)]
         n = len(self.tokens)
         tries = np.arange(_SPAN_TRIES)
-        u = _uniform(c.seed, _P_SPAN, rows[:, None], slots[:, None] * _SPAN_TRIES + tries[None, :])
+        u = _uniform(self.seed, _P_SPAN, rows[:, None], slots[:, None] * _SPAN_TRIES + tries[None, :])
         starts = np.floor(u * (n - lens[:, None] + 1)).astype(np.int64)           # [n, tries]
         win = np.asarray(self.tokens[np.minimum(starts[:, :, None] + q, n - 1)], dtype=np.int64)
         if self.special_ids:
@@ -303,13 +349,13 @@ class BiInductStream:
             valid = slot < k[:, None]                                     # [B, kmax]
             n_nat = T - synth
             # gap positions: natural tokens before each snippet, sorted within the row
-            upos = _uniform(c.seed, _P_POS, rows[:, None], slot)
+            upos = _uniform(self.seed, _P_POS, rows[:, None], slot)
             gaps = np.where(valid, np.floor(upos * (n_nat[:, None] + 1)), np.inf)
             gaps = np.sort(gaps, axis=1)
             size = np.where(valid, 2 * lens + 1, 0)
             before = np.cumsum(size, axis=1) - size                      # snippet tokens before slot
             col = np.where(valid, gaps, 0).astype(np.int64) + before    # first column of snippet
-            udir = _uniform(c.seed, _P_DIR, rows[:, None], slot)
+            udir = _uniform(self.seed, _P_DIR, rows[:, None], slot)
             if c.variant == "induction":
                 fwd = np.ones_like(valid)
             elif c.variant == "anti":
@@ -379,7 +425,7 @@ class BiInductStream:
     def describe(self) -> dict:
         """Run-record entry: config, budget, epochs over the natural stream."""
         from dataclasses import asdict
-        return {**asdict(self.cfg), "sep_id_used": self.sep_id, "batch_size": self.batch_size,
+        return {**asdict(self.cfg), "seed_used": self.seed, "sep_id_used": self.sep_id, "batch_size": self.batch_size,
                 "seq_len": self.seq_len, "num_batches": self.num_batches,
                 "total_tokens": self.total_tokens, "anneal_tokens_used": self.anneal_tokens,
                 "natural_tokens_used": self.natural_tokens_used, "epochs": self.epochs,

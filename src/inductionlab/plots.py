@@ -91,3 +91,99 @@ def lag_curves(summary: pd.DataFrame, path: str | Path, lags=range(-10, 11), con
     if title:
         ax.set_title(title)
     save(fig, path)
+
+
+# -- training figures --------------------------------------------------------------------------
+# Head telemetry over training (inductionlab telemetry) and the Bi-Induct schedule
+# (inductionlab curriculum preview --plot). Tidy tables in, an atomic PNG out.
+
+TRAINING_SCORES = ("induction", "anti_induction", "copy_offset", "copy_offset_control")
+
+
+def training_heatmaps(heads: pd.DataFrame, path: str | Path, title: str,
+                      scores=TRAINING_SCORES) -> None:
+    """One panel per score: heads (layer-major, y) × checkpoints (x), colour = score.
+
+    ``heads``: tidy rows (step, tokens, score, layer, head, value) of
+    :func:`inductionlab.train.telemetry.read_telemetry`."""
+    scores = [s for s in scores if s in set(heads["score"])]
+    fig, axes = plt.subplots(1, len(scores), figsize=(4.2 * len(scores), 4.5), squeeze=False)
+    for ax, name in zip(axes[0], scores):
+        g = heads[heads["score"] == name]
+        m = g.pivot_table(index=["layer", "head"], columns="step", values="value")
+        im = ax.imshow(m.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+        ax.set_xticks(range(m.shape[1]), [str(c) for c in m.columns], rotation=90, fontsize=6)
+        n_heads = int(g["head"].max()) + 1
+        ax.set_yticks(range(0, m.shape[0], n_heads), [f"L{l}" for l in range(0, m.shape[0] // n_heads)], fontsize=7)
+        ax.set_xlabel("checkpoint (optimizer step)")
+        ax.set_title(name)
+    fig.colorbar(im, ax=axes[0].tolist(), label="attention probability on target")
+    fig.suptitle(title)
+    save(fig, path)
+
+
+def training_curves(summaries: dict[str, pd.DataFrame], evals: dict[str, pd.DataFrame],
+                    emergence_tokens: dict[str, int | None], path: str | Path, threshold: float) -> None:
+    """Max, top-2% mean and heads-above-threshold over tokens for induction and anti-induction,
+    held-out perplexity, copy_offset vs its control, and each run's emergence (dashed line).
+
+    ``summaries``: per run, :func:`~inductionlab.train.telemetry.summarize` tables (with the
+    column ``n_above_<threshold>``); ``evals``: per run, (step, tokens, heldout_ppl) rows;
+    ``emergence_tokens``: per run, the training tokens at the emergence step (None: never)."""
+    fig, axes = plt.subplots(2, 4, figsize=(17, 7.5))
+    thr_col = f"n_above_{threshold:g}"
+    for r, score in enumerate(("induction", "anti_induction")):
+        for c, (col, label) in enumerate((("max", "max score"), ("top2pct_mean", "top-2% mean"),
+                                          (thr_col, f"heads above {threshold:g}"))):
+            ax = axes[r, c]
+            for i, (name, s) in enumerate(summaries.items()):
+                g = s[s["score"] == score].sort_values("tokens")
+                ax.plot(g["tokens"].clip(lower=1), g[col], marker=".", label=name, color=f"C{i}")
+                em = emergence_tokens.get(name) if score == "induction" else None
+                if em is not None:
+                    ax.axvline(max(1, em), color=f"C{i}", ls="--", lw=0.8)
+            ax.set_xscale("log")
+            ax.set_title(f"{score}: {label}")
+            ax.set_xlabel("training tokens")
+    ax = axes[0, 3]
+    for i, (name, e) in enumerate(evals.items()):
+        e = e.dropna(subset=["heldout_ppl"]).sort_values("tokens")
+        ax.plot(e["tokens"].clip(lower=1), e["heldout_ppl"], marker=".", color=f"C{i}", label=name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_title("held-out perplexity")
+    ax.set_xlabel("training tokens")
+    ax = axes[1, 3]
+    for i, (name, s) in enumerate(summaries.items()):
+        for ls, score in (("-", "copy_offset"), (":", "copy_offset_control")):
+            g = s[s["score"] == score].sort_values("tokens")
+            ax.plot(g["tokens"].clip(lower=1), g["max"], ls=ls, color=f"C{i}", label=f"{name} {score}")
+    ax.set_xscale("log")
+    ax.set_title("copy_offset max (solid) vs control (dotted)")
+    ax.set_xlabel("training tokens")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def curriculum_fraction(realised: np.ndarray, tokens_per_batch: int, schedule_tokens: np.ndarray,
+                        schedule: np.ndarray, path: str | Path, title: str, m0: float) -> None:
+    """Realised snippet-token fraction per batch (float [num_batches]) against the schedule
+    m(t) sampled at ``schedule_tokens``; a moving mean over ~1/50 of the run."""
+    n = len(realised)
+    t0 = np.arange(n) * tokens_per_batch
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(t0 + tokens_per_batch / 2, realised, ".", ms=3, alpha=0.5, label="realised (per batch)")
+    w = max(1, n // 50)
+    if n >= w and w > 1:
+        sm = np.convolve(realised, np.ones(w) / w, mode="valid")
+        ax.plot(t0[w - 1:] + tokens_per_batch / 2 - (w - 1) * tokens_per_batch / 2,
+                sm, "-", lw=1.5, label=f"realised ({w}-batch mean)")
+    ax.plot(schedule_tokens, schedule, "k--", lw=1, label="m(t) schedule")
+    ax.set_xlabel("training tokens t")
+    ax.set_ylabel("synthetic fraction")
+    ax.set_title(title)
+    ax.set_ylim(-0.02, max(0.05, float(np.max(realised, initial=0)) * 1.15, m0 * 1.15))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save(fig, path)

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import json
 import os
 import tarfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -134,10 +134,45 @@ def chunk_paragraphs(text: str, chunk_chars: int = 4000) -> list[str]:
     return docs
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8-sig", errors="replace")
+# A text file whose bytes are more than this fraction undecodable as UTF-8 is refused (a binary
+# file named .txt would otherwise become a corpus of U+FFFD). A few stray Latin-1 bytes pass.
+MAX_UNDECODABLE = 0.1
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped for ``.gz``.
+
+    Raises:
+        InductionLabError: a ``.gz`` that is not gzip or is truncated.
+    """
+    try:
+        if path.name.lower().endswith(".gz"):
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        return path.read_bytes()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise InductionLabError(f"{path}: not a readable gzip file ({e}); check the file or drop the .gz "
+                                "suffix") from None
+
+
+def read_text(path: Path) -> str:
+    """Decode a text file (``.gz`` allowed) as UTF-8, a BOM removed, CRLF normalised to LF;
+    isolated undecodable bytes become U+FFFD.
+
+    Raises:
+        InductionLabError: not gzip (for .gz), or more than 10% of the characters undecodable
+            (not UTF-8 text: a binary file or another encoding).
+    """
+    raw = _read_bytes(path)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        text = raw.decode("utf-8-sig", errors="replace")
+        bad = text.count("\ufffd") - raw.decode("utf-8-sig", errors="ignore").count("\ufffd")
+        if bad > MAX_UNDECODABLE * max(1, len(text)):
+            raise InductionLabError(f"{path}: {bad / len(text):.0%} of the characters are not UTF-8; "
+                                    "this is not a UTF-8 text file (convert it with iconv, or remove it)") from None
+    return text.replace("\r\n", "\n")
 
 
 def _suffix_kind(path: Path) -> str | None:
@@ -158,22 +193,20 @@ def _is_hf_dataset_dir(path: Path) -> bool:
 
 def _file_documents(path: Path, kind: str, text_field: str, chunk_chars: int) -> Iterator[str]:
     if kind == "text":
-        with _open_text(path) as f:
-            yield from chunk_paragraphs(f.read().replace("\r\n", "\n"), chunk_chars)
+        yield from chunk_paragraphs(read_text(path), chunk_chars)
     elif kind == "jsonl":
-        with _open_text(path) as f:
-            for i, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise InductionLabError(f"{path}:{i}: not valid JSON ({e.msg}); "
-                                            "fix the line or remove it") from None
-                if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
-                    raise InductionLabError(f"{path}:{i}: no string field {text_field!r}; "
-                                            "pass --text-field with the right name")
-                yield obj[text_field]
+        for i, line in enumerate(read_text(path).split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InductionLabError(f"{path}:{i}: not valid JSON ({e.msg}); "
+                                        "fix the line or remove it") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
+                raise InductionLabError(f"{path}:{i}: no string field {text_field!r}; "
+                                        "pass --text-field with the right name")
+            yield obj[text_field]
     elif kind == "parquet":
         import pyarrow.parquet as pq
         try:

@@ -28,14 +28,15 @@ import numpy as np
 from ..errors import InductionLabError
 from ..runs import atomic_write_json, sha256_file, staged_run_dir, versions
 from .corpus import auto_heldout_fraction, md5_unit, resolve_source
-from .tokenizer import TokenizerInfo, load_tokenizer, train_bpe
+from ..outputs import check_output_dir
+from .tokenizer import TokenizerInfo, check_bpe_vocab_size, load_tokenizer, train_bpe
 
 FORMAT = "inductionlab-token-shards/1"
 SPLITS = ("train", "heldout")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
-    """uint16 when every id fits (vocab < 65536), else uint32."""
+    """uint16 when every id fits (``vocab_size`` = largest id + 1 <= 65536), else uint32."""
     return np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
 
 
@@ -47,7 +48,7 @@ class TokenShards:
         train, heldout: 1-D read-only memmaps of token ids (``dtype`` uint16 or uint32),
             every document followed by ``eos_id``.
         manifest: the parsed ``manifest.json``.
-        vocab_size: tokenizer vocabulary size (ids are < vocab_size).
+        vocab_size: the tokenizer's largest id + 1 (ids are < vocab_size).
         tokenizer_path: ``tokenizer.json``, loadable with
             ``transformers.PreTrainedTokenizerFast(tokenizer_file=...)``.
         bos_id, eos_id, sep_id: special ids; ``sep_id`` is the Bi-Induct separator default
@@ -88,6 +89,10 @@ class TokenShards:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise InductionLabError(f"{mf} is corrupt ({type(e).__name__}: {e}); "
                                     "prepare the corpus again") from None
+        missing = [s for s in SPLITS if not isinstance(counts.get(s), dict) or "tokens" not in counts[s]]
+        if missing:
+            raise InductionLabError(f"{mf} has no {' or '.join(map(repr, missing))} split; the manifest is "
+                                    "damaged: prepare the corpus again")
         if fmt != FORMAT:
             raise InductionLabError(f"{mf}: format {fmt!r} is not {FORMAT!r}; prepare the corpus "
                                     "again with this inductionlab")
@@ -128,6 +133,16 @@ class TokenShards:
 
     def decode(self, ids) -> str:
         return self.tokenizer().decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def check_ids(self, vocab_size: int | None = None) -> None:
+        """Raise when a token id of either split is >= ``vocab_size`` (default: the manifest's).
+
+        Raises:
+            InductionLabError: an id out of range (damaged shard or another tokenizer's ids).
+        """
+        from ..curriculum import check_token_ids
+        for split in SPLITS:
+            check_token_ids(getattr(self, split), vocab_size or self.vocab_size, f"{self.path / (split + '.bin')}")
 
     def verify(self) -> None:
         """Check the token files' sha256 against the manifest.
@@ -184,6 +199,14 @@ def prepare_corpus(source: str | os.PathLike, out_dir: str | os.PathLike, *,
         raise InductionLabError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
     if max_documents is not None and max_documents < 1:
         raise InductionLabError(f"max_documents must be >= 1, got {max_documents}")
+    if seed < 0:
+        raise InductionLabError(f"seed must be >= 0, got {seed}")
+    if tokenizer == "bpe":
+        check_bpe_vocab_size(vocab_size)
+    out_dir = check_output_dir(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise InductionLabError(f"output directory {out_dir} already exists and is not empty; "
+                                "pass a new --out or --overwrite")
     src = resolve_source(source, text_field=text_field, chunk_chars=chunk_chars)
 
     def docs() -> Iterator[str]:

@@ -39,7 +39,12 @@ class TokenizerInfo:
 
     @property
     def vocab_size(self) -> int:
-        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+        """Largest token id + 1: the rows an embedding needs and the bound every shard id obeys.
+
+        Not the number of entries: a tokenizer may leave ids unused (a word-level vocabulary of 6
+        entries can hold id 70,000)."""
+        ids = self.tokenizer.get_vocab(with_added_tokens=True).values()
+        return max(ids, default=-1) + 1
 
     def describe(self) -> dict:
         return {"kind": self.kind, "spec": self.spec, "vocab_size": self.vocab_size,
@@ -68,6 +73,17 @@ def default_sep_id(tok: Tokenizer) -> int:
                             "pass an explicit SEP id (sep_id / --sep-id)")
 
 
+def check_bpe_vocab_size(vocab_size: int) -> None:
+    """Raise unless a byte-level BPE of ``vocab_size`` tokens can be trained.
+
+    Raises:
+        InductionLabError: below 257 (256 bytes + EOS) or at least 2**32.
+    """
+    if not 257 <= vocab_size < 2 ** 32:
+        raise InductionLabError(f"--vocab-size must be in [257, 2**32), got {vocab_size}: it "
+                                "holds the 256 byte tokens, <|endoftext|> and the merges")
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int = 4096, *, min_frequency: int = 2) -> TokenizerInfo:
     """Train a byte-level BPE on ``texts`` (the training split only).
 
@@ -80,9 +96,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 4096, *, min_frequency: in
     Raises:
         InductionLabError: ``vocab_size`` below 257 (256 bytes + EOS) or at least 2**32.
     """
-    if not 257 <= vocab_size < 2 ** 32:
-        raise InductionLabError(f"vocab_size must be in [257, 2**32), got {vocab_size}: it "
-                                "holds the 256 byte tokens, <|endoftext|> and the merges")
+    check_bpe_vocab_size(vocab_size)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -161,16 +175,17 @@ def load_tokenizer(spec: str | os.PathLike) -> TokenizerInfo:
     if p.exists():
         raise InductionLabError(f"{p}: not a tokenizer.json or a directory holding one")
     from .. import models
-    if s.lower() in getattr(models, "EMBEDDED", {}):
-        return _from_hf(models.load_model(s).tokenizer, s)
+    if s.lower() in models.EMBEDDED:              # the tokenizer from the GGUF's metadata; no weights loaded
+        _, path, gguf, _ = models.resolve(s)
+        return _from_hf(_auto_tokenizer(str(Path(path).parent), s, gguf_file=gguf), s)
     return _from_hf(_auto_tokenizer(s, s), s)   # a hub id already in the local cache
 
 
-def _auto_tokenizer(name: str, spec: str):
+def _auto_tokenizer(name: str, spec: str, **kw):
     """``AutoTokenizer.from_pretrained(name, local_files_only=True)``; never the network."""
     from transformers import AutoTokenizer
     try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+        return AutoTokenizer.from_pretrained(name, local_files_only=True, **kw)
     except Exception:  # noqa: BLE001 - transformers raises OSError/ValueError/... here
         pass
     raise InductionLabError(f"unknown tokenizer {spec!r}; use 'bpe', a tokenizer.json path, a "

@@ -208,3 +208,60 @@ class CheckpointManager:
         except Exception as e:  # noqa: BLE001 - any unpickling failure means a damaged file
             raise InductionLabError(f"checkpoint {path} is corrupt ({STATE}: {str(e).splitlines()[0]}); "
                                     f"delete {path} to resume from the previous checkpoint") from None
+
+
+class Checkpointer:
+    """The trainer's checkpoint component: gathers the full state of a (possibly FSDP-sharded)
+    model and optimizer, and publishes it with :class:`CheckpointManager`.
+
+    :meth:`gather` is collective (every rank calls it); :meth:`save` runs on rank 0 only.
+
+    Args:
+        manager: the run's :class:`CheckpointManager`.
+        wrapped, model: the module being trained (DDP/FSDP wrapper or the model itself) and the
+            plain model.
+        optimizer, scheduler: AdamW and its LR schedule (their state goes into ``trainer_state.pt``).
+        mcfg: the model config (an unsharded host copy is built from it under FSDP).
+        parallel, dist: the parallel mode and process group (:mod:`.distributed`).
+        tokenizer: saved next to every checkpoint (or None).
+        tokens_per_update: tokens per optimizer step (recorded per checkpoint).
+    """
+
+    def __init__(self, manager: CheckpointManager, wrapped, model, optimizer, scheduler, mcfg, *, parallel: str,
+                 dist, tokenizer=None, tokens_per_update: int):
+        self.manager, self.wrapped, self.model = manager, wrapped, model
+        self.optimizer, self.scheduler, self.mcfg = optimizer, scheduler, mcfg
+        self.parallel, self.dist, self.tokenizer = parallel, dist, tokenizer
+        self.tokens_per_update = tokens_per_update
+        self.fsdp = dist.distributed and parallel == "fsdp"
+        self._optimizer_state: dict | None = None
+
+    def gather(self, step: int):
+        """Collective: the full model on rank 0 (the model itself, or under FSDP a plain copy
+        loaded from the gathered state dict), None elsewhere; the optimizer state is gathered too
+        (none before the first update: the FSDP state-dict API would otherwise initialise it
+        with a zero-lr step, advancing AdamW's step count)."""
+        from . import distributed as D
+        sd = D.full_model_state(self.wrapped, self.parallel, self.dist) if self.fsdp else None
+        self._optimizer_state = (D.optimizer_state(self.wrapped, self.optimizer, self.parallel, self.dist)
+                                 if step > 0 else None)
+        if not self.dist.is_main:
+            return None
+        if not self.fsdp:
+            return self.model
+        from transformers import LlamaForCausalLM
+        host = LlamaForCausalLM(self.mcfg)
+        host.load_state_dict(sd)
+        return host.to(self.dist.device)
+
+    def save(self, step: int, kind: str, host, *, elapsed_s: float, extra_json: dict | None = None) -> Path:
+        """Rank 0: publish checkpoint ``step`` (``kind`` "schedule" or "rolling") of the model
+        returned by :meth:`gather`, with optimizer / scheduler / RNG / data-position state."""
+        tokens = step * self.tokens_per_update
+        trainer_state = {"step": step, "stream_step": step, "tokens": tokens,
+                         "optimizer": self._optimizer_state, "optimizer_format": "fqn" if self.fsdp else "plain",
+                         "scheduler": self.scheduler.state_dict(), "rng": rng_state(),
+                         "world_size": self.dist.world_size, "elapsed_s": elapsed_s}
+        meta = {"tokens": tokens, "kind": kind, "lr_next": self.scheduler.get_last_lr()[0]}
+        return self.manager.save(step, model=host, state_dict=None, tokenizer=self.tokenizer,
+                                 trainer_state=trainer_state, meta=meta, extra_json=extra_json)

@@ -1,6 +1,6 @@
 """Model presets and the run configuration of matched-compute pretraining (SPEC §7).
 
-A run is defined by one :class:`TrainConfig`: a flat dataclass whose defaults are the paper's
+A run is defined by one :class:`TrainConfig`: a dataclass (the curriculum nested) whose defaults are the paper's
 recipe, read from a YAML or TOML file (:func:`load_config`) and overridable field by field from
 the command line (``--field-name value``). Unknown keys are errors, never silently ignored.
 
@@ -13,15 +13,18 @@ lm-evaluation-harness.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import math
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 from transformers import LlamaConfig
 
+from ..curriculum import CurriculumConfig
 from ..errors import InductionLabError
 
 # name -> (layers, hidden, MLP, query heads, KV heads). Paper sizes from the Bi-Induct paper
@@ -42,7 +45,8 @@ def model_config(preset: str, vocab_size: int, *, max_position_embeddings: int =
 
     Args:
         preset: a key of :data:`PRESETS`.
-        vocab_size: tokenizer vocabulary size (rows of the embedding and of the LM head).
+        vocab_size: rows of the embedding and of the LM head: the tokenizer's largest id + 1
+            (:attr:`inductionlab.data.tokenizer.TokenizerInfo.vocab_size`), not its entry count.
         max_position_embeddings: context length in tokens (1024 at paper scale).
 
     Raises:
@@ -50,7 +54,7 @@ def model_config(preset: str, vocab_size: int, *, max_position_embeddings: int =
     """
     if preset not in PRESETS:
         raise InductionLabError(f"unknown model preset {preset!r}; use one of {', '.join(PRESETS)}")
-    if vocab_size < 2:
+    if not isinstance(vocab_size, int) or vocab_size < 2:
         raise InductionLabError(f"vocab_size must be at least 2 (got {vocab_size}); check the tokenizer")
     layers, hidden, mlp, heads, kv = PRESETS[preset]
     return LlamaConfig(
@@ -65,60 +69,70 @@ def model_config(preset: str, vocab_size: int, *, max_position_embeddings: int =
     )
 
 
+def _opt(default, help: str, **kw):
+    """A field with its ``--help`` text in the metadata (the CLI reads it; no source parsing)."""
+    return field(default=default, metadata={"help": help, **kw})
+
+
 @dataclass
 class TrainConfig:
     """One pretraining run. Defaults are the paper recipe (SPEC §7) unless marked "decision".
 
     Token counts are in tokens; learning rates in units of the AdamW step; steps are optimizer
-    updates (one update = ``tokens_per_update`` tokens, reached by gradient accumulation).
+    updates (one update = ``tokens_per_update`` tokens, reached by gradient accumulation). The
+    Bi-Induct settings are a nested :class:`inductionlab.curriculum.CurriculumConfig`
+    (``cfg.curriculum.variant``, ``cfg.curriculum.span_length``, ...).
     """
 
-    data: str = ""                       # directory written by `inductionlab corpus prepare` (TokenShards)
-    out: str = ""                        # run directory (resumed when it holds the same run)
-    preset: str = "0.13b"                # cpu-tiny | cpu-small | 0.13b | 0.5b | 1b (PRESETS)
-    seq_len: int = 1024                  # context length (paper: 1024)
-    tokens: int = 0                      # token budget; steps = tokens // tokens_per_update
-    tokens_per_update: int = 65536       # 2^16 tokens per optimizer update (paper)
-    micro_batch_size: int = 8            # sequences per forward pass per process (memory knob only)
+    data: str = _opt("", "Directory written by `inductionlab corpus prepare` (token shards).")
+    out: str = _opt("", "Run directory (resumed when it holds the same run).")
+    preset: str = _opt("0.13b", "Model size (PRESETS).", choices=tuple(PRESETS))
+    seq_len: int = _opt(1024, "Context length in tokens (paper: 1024).")
+    tokens: int = _opt(0, "Token budget; steps = tokens // tokens_per_update.")
+    tokens_per_update: int = _opt(65536, "Tokens per optimizer update (paper: 2^16).")
+    micro_batch_size: int = _opt(8, "Sequences per forward pass per process (memory knob only).")
     # AdamW and schedule (paper): beta 0.9/0.999, wd 0.1, peak 1e-3, 3% warm-up then cosine.
-    lr: float = 1e-3                     # peak learning rate (paper)
-    min_lr_ratio: float = 0.1            # decision: cosine ends at 10% of peak (Chinchilla convention)
-    warmup_frac: float = 0.03            # linear warm-up over this fraction of the steps (paper)
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.1            # AdamW weight decay (paper)
-    grad_clip: float = 1.0               # decision: global L2 norm clip at 1.0 (common Llama setting)
-    precision: str = "auto"              # auto (bf16 autocast on CUDA with bf16, else fp32) | fp32 | bf16
-    seed: int = 0                        # model init, data stream and telemetry probes
-    deterministic: bool = False          # torch.use_deterministic_algorithms (bit-identical resume on CPU)
-    attn_implementation: str = "sdpa"    # training attention kernel (telemetry uses its own)
-    # Bi-Induct curriculum (SPEC §6): passed to inductionlab.curriculum.CurriculumConfig
-    curriculum: str = "none"             # none | induction | anti | balanced
-    span_length: int = 20                # L, snippet span length in tokens (SPEC §6)
-    span_length_min: int = 0             # >0 together with span_length_max: length drawn per snippet
-    span_length_max: int = 0
-    m0: float = 0.5                      # initial synthetic fraction; m(t) = m0 * max(0, 1 - t/T_a)
-    anneal_tokens: int = 0               # 0 = the whole budget (SPEC §6)
-    span_source: str = "natural"         # natural | random
+    lr: float = _opt(1e-3, "Peak learning rate (paper: 1e-3).")
+    min_lr_ratio: float = _opt(0.1, "Cosine ends at this fraction of the peak (decision: 0.1, Chinchilla).")
+    warmup_frac: float = _opt(0.03, "Linear warm-up over this fraction of the steps (paper: 0.03).")
+    beta1: float = _opt(0.9, "AdamW beta1.")
+    beta2: float = _opt(0.999, "AdamW beta2.")
+    eps: float = _opt(1e-8, "AdamW epsilon.")
+    weight_decay: float = _opt(0.1, "AdamW weight decay on matrices (paper: 0.1).")
+    grad_clip: float = _opt(1.0, "Global L2 gradient-norm clip; 0 = off (decision: 1.0).")
+    precision: str = _opt("auto", "auto (bf16 autocast on CUDA with bf16, else fp32) | fp32 | bf16.",
+                          choices=("auto", "fp32", "bf16"))
+    seed: int = _opt(0, "Seed of model init, data stream and telemetry probes.")
+    deterministic: bool = _opt(False, "torch.use_deterministic_algorithms (bit-identical resume on CPU).")
+    attn_implementation: str = _opt("sdpa", "Training attention kernel (telemetry uses its own).")
+    # Bi-Induct curriculum (SPEC §6), nested: the same fields as `inductionlab curriculum preview`
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig,
+                                         metadata={"help": "Bi-Induct curriculum (SPEC §6)."})
     # Checkpoints (SPEC §7): log-spaced plus an optional dense window, plus rolling resume points.
-    log_checkpoints: int = 12            # decision: number of log-spaced checkpoints (step 0 and last added)
-    dense_start: int = 0                 # dense window [dense_start, dense_end] in steps, every dense_every
-    dense_end: int = 0
-    dense_every: int = 0
-    save_every: int = 0                  # rolling resume checkpoint every N steps (0 = off); only the last kept
-    keep_resumable: int = 2              # optimizer state is kept in the newest N checkpoints only
+    log_checkpoints: int = _opt(12, "Number of log-spaced checkpoints; step 0 and the last are added (decision).")
+    dense_start: int = _opt(0, "Dense checkpoint window start (steps).")
+    dense_end: int = _opt(0, "Dense checkpoint window end (steps).")
+    dense_every: int = _opt(0, "Checkpoint every N steps inside the dense window (0 = no window).")
+    save_every: int = _opt(0, "Rolling resume checkpoint every N steps (0 = off); only the last is kept.")
+    keep_resumable: int = _opt(2, "Optimizer state is kept in the newest N checkpoints only.")
     # Telemetry (SPEC §8)
-    telemetry: bool = True               # head scores and held-out perplexity at every checkpoint
-    telemetry_seq_len: int = 50          # repeated random-token half length for the induction score
-    telemetry_batch: int = 16
-    induction_threshold: float = 0.4     # decision: "induction head" = induction score above this
-    eval_tokens: int = 65536             # held-out tokens for perplexity (decision)
+    telemetry: bool = _opt(True, "Head scores and held-out perplexity at every checkpoint.")
+    telemetry_seq_len: int = _opt(50, "Half length in tokens of the repeated random sequence of the induction "
+                                      "score (the probe is 2x this + BOS; must fit --seq-len).")
+    telemetry_batch: int = _opt(16, "Sequences per telemetry probe.")
+    induction_threshold: float = _opt(0.4, "An induction head scores above this (emergence step; decision).")
+    eval_tokens: int = _opt(65536, "Held-out tokens for perplexity; 0 = no perplexity (decision: 65536).")
     # Distributed (torchrun) and logging
-    parallel: str = "ddp"                # ddp | fsdp (used only under torchrun with WORLD_SIZE > 1)
-    log_every: int = 1                   # metrics row every N updates
-    progress: bool = True                # progress bar with tokens/s and loss
-    tensorboard: bool = True             # only when the tensorboard package is installed
+    parallel: str = _opt("ddp", "ddp | fsdp (only under torchrun with WORLD_SIZE > 1).", choices=("ddp", "fsdp"))
+    log_every: int = _opt(1, "Metrics row every N updates.")
+    progress: bool = _opt(True, "Progress bar with tokens/s and loss.")
+    tensorboard: bool = _opt(True, "TensorBoard logs (when the tensorboard package is installed).")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.curriculum, str):            # shorthand: curriculum="induction"
+            self.curriculum = CurriculumConfig(variant=self.curriculum)
+        elif isinstance(self.curriculum, dict):
+            self.curriculum = _curriculum_from_dict(self.curriculum, CurriculumConfig())
 
     # ---- derived quantities -----------------------------------------------------------------
     @property
@@ -131,18 +145,51 @@ class TrainConfig:
         return self.tokens // self.tokens_per_update
 
     def validate(self, world_size: int = 1) -> None:
-        """Check every field; raise :class:`InductionLabError` naming the problem and the fix."""
+        """Check every field and the fields that depend on each other; raise
+        :class:`InductionLabError` naming the problem and the fix (``--flag`` spelling).
+
+        Checks that need the data (vocabulary, BOS, held-out length) are in the trainer."""
         if not self.data:
             raise InductionLabError("no training data; pass --data DIR (written by `inductionlab corpus prepare`)")
         if not self.out:
             raise InductionLabError("no output directory; pass --out DIR")
         if self.preset not in PRESETS:
             raise InductionLabError(f"unknown model preset {self.preset!r}; use one of {', '.join(PRESETS)}")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type == "float" and not math.isfinite(v):
+                raise InductionLabError(f"--{_flag(f.name)} must be a finite number, got {v}")
+        positive = ("seq_len", "tokens_per_update", "micro_batch_size", "log_every", "keep_resumable",
+                    "telemetry_seq_len", "telemetry_batch")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise InductionLabError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+        for name in ("tokens", "log_checkpoints", "dense_start", "dense_end", "dense_every", "save_every",
+                     "eval_tokens", "seed", "grad_clip", "weight_decay", "min_lr_ratio", "warmup_frac"):
+            if getattr(self, name) < 0:
+                raise InductionLabError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
         if self.seq_len < 2:
-            raise InductionLabError(f"seq_len must be at least 2 (got {self.seq_len})")
+            raise InductionLabError(f"--seq-len must be at least 2 (got {self.seq_len})")
+        if self.lr <= 0 or self.eps <= 0:
+            raise InductionLabError(f"--lr and --eps must be > 0, got {self.lr} and {self.eps}")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise InductionLabError(f"--beta1 and --beta2 must be in [0, 1), got {self.beta1} and {self.beta2}")
+        if not 0 <= self.warmup_frac < 1 or not 0 <= self.min_lr_ratio <= 1:
+            raise InductionLabError("need 0 <= --warmup-frac < 1 and 0 <= --min-lr-ratio <= 1")
+        if not 0 <= self.induction_threshold <= 1:
+            raise InductionLabError(f"--induction-threshold is an attention probability in [0, 1], got "
+                                    f"{self.induction_threshold}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise InductionLabError(f"unknown precision {self.precision!r}; use auto, fp32 or bf16")
+        if self.parallel not in ("ddp", "fsdp"):
+            raise InductionLabError(f"unknown parallel mode {self.parallel!r}; use ddp or fsdp")
+        if not isinstance(self.curriculum, CurriculumConfig):
+            raise InductionLabError("curriculum must be a CurriculumConfig (or a variant name)")
+        self.curriculum.validate()
+        # fields that depend on each other
         if self.tokens_per_update % self.seq_len:
-            raise InductionLabError(f"tokens_per_update ({self.tokens_per_update}) must be a multiple of "
-                                    f"seq_len ({self.seq_len})")
+            raise InductionLabError(f"--tokens-per-update ({self.tokens_per_update}) must be a multiple of "
+                                    f"--seq-len ({self.seq_len})")
         per_rank = self.global_batch // max(world_size, 1)
         if self.global_batch < 1 or self.global_batch % world_size or per_rank % self.micro_batch_size:
             raise InductionLabError(
@@ -151,16 +198,37 @@ class TrainConfig:
         if self.steps < 1:
             raise InductionLabError(f"token budget {self.tokens} is smaller than one update of "
                                     f"{self.tokens_per_update} tokens; raise --tokens")
-        if not 0 <= self.warmup_frac < 1 or not 0 <= self.min_lr_ratio <= 1 or self.lr <= 0:
-            raise InductionLabError("need lr > 0, 0 <= warmup_frac < 1 and 0 <= min_lr_ratio <= 1")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise InductionLabError(f"unknown precision {self.precision!r}; use auto, fp32 or bf16")
-        if self.parallel not in ("ddp", "fsdp"):
-            raise InductionLabError(f"unknown parallel mode {self.parallel!r}; use ddp or fsdp")
-        if self.curriculum not in ("none", "induction", "anti", "balanced"):
-            raise InductionLabError(f"unknown curriculum {self.curriculum!r}; use none, induction, anti or balanced")
-        if self.dense_every < 0 or self.save_every < 0 or self.log_checkpoints < 0 or self.keep_resumable < 1:
-            raise InductionLabError("checkpoint counts must be non-negative and keep_resumable >= 1")
+        lo, hi = self.curriculum.length_bounds()
+        if self.curriculum.variant != "none" and 2 * hi + 1 > self.seq_len:
+            raise InductionLabError(f"a Bi-Induct snippet of 2*{hi}+1 = {2 * hi + 1} tokens does not fit "
+                                    f"--seq-len {self.seq_len}; use --span-length <= {(self.seq_len - 1) // 2}")
+        self.check_telemetry_fits(bos=False)
+        if self.telemetry and 0 < self.eval_tokens < self.seq_len:
+            raise InductionLabError(f"--eval-tokens {self.eval_tokens} is less than one window of --seq-len "
+                                    f"{self.seq_len}; pass --eval-tokens 0 (no perplexity) or >= {self.seq_len}")
+        if self.dense_every > 0 and self.dense_end < self.dense_start:
+            raise InductionLabError(f"--dense-end ({self.dense_end}) is before --dense-start ({self.dense_start})")
+
+    def check_telemetry_fits(self, bos: bool) -> None:
+        """The telemetry probes fit the model's context (``seq_len``): the induction probe is
+        ``[BOS] R R`` (2 x telemetry_seq_len + BOS tokens), the copy-offset probe ``[BOS] S SEP S``
+        (2 x span_length + 1 + BOS). ``bos``: whether the data has a BOS token (the trainer
+        checks again once it knows).
+
+        Raises:
+            InductionLabError: a probe longer than ``seq_len``, naming the option to change.
+        """
+        if not self.telemetry:
+            return
+        T, L, b = self.telemetry_seq_len, self.curriculum.span_length, int(bos)
+        if 2 * T + b > self.seq_len:
+            raise InductionLabError(
+                f"the telemetry probe of {'1+' if b else ''}2*{T} = {2 * T + b} tokens does not fit --seq-len "
+                f"{self.seq_len}; pass --telemetry-seq-len <= {(self.seq_len - b) // 2} (or --no-telemetry)")
+        if 2 * L + 1 + b > self.seq_len:
+            raise InductionLabError(
+                f"the copy-offset telemetry probe of {2 * L + 1 + b} tokens ([BOS] S SEP S, L = {L}) does not fit "
+                f"--seq-len {self.seq_len}; pass --span-length <= {(self.seq_len - 1 - b) // 2} (or --no-telemetry)")
 
     def accum_steps(self, world_size: int) -> int:
         """Micro-batches per update on each of ``world_size`` processes (gradient accumulation)."""
@@ -175,49 +243,113 @@ class TrainConfig:
         return {k: v for k, v in self.to_dict().items() if k not in skip}
 
 
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
 FIELD_NAMES = tuple(f.name for f in fields(TrainConfig))
+CURRICULUM_FIELDS = tuple(f.name for f in fields(CurriculumConfig))
+# Keys of the flat config before the curriculum was nested: old name -> new key (refused with this hint).
+MOVED_KEYS = {"span_length": "curriculum.span_length", "span_length_min": "curriculum.span_length_range",
+              "span_length_max": "curriculum.span_length_range", "m0": "curriculum.m0",
+              "anneal_tokens": "curriculum.anneal_tokens", "span_source": "curriculum.span_source"}
+
+
+def _coerce(key: str, want: str, v: Any) -> Any:
+    """``v`` as the annotated type ``want`` (a string annotation), or InductionLabError."""
+    try:
+        if v is None and "None" in want:
+            return None
+        base = want.split(" | ")[0]
+        if base == "bool":
+            if isinstance(v, str):
+                if v.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(v)
+                return v.lower() in ("true", "1", "yes")
+            return bool(v)
+        if base == "int":
+            if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+                raise ValueError(v)
+            return int(float(v)) if isinstance(v, str) and ("e" in v.lower()) else int(v)
+        if base == "float":
+            return float(v)
+        if base.startswith("tuple[int, int]"):
+            if isinstance(v, str):
+                v = v.replace("-", ",").split(",")
+            lo, hi = (int(x) for x in v)
+            return (lo, hi)
+        if isinstance(v, (dict, list)):
+            raise ValueError(v)
+        return str(v)
+    except (TypeError, ValueError):
+        raise InductionLabError(f"config key {key!r} needs a {want} value (got {v!r})") from None
+
+
+def _unknown(key: str, known: tuple[str, ...]) -> InductionLabError:
+    if key in MOVED_KEYS:
+        flag = "--span-range LO,HI" if key.startswith("span_length_m") else f"--{_flag(key)}"
+        return InductionLabError(f"config key {key!r} is now {MOVED_KEYS[key]!r}: nest it under "
+                                 f"'curriculum:' in the file (flag {flag})")
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else "see `inductionlab train --help`"
+    return InductionLabError(f"unknown config key {key!r}; {hint}")
+
+
+def _curriculum_from_dict(d: dict[str, Any], base: CurriculumConfig) -> CurriculumConfig:
+    types = {f.name: f.type for f in fields(CurriculumConfig)}
+    out = dataclasses.replace(base)
+    for k, v in d.items():
+        k = k.replace("-", "_")
+        if k not in types:
+            close = difflib.get_close_matches(k, CURRICULUM_FIELDS, n=1)
+            hint = f"did you mean 'curriculum.{close[0]}'?" if close else f"use one of {', '.join(CURRICULUM_FIELDS)}"
+            raise InductionLabError(f"unknown config key 'curriculum.{k}'; {hint}")
+        setattr(out, k, _coerce(f"curriculum.{k}", types[k], v))
+    return out
 
 
 def config_from_dict(d: dict[str, Any], base: TrainConfig | None = None) -> TrainConfig:
-    """Build a config from a mapping (nested tables are flattened one level: ``{"model": {"preset":
-    ...}}`` reads as ``preset``).
+    """Build a config from a mapping.
+
+    ``curriculum`` is a nested table of :class:`~inductionlab.curriculum.CurriculumConfig` fields
+    (``curriculum: {variant: induction, span_length: 20}``), or a variant name as shorthand
+    (``curriculum: induction``), or dotted keys (``curriculum.m0: 0.3``). Other nested tables are
+    flattened one level, as grouping only (``{"schedule": {"lr": ...}}`` reads as ``lr``). The
+    flat curriculum keys of earlier versions (``span_length``, ``m0``, ...) are refused with the
+    new key's name.
 
     Raises:
         InductionLabError: an unknown key (with the closest known name) or a value of the wrong type.
     """
     flat: dict[str, Any] = {}
+    cur: dict[str, Any] = {}
     for k, v in d.items():
-        if isinstance(v, dict):
-            flat.update({kk.replace("-", "_"): vv for kk, vv in v.items()})
+        k = k.replace("-", "_")
+        if k == "curriculum":
+            if isinstance(v, dict):
+                cur.update(v)
+            elif isinstance(v, CurriculumConfig):
+                cur.update(dataclasses.asdict(v))
+            else:
+                cur["variant"] = v
+        elif k.startswith("curriculum."):
+            cur[k.split(".", 1)[1]] = v
+        elif isinstance(v, dict):
+            for kk, vv in v.items():
+                kk = kk.replace("-", "_")
+                if kk == "curriculum":
+                    cur.update(vv if isinstance(vv, dict) else {"variant": vv})
+                else:
+                    flat[kk] = vv
         else:
-            flat[k.replace("-", "_")] = v
+            flat[k] = v
     cfg = dataclasses.replace(base) if base is not None else TrainConfig()
     types = {f.name: f.type for f in fields(TrainConfig)}
     for k, v in flat.items():
         if k not in types:
-            import difflib
-            close = difflib.get_close_matches(k, FIELD_NAMES, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else "see `inductionlab train --help`"
-            raise InductionLabError(f"unknown config key {k!r}; {hint}")
-        want = types[k]
-        try:
-            if want == "bool":
-                if isinstance(v, str):
-                    if v.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                        raise ValueError(v)
-                    v = v.lower() in ("true", "1", "yes")
-                v = bool(v)
-            elif want == "int":
-                if isinstance(v, float) and not v.is_integer():
-                    raise ValueError(v)
-                v = int(float(v)) if isinstance(v, str) and ("e" in v.lower()) else int(v)
-            elif want == "float":
-                v = float(v)
-            else:
-                v = str(v)
-        except (TypeError, ValueError):
-            raise InductionLabError(f"config key {k!r} needs a {want} value (got {v!r})") from None
-        setattr(cfg, k, v)
+            raise _unknown(k, FIELD_NAMES)
+        setattr(cfg, k, _coerce(k, types[k], v))
+    cfg.curriculum = _curriculum_from_dict(cur, cfg.curriculum)
     return cfg
 
 

@@ -213,72 +213,73 @@ def emergence_step(summary: pd.DataFrame, threshold: float = 0.4, score: str = "
     return int(s["step"].iloc[0]) if len(s) else None
 
 
-# ---- plots -----------------------------------------------------------------------------------
+def run_summary(heads: pd.DataFrame, evals: pd.DataFrame, threshold: float,
+                summary: pd.DataFrame | None = None) -> dict[str, Any]:
+    """The run summary of a training run's telemetry: the one definition used by the trainer
+    (``run.json`` results) and by ``inductionlab telemetry`` (``telemetry.json``).
 
-def plot_heatmaps(heads: pd.DataFrame, path: Path, title: str, scores: Sequence[str] = SCORES) -> None:
-    """One panel per score: heads (layer-major, y) × checkpoints (x), colour = score."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Args:
+        heads, evals: :func:`read_telemetry` tables.
+        threshold: induction score above which a head counts as an induction head.
+        summary: :func:`summarize` of ``heads`` when already computed (else computed here).
 
-    scores = [s for s in scores if s in set(heads["score"])]
-    fig, axes = plt.subplots(1, len(scores), figsize=(4.2 * len(scores), 4.5), squeeze=False)
-    for ax, name in zip(axes[0], scores):
-        g = heads[heads["score"] == name]
-        m = g.pivot_table(index=["layer", "head"], columns="step", values="value")
-        im = ax.imshow(m.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
-        ax.set_xticks(range(m.shape[1]), [str(c) for c in m.columns], rotation=90, fontsize=6)
-        n_heads = int(g["head"].max()) + 1
-        ax.set_yticks(range(0, m.shape[0], n_heads), [f"L{l}" for l in range(0, m.shape[0] // n_heads)], fontsize=7)
-        ax.set_xlabel("checkpoint (optimizer step)")
-        ax.set_title(name)
-    fig.colorbar(im, ax=axes[0].tolist(), label="attention probability on target")
-    fig.suptitle(title)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    Returns: ``{"emergence_step": step | None, "emergence_tokens": tokens | None,
+    "induction_threshold": threshold, "final": {score: {"max", "top2pct_mean", "max_layer_head"}},
+    "final_max_induction", "final_max_anti_induction", "final_heldout_ppl": float | None}``
+    (scores are attention probabilities; "final" = the last checkpoint).
+    """
+    s = summarize(heads) if summary is None else summary
+    em = emergence_step(s, threshold)
+    last = s[s["step"] == s["step"].max()].set_index("score")
+    final = {sc: {"max": float(last.loc[sc, "max"]), "top2pct_mean": float(last.loc[sc, "top2pct_mean"]),
+                  "max_layer_head": [int(last.loc[sc, "max_layer"]), int(last.loc[sc, "max_head"])]}
+             for sc in last.index}
+    ppl = evals.sort_values("step")["heldout_ppl"].iloc[-1] if len(evals) else None
+    return {"emergence_step": em,
+            "emergence_tokens": None if em is None else int(s.loc[s["step"] == em, "tokens"].iloc[0]),
+            "induction_threshold": float(threshold), "final": final,
+            "final_max_induction": final["induction"]["max"],
+            "final_max_anti_induction": final["anti_induction"]["max"],
+            "final_heldout_ppl": None if ppl is None or pd.isna(ppl) else float(ppl)}
 
 
-def plot_curves(summaries: dict[str, pd.DataFrame], evals: dict[str, pd.DataFrame], path: Path,
-                threshold: float) -> None:
-    """Max, top-2% mean and heads-above-threshold over tokens for induction and anti-induction,
-    held-out perplexity, and the emergence step of each run (dashed line)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def write_tables(run_dir: str | Path) -> None:
+    """Rebuild the run-level telemetry tables (heads, eval, summary CSVs) from the checkpoints'
+    telemetry.json, each written atomically."""
+    from ..runs import atomic_write_text
+    heads, evals = read_telemetry(run_dir)
+    atomic_write_text(Path(run_dir) / "telemetry_heads.csv", heads.to_csv(index=False))
+    atomic_write_text(Path(run_dir) / "telemetry_eval.csv", evals.to_csv(index=False))
+    atomic_write_text(Path(run_dir) / "telemetry_summary.csv", summarize(heads).to_csv(index=False))
 
-    fig, axes = plt.subplots(2, 4, figsize=(17, 7.5))
-    thr_col = f"n_above_{threshold:g}"
-    for r, score in enumerate(("induction", "anti_induction")):
-        for c, (col, label) in enumerate((("max", "max score"), ("top2pct_mean", "top-2% mean"),
-                                          (thr_col, f"heads above {threshold:g}"))):
-            ax = axes[r, c]
-            for i, (name, s) in enumerate(summaries.items()):
-                g = s[s["score"] == score].sort_values("tokens")
-                x = g["tokens"].clip(lower=1)
-                ax.plot(x, g[col], marker=".", label=name, color=f"C{i}")
-                em = emergence_step(s, threshold) if score == "induction" else None
-                if em is not None:
-                    ax.axvline(max(1, int(s.loc[s["step"] == em, "tokens"].iloc[0])), color=f"C{i}", ls="--", lw=0.8)
-            ax.set_xscale("log")
-            ax.set_title(f"{score}: {label}")
-            ax.set_xlabel("training tokens")
-    ax = axes[0, 3]
-    for i, (name, e) in enumerate(evals.items()):
-        e = e.dropna(subset=["heldout_ppl"]).sort_values("tokens")
-        ax.plot(e["tokens"].clip(lower=1), e["heldout_ppl"], marker=".", color=f"C{i}", label=name)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_title("held-out perplexity")
-    ax.set_xlabel("training tokens")
-    ax = axes[1, 3]
-    for i, (name, s) in enumerate(summaries.items()):
-        for ls, score in (("-", "copy_offset"), (":", "copy_offset_control")):
-            g = s[s["score"] == score].sort_values("tokens")
-            ax.plot(g["tokens"].clip(lower=1), g["max"], ls=ls, color=f"C{i}", label=f"{name} {score}")
-    ax.set_xscale("log")
-    ax.set_title("copy_offset max (solid) vs control (dotted)")
-    ax.set_xlabel("training tokens")
-    axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+
+# ---- the trainer's component --------------------------------------------------------------------
+
+class Telemetry:
+    """Telemetry as a trainer component: which steps it measures and what it measures there.
+
+    Args:
+        cfg: the run's :class:`~inductionlab.train.TrainConfig` (telemetry_* fields, span length,
+            eval_tokens, seq_len, seed, tokens_per_update).
+        data: the run's :class:`~inductionlab.train.TrainData` (vocabulary, special ids, held-out split).
+        schedule: checkpoint steps at which to measure.
+        autocast_dtype: the training autocast dtype (held-out loss runs under it), or None.
+    """
+
+    def __init__(self, cfg, data, schedule, autocast_dtype: torch.dtype | None = None):
+        self.cfg, self.data, self.amp = cfg, data, autocast_dtype
+        self.schedule = frozenset(schedule)
+
+    def should_measure(self, step: int) -> bool:
+        """True at the scheduled checkpoints when telemetry is on (not at rolling resume points)."""
+        return self.cfg.telemetry and step in self.schedule
+
+    def measure(self, model, step: int) -> dict[str, Any]:
+        """:func:`measure` of ``model`` (a full, unsharded copy) at ``step``; RNG streams untouched."""
+        c, d = self.cfg, self.data
+        tel = measure(model, vocab_size=d.vocab_size, special_ids=d.special_ids, bos_id=d.bos_id, sep_id=d.sep_id,
+                      span_length=c.curriculum.span_length, seq_len=c.telemetry_seq_len,
+                      batch_size=c.telemetry_batch, heldout=d.heldout, eval_seq_len=c.seq_len,
+                      eval_tokens=c.eval_tokens, autocast_dtype=self.amp, seed=c.seed)
+        tel.update(step=step, tokens=step * c.tokens_per_update)
+        return tel

@@ -18,8 +18,10 @@ killed-and-resumed run equal those of an uninterrupted one bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,14 +32,15 @@ import torch
 from transformers import LlamaForCausalLM
 
 from ..errors import InductionLabError
-from ..runs import atomic_write_json, atomic_write_text, versions
+from ..outputs import check_output_dir
+from ..runs import atomic_write_json, versions
 from . import distributed as D
-from .checkpoint import CheckpointManager, checkpoint_schedule, rng_state, set_rng_state
+from .checkpoint import Checkpointer, CheckpointManager, checkpoint_schedule, set_rng_state
 from .config import TrainConfig, model_config
 from .flops import budget as make_budget
 from .metrics import MetricsLogger
 from .schedule import build_scheduler, lr_factor
-from .telemetry import measure, read_telemetry, summarize, emergence_step
+from .telemetry import Telemetry, read_telemetry, run_summary, write_tables
 
 
 @dataclass
@@ -64,25 +67,46 @@ class TrainData:
 
 
 def open_data(cfg: TrainConfig) -> TrainData:
-    """Open ``cfg.data`` (a prepared corpus) and build the Bi-Induct stream for this run's budget."""
-    from ..curriculum import BiInductStream, CurriculumConfig
+    """Open ``cfg.data`` (a prepared corpus) and build the Bi-Induct stream for this run's budget.
+
+    Raises:
+        InductionLabError: not a prepared corpus, a token id outside the vocabulary in either
+            split, a curriculum that does not fit the data.
+    """
+    from ..curriculum import BiInductStream, check_token_ids
     from ..data.shards import TokenShards
 
     shards = TokenShards.open(cfg.data)
-    rng = ((cfg.span_length_min, cfg.span_length_max) if cfg.span_length_min > 0 and cfg.span_length_max > 0
-           else None)
-    ccfg = CurriculumConfig(variant=cfg.curriculum, span_length=cfg.span_length, span_length_range=rng, m0=cfg.m0,
-                            anneal_tokens=cfg.anneal_tokens or None, span_source=cfg.span_source,
-                            sep_id=shards.sep_id, seed=cfg.seed)
+    c = cfg.curriculum
+    ccfg = dataclasses.replace(c, seed=cfg.seed if c.seed is None else c.seed,
+                               sep_id=shards.sep_id if c.sep_id is None else c.sep_id)
     special = tuple(i for i in (shards.eos_id, shards.bos_id) if i is not None)
     stream = BiInductStream.from_shards(shards, ccfg, batch_size=cfg.global_batch, seq_len=cfg.seq_len,
                                         total_tokens=cfg.steps * cfg.tokens_per_update)
+    check_token_ids(shards.heldout, shards.vocab_size, str(shards.path / "heldout.bin"))
     m = shards.manifest
     identity = {"corpus": {k: m.get(k) for k in ("source", "corpus_sha256", "tokenizer") if k in m},
                 "train_tokens": int(len(shards.train)), "heldout_tokens": int(len(shards.heldout))}
     return TrainData(stream=stream, heldout=shards.heldout, vocab_size=shards.vocab_size,
                      tokenizer=shards.hf_tokenizer(), bos_id=shards.bos_id, eos_id=shards.eos_id,
                      sep_id=shards.sep_id, special_ids=special, identity=identity)
+
+
+def check_data(cfg: TrainConfig, data: TrainData) -> None:
+    """What depends on both the config and the data, checked before anything is written.
+
+    Raises:
+        InductionLabError: fewer batches than updates, a telemetry probe that does not fit the
+            context once BOS is known, a held-out split shorter than one evaluation window.
+    """
+    if getattr(data.stream, "num_batches", cfg.steps) < cfg.steps:
+        raise InductionLabError(f"the data stream holds {data.stream.num_batches} batches, fewer than the "
+                                f"{cfg.steps} updates of this budget; lower --tokens or use a larger corpus")
+    cfg.check_telemetry_fits(bos=data.bos_id is not None)
+    if cfg.telemetry and cfg.eval_tokens > 0 and data.heldout is not None and len(data.heldout) < cfg.seq_len:
+        raise InductionLabError(f"the held-out split has {len(data.heldout)} tokens, fewer than one window of "
+                                f"--seq-len {cfg.seq_len}; pass --eval-tokens 0 or prepare the corpus with a larger "
+                                "--heldout-fraction")
 
 
 def _autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
@@ -121,10 +145,15 @@ def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
 def _prepare_run_dir(run_dir: Path, identity: dict) -> dict | None:
     """Return the existing run record when ``run_dir`` holds this same run (resume), None when new.
 
+    A run directory whose run holds no published checkpoint (stopped before checkpoint 0, e.g. by
+    an error) has no finished piece to protect: it is started afresh, whatever its config was.
+
     Raises:
-        InductionLabError: the directory holds something else or a different run.
+        InductionLabError: the directory holds something else or a different run with checkpoints.
     """
     rec_path = run_dir / "run.json"
+    if rec_path.is_file() and not CheckpointManager(run_dir).list():
+        return None
     if rec_path.is_file():
         try:
             rec = json.loads(rec_path.read_text())
@@ -152,171 +181,138 @@ class TrainResult:
     record: dict
 
 
-def train(cfg: TrainConfig, *, data: TrainData | None = None) -> TrainResult:
+def train(cfg: TrainConfig, *, data: TrainData | None = None, overwrite: bool = False) -> TrainResult:
     """Train one run to completion, resuming from ``cfg.out`` when it holds the same run.
 
     Args:
-        cfg: the run (validated here).
+        cfg: the run (validated here, before anything is loaded or written).
         data: data components; default :func:`open_data` (``cfg.data``).
+        overwrite: delete ``cfg.out`` first and start afresh (``--overwrite``).
 
     Returns: :class:`TrainResult` (also written to ``cfg.out/run.json``).
 
     Raises:
-        InductionLabError: invalid config, budget below one update, output directory holding a
-            different run, corrupt checkpoint, data errors.
+        InductionLabError: invalid config, budget below one update, an output path that cannot be
+            written, output directory holding a different run, corrupt checkpoint, data errors.
     """
     dist = D.init()
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     try:
-        return _train(cfg, data, dist)
+        return _train(cfg, data, dist, overwrite)
     finally:
         torch.use_deterministic_algorithms(was_deterministic)
         D.shutdown()
 
 
-def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist) -> TrainResult:
-    cfg.validate(dist.world_size)
-    if cfg.deterministic:
-        torch.use_deterministic_algorithms(True)
-    data = data or open_data(cfg)
-    run_dir = Path(cfg.out)
-    steps, accum = cfg.steps, cfg.accum_steps(dist.world_size)
-    if getattr(data.stream, "num_batches", steps) < steps:
-        raise InductionLabError(f"the data stream holds {data.stream.num_batches} batches, fewer than the "
-                                f"{steps} updates of this budget; lower --tokens or use a larger corpus")
+@dataclass
+class _Parts:
+    """What the loop trains: the model (plain), its wrapped form, optimizer, schedule."""
+    mcfg: Any
+    model: torch.nn.Module
+    wrapped: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    amp: torch.dtype | None
+
+
+def _build(cfg: TrainConfig, data: TrainData, dist: D.Dist, resume_dir: Path | None) -> _Parts:
+    """Model (fresh from ``cfg.seed``, or the weights of ``resume_dir``), parallel wrapper, AdamW, schedule."""
     mcfg = model_config(cfg.preset, data.vocab_size, max_position_embeddings=cfg.seq_len,
                         bos_token_id=data.bos_id, eos_token_id=data.eos_id)
-    bud = make_budget(mcfg, seq_len=cfg.seq_len, tokens_per_update=cfg.tokens_per_update, steps=steps)
-    identity = _identity(cfg, data)
-    existing = _prepare_run_dir(run_dir, identity)
-    ckpts = CheckpointManager(run_dir, cfg.keep_resumable)
-    if existing is not None and existing.get("status") == "complete":
-        return TrainResult(run_dir, steps, bud.tokens, existing.get("results", {}).get("final_loss"),
-                           existing.get("results", {}).get("tokens_per_s"), existing)
-    resume = ckpts.latest_resumable() if existing is not None else None
-
-    # ---- model, parallelism, optimizer -------------------------------------------------------
     torch.manual_seed(cfg.seed)
-    if resume is not None:
-        model = LlamaForCausalLM.from_pretrained(resume[1], dtype=torch.float32,
+    if resume_dir is not None:
+        model = LlamaForCausalLM.from_pretrained(resume_dir, dtype=torch.float32,
                                                  attn_implementation=cfg.attn_implementation)
     else:
         mcfg._attn_implementation = cfg.attn_implementation
         model = LlamaForCausalLM(mcfg)
     model.to(dist.device).train()
     amp = _autocast_dtype(cfg, dist.device)
-    fsdp = dist.distributed and cfg.parallel == "fsdp"
     wrapped = D.wrap(model, cfg.parallel, dist, bf16=amp is not None)
     optimizer = _optimizer(wrapped, cfg)
-    scheduler = build_scheduler(optimizer, steps, cfg.warmup_frac, cfg.min_lr_ratio)
-    start = 0
-    elapsed0 = 0.0
-    if resume is not None:
-        state = CheckpointManager.load_trainer_state(resume[1])
-        fmt = "fqn" if fsdp else "plain"
-        if state.get("optimizer_format") != fmt:
-            raise InductionLabError(f"checkpoint {resume[1]} was written in {state.get('optimizer_format')} "
-                                    f"optimizer format; resume it with the same --parallel mode")
-        if state["optimizer"] is not None:
-            D.load_optimizer_state(wrapped, optimizer, state["optimizer"], cfg.parallel, dist)
-        scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        start = int(state["step"])
-        elapsed0 = float(state.get("elapsed_s", 0.0))
+    scheduler = build_scheduler(optimizer, cfg.steps, cfg.warmup_frac, cfg.min_lr_ratio)
+    return _Parts(mcfg, model, wrapped, optimizer, scheduler, amp)
 
+
+def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist, overwrite: bool) -> TrainResult:
+    # ---- check: config, output path, data; nothing written yet --------------------------------
+    cfg.validate(dist.world_size)
+    run_dir = check_output_dir(cfg.out)
+    data = data or open_data(cfg)
+    check_data(cfg, data)
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+    if overwrite and dist.is_main and run_dir.exists():
+        shutil.rmtree(run_dir)
+    D.barrier(dist)
+    steps = cfg.steps
+    identity = _identity(cfg, data)
+    existing = _prepare_run_dir(run_dir, identity)
+    ckpts = CheckpointManager(run_dir, cfg.keep_resumable)
+    if existing is not None and existing.get("status") == "complete":
+        r = existing.get("results", {})
+        return TrainResult(run_dir, steps, existing["budget"]["tokens"], r.get("final_loss"), r.get("tokens_per_s"),
+                           existing)
+
+    # ---- build, resume --------------------------------------------------------------------------
+    resume = ckpts.latest_resumable() if existing is not None else None
+    parts = _build(cfg, data, dist, resume[1] if resume is not None else None)
+    fsdp = dist.distributed and cfg.parallel == "fsdp"
+    start, elapsed0 = (_resume(parts, resume[1], cfg, dist, fsdp) if resume is not None else (0, 0.0))
+    bud = make_budget(parts.mcfg, seq_len=cfg.seq_len, tokens_per_update=cfg.tokens_per_update, steps=steps)
     schedule = set(checkpoint_schedule(steps, cfg.log_checkpoints, cfg.dense_start, cfg.dense_end, cfg.dense_every))
-    record = {
-        "kind": "train", "status": "running", "identity": identity, "config": cfg.to_dict(),
-        "model_config": mcfg.to_dict(), "budget": bud.to_dict(), "checkpoint_steps": sorted(schedule),
-        "world_size": dist.world_size, "parallel": cfg.parallel if dist.distributed else "none",
-        "device": str(dist.device), "autocast": str(amp) if amp else "fp32", "accumulation_steps": accum,
-        "seeds": {"init": cfg.seed, "curriculum": cfg.seed, "telemetry": cfg.seed}, "versions": versions(),
-        "started": existing.get("started", time.time()) if existing else time.time(),
-        "resumed_from_step": start if resume is not None else None,
-        "stream": data.stream.describe() if hasattr(data.stream, "describe") else None,
-    }
+    telemetry = Telemetry(cfg, data, schedule, parts.amp)
+    checkpointer = Checkpointer(ckpts, parts.wrapped, parts.model, parts.optimizer, parts.scheduler, parts.mcfg,
+                                parallel=cfg.parallel, dist=dist, tokenizer=data.tokenizer,
+                                tokens_per_update=cfg.tokens_per_update)
+    record = _record(cfg, data, dist, parts, bud, identity, schedule, existing, start if resume is not None else None)
     if dist.is_main:
         ckpts.clean_partials()
         atomic_write_json(run_dir / "run.json", record)
     logger = MetricsLogger(run_dir, start_step=start, total_steps=steps, enabled=dist.is_main,
                            progress=cfg.progress, tensorboard=cfg.tensorboard)
+    clock = {"train_s": 0.0}
 
     def checkpoint(step: int, kind: str) -> None:
-        """Collective: gather full state, then rank 0 measures telemetry and publishes atomically."""
-        sd = D.full_model_state(wrapped, cfg.parallel, dist) if fsdp else None
-        # no optimizer state before the first update (the FSDP state-dict API would otherwise
-        # initialise it with a zero-lr step, advancing AdamW's step count)
-        osd = D.optimizer_state(wrapped, optimizer, cfg.parallel, dist) if step > 0 else None
+        """Collective: gather the full model, then rank 0 measures telemetry and publishes atomically."""
+        host = checkpointer.gather(step)
         if dist.is_main:
-            host = model
-            if fsdp:                                        # a plain copy to save and to probe
-                host = LlamaForCausalLM(mcfg)
-                host.load_state_dict(sd)
-                host.to(dist.device)
-            tel = None
-            if cfg.telemetry and kind == "schedule":
-                tel = measure(host, vocab_size=data.vocab_size, special_ids=data.special_ids, bos_id=data.bos_id,
-                              sep_id=data.sep_id, span_length=cfg.span_length, seq_len=cfg.telemetry_seq_len,
-                              batch_size=cfg.telemetry_batch, heldout=data.heldout, eval_seq_len=cfg.seq_len,
-                              eval_tokens=cfg.eval_tokens, autocast_dtype=amp, seed=cfg.seed)
-                tel.update(step=step, tokens=step * cfg.tokens_per_update)
+            tel = telemetry.measure(host, step) if kind == "schedule" and telemetry.should_measure(step) else None
+            if tel is not None:
                 logger.log_eval(step, {"eval/heldout_loss": tel["heldout_loss"],
                                        "eval/max_induction": float(np.max(tel["scores"]["induction"]))})
-            trainer_state = {"step": step, "stream_step": step, "tokens": step * cfg.tokens_per_update,
-                             "optimizer": osd, "optimizer_format": "fqn" if fsdp else "plain",
-                             "scheduler": scheduler.state_dict(), "rng": rng_state(),
-                             "world_size": dist.world_size, "elapsed_s": elapsed0 + train_time}
-            meta = {"tokens": step * cfg.tokens_per_update, "kind": kind, "lr_next": scheduler.get_last_lr()[0]}
-            ckpts.save(step, model=host, state_dict=None, tokenizer=data.tokenizer, trainer_state=trainer_state,
-                       meta=meta, extra_json={"telemetry.json": tel} if tel is not None else None)
+            checkpointer.save(step, kind, host, elapsed_s=elapsed0 + clock["train_s"],
+                              extra_json={"telemetry.json": tel} if tel is not None else None)
             logger.write_csv()
             if tel is not None:
-                _write_tables(run_dir)
+                write_tables(run_dir)
         D.barrier(dist)
 
-    train_time = 0.0
+    # ---- loop -----------------------------------------------------------------------------------
     if start == 0 and 0 in schedule and resume is None:
         checkpoint(0, "schedule")
-
-    # ---- the loop ----------------------------------------------------------------------------
     last_loss = None
-    tok_s = None
-    per_rank = cfg.global_batch // dist.world_size
     for step in range(start, steps):
         t0 = time.perf_counter()
         batch = data.stream.batch(step)
-        ids = batch.input_ids[dist.rank * per_rank:(dist.rank + 1) * per_rank].to(dist.device)
-        loss_sum = 0.0
-        for i in range(accum):
-            mb = ids[i * cfg.micro_batch_size:(i + 1) * cfg.micro_batch_size]
-            with D.gradient_sync(wrapped, cfg.parallel, dist, sync=i == accum - 1), \
-                    torch.autocast(dist.device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                loss = wrapped(input_ids=mb, labels=mb).loss
-            (loss / accum).backward()
-            loss_sum += loss.item()
-        gnorm = D.clip_grad_norm(wrapped, cfg.grad_clip) if cfg.grad_clip > 0 else float("nan")
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        last_loss = D.mean_across(loss_sum / accum, dist)
+        last_loss, gnorm, lr = _update(parts, batch, cfg, dist)
         dt = time.perf_counter() - t0
-        train_time += dt
-        tok_s = cfg.tokens_per_update / dt
+        clock["train_s"] += dt
         if not math.isfinite(last_loss):
             raise InductionLabError(f"loss became {last_loss} at step {step + 1}; lower --lr or check the data")
         done = step + 1
         if done % cfg.log_every == 0 or done == steps:
             logger.log({"step": done, "tokens": done * cfg.tokens_per_update, "loss": last_loss, "lr": lr,
                         "grad_norm": gnorm, "synthetic_fraction": float(getattr(batch, "synthetic_fraction", 0.0)),
-                        "tokens_per_s": tok_s, "step_time_s": dt})
+                        "tokens_per_s": cfg.tokens_per_update / dt, "step_time_s": dt})
         if done in schedule:
             checkpoint(done, "schedule")
         elif cfg.save_every and done % cfg.save_every == 0:
             checkpoint(done, "rolling")
     logger.close()
 
-    # ---- record ------------------------------------------------------------------------------
+    # ---- finish ---------------------------------------------------------------------------------
+    train_time = clock["train_s"]
     results: dict[str, Any] = {"final_loss": last_loss, "steps": steps, "tokens": bud.tokens,
                                "train_time_s": elapsed0 + train_time,
                                "tokens_per_s": (steps - start) * cfg.tokens_per_update / train_time if train_time else None,
@@ -324,13 +320,7 @@ def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist) -> TrainResul
                                                         / train_time) if train_time else None}
     if dist.is_main and cfg.telemetry:
         heads, evals = read_telemetry(run_dir)
-        summ = summarize(heads)
-        final = summ[summ["step"] == summ["step"].max()].set_index("score")
-        results.update({"emergence_step": emergence_step(summ, cfg.induction_threshold),
-                        "induction_threshold": cfg.induction_threshold,
-                        "final_max_induction": float(final.loc["induction", "max"]),
-                        "final_max_anti_induction": float(final.loc["anti_induction", "max"]),
-                        "final_heldout_ppl": _float_or_none(evals.sort_values("step")["heldout_ppl"].iloc[-1])})
+        results.update(run_summary(heads, evals, cfg.induction_threshold))
     record.update(status="complete", results=results, finished=time.time())
     if dist.is_main:
         atomic_write_json(run_dir / "run.json", record)
@@ -338,16 +328,57 @@ def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist) -> TrainResul
     return TrainResult(run_dir, steps, bud.tokens, last_loss, results["tokens_per_s"], record)
 
 
-def _float_or_none(x) -> float | None:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+def _resume(parts: _Parts, path: Path, cfg: TrainConfig, dist: D.Dist, fsdp: bool) -> tuple[int, float]:
+    """Load optimizer, schedule and RNG state of checkpoint ``path``; return (step, elapsed seconds)."""
+    state = CheckpointManager.load_trainer_state(path)
+    fmt = "fqn" if fsdp else "plain"
+    if state.get("optimizer_format") != fmt:
+        raise InductionLabError(f"checkpoint {path} was written in {state.get('optimizer_format')} "
+                                f"optimizer format; resume it with the same --parallel mode")
+    if state["optimizer"] is not None:
+        D.load_optimizer_state(parts.wrapped, parts.optimizer, state["optimizer"], cfg.parallel, dist)
+    parts.scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return int(state["step"]), float(state.get("elapsed_s", 0.0))
 
 
-def _write_tables(run_dir: Path) -> None:
-    """Rebuild the run-level telemetry tables from the checkpoints' telemetry.json (atomic)."""
-    heads, evals = read_telemetry(run_dir)
-    atomic_write_text(run_dir / "telemetry_heads.csv", heads.to_csv(index=False))
-    atomic_write_text(run_dir / "telemetry_eval.csv", evals.to_csv(index=False))
-    atomic_write_text(run_dir / "telemetry_summary.csv", summarize(heads).to_csv(index=False))
+def _update(parts: _Parts, batch, cfg: TrainConfig, dist: D.Dist) -> tuple[float, float, float]:
+    """One optimizer update on this rank's share of ``batch`` (gradient accumulation over
+    micro-batches); returns (mean loss across ranks in nats/token, gradient norm, learning rate used)."""
+    accum = cfg.accum_steps(dist.world_size)
+    per_rank = cfg.global_batch // dist.world_size
+    ids = batch.input_ids[dist.rank * per_rank:(dist.rank + 1) * per_rank].to(dist.device)
+    amp, wrapped = parts.amp, parts.wrapped
+    loss_sum = 0.0
+    for i in range(accum):
+        mb = ids[i * cfg.micro_batch_size:(i + 1) * cfg.micro_batch_size]
+        with D.gradient_sync(wrapped, cfg.parallel, dist, sync=i == accum - 1), \
+                torch.autocast(dist.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            loss = wrapped(input_ids=mb, labels=mb).loss
+        (loss / accum).backward()
+        loss_sum += loss.item()
+    gnorm = D.clip_grad_norm(wrapped, cfg.grad_clip) if cfg.grad_clip > 0 else float("nan")
+    lr = parts.scheduler.get_last_lr()[0]
+    parts.optimizer.step()
+    parts.scheduler.step()
+    parts.optimizer.zero_grad(set_to_none=True)
+    return D.mean_across(loss_sum / accum, dist), gnorm, lr
 
 
-__all__ = ["TrainData", "TrainResult", "open_data", "train", "lr_factor"]
+def _record(cfg, data, dist, parts, bud, identity, schedule, existing, resumed_from) -> dict:
+    """The run record (``run.json``) of a run in progress."""
+    return {
+        "kind": "train", "status": "running", "identity": identity, "config": cfg.to_dict(),
+        "model_config": parts.mcfg.to_dict(), "budget": bud.to_dict(), "checkpoint_steps": sorted(schedule),
+        "world_size": dist.world_size, "parallel": cfg.parallel if dist.distributed else "none",
+        "device": str(dist.device), "autocast": str(parts.amp) if parts.amp else "fp32",
+        "accumulation_steps": cfg.accum_steps(dist.world_size),
+        "seeds": {"init": cfg.seed, "curriculum": cfg.seed if cfg.curriculum.seed is None else cfg.curriculum.seed,
+                  "telemetry": cfg.seed}, "versions": versions(),
+        "started": existing.get("started", time.time()) if existing else time.time(),
+        "resumed_from_step": resumed_from,
+        "stream": data.stream.describe() if hasattr(data.stream, "describe") else None,
+    }
+
+
+__all__ = ["TrainData", "TrainResult", "open_data", "check_data", "train", "lr_factor"]

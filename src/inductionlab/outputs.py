@@ -1,0 +1,62 @@
+"""Output paths checked up front: before any model, corpus or tokenizer is loaded, a command
+knows it can write where it was told to (issue 11 §3).
+
+    check_output_dir(path, "--out")     a directory to create or fill
+    check_output_file(path, "--plot")   a file to create or replace
+
+Both probe the nearest existing ancestor by creating (and removing) a temporary directory in it,
+so a read-only mount, a folder without write permission (as any user) and a full path through a
+file are all caught, with one line naming the option and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import InductionLabError
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _probe(parent: Path, path: Path, option: str) -> None:
+    if not parent.is_dir():
+        raise InductionLabError(f"{option} {path} lies under {parent}, which is a file; pass a path in a directory")
+    try:
+        tempfile.TemporaryDirectory(prefix=".inductionlab-probe-", dir=parent).cleanup()
+    except OSError as e:
+        raise InductionLabError(f"{option} {path}: cannot write in {parent} ({e.strerror or e}); "
+                                "pass a path in a writable directory") from None
+
+
+def check_output_dir(path: str | os.PathLike, option: str = "--out") -> Path:
+    """Raise unless ``path`` is (or can become) a writable directory.
+
+    Raises:
+        InductionLabError: ``path`` is an existing file, lies under a file, or its nearest
+            existing ancestor is not writable (read-only folder or file system).
+    """
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise InductionLabError(f"{option} {p} is an existing file, not a directory; pass a directory path")
+    _probe(p if p.is_dir() else _nearest_existing(p.parent), p, option)
+    return p
+
+
+def check_output_file(path: str | os.PathLike, option: str = "--out") -> Path:
+    """Raise unless a file can be written at ``path``.
+
+    Raises:
+        InductionLabError: ``path`` is a directory, lies under a file, or its folder is not writable.
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise InductionLabError(f"{option} {p} is a directory; pass a file path")
+    _probe(_nearest_existing(p.parent), p, option)
+    return p
