@@ -86,7 +86,8 @@ def test_config_files_and_typos(tmp_path):
 
 
 def test_bad_budgets_and_values():
-    base = dict(data="d", out="o", preset="cpu-tiny", seq_len=64, tokens_per_update=1024, micro_batch_size=8)
+    base = dict(data="d", out="o", preset="cpu-tiny", seq_len=64, tokens_per_update=1024, micro_batch_size=8,
+                telemetry_seq_len=12)
     with pytest.raises(InductionLabError, match="smaller than one update"):
         TrainConfig(**base, tokens=1000).validate()
     with pytest.raises(InductionLabError, match="does not split"):

@@ -44,7 +44,7 @@ def check_output_dir(path: str | os.PathLike, option: str = "--out") -> Path:
     """
     p = Path(path).expanduser()
     if p.exists() and not p.is_dir():
-        raise InductionLabError(f"{option} {p} is an existing file, not a directory; pass a directory path")
+        raise InductionLabError(f"{option} {p} is a file, not a directory; pass a directory path")
     _probe(p if p.is_dir() else _nearest_existing(p.parent), p, option)
     return p
 
