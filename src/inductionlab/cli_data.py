@@ -15,7 +15,7 @@ from .curriculum import SPAN_SOURCES, VARIANTS, BiInductStream, Batch, Curriculu
 from .data.shards import TokenShards, prepare_corpus
 from .errors import InductionLabError
 from .cli_options import run_dir_options
-from .outputs import check_output_dir, check_output_file
+from .outputs import check_output_file
 
 
 @click.group()

@@ -4,10 +4,13 @@
     data        TokenShards + Bi-Induct stream           (inductionlab.data, inductionlab.curriculum)
     parallel    torchrun / DDP / FSDP2                   (distributed.py)
     optimizer   AdamW + warm-up/cosine                   (schedule.py)
-    checkpoint  log-spaced, atomic, verified resume      (checkpoint.py)
-    telemetry   head scores + held-out perplexity        (telemetry.py)
+    checkpoint  Checkpointer: FSDP gather + atomic, verified, log-spaced checkpoints   (checkpoint.py)
+    telemetry   Telemetry: should_measure(step) / measure(model, step); run_summary   (telemetry.py)
     metrics     JSONL/CSV, TensorBoard, progress bar     (metrics.py)
     budget      iso-FLOPs accounting                     (flops.py)
+
+``_train`` reads as check → build → resume → loop → finish; nothing is written before the
+config, the output path and the data have been checked.
 
 One optimizer step consumes ``stream.batch(step)``: the global batch of ``tokens_per_update``
 tokens, which rank r slices to its share and cuts into micro-batches (gradient accumulation).
