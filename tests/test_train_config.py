@@ -106,3 +106,41 @@ def test_iso_flops_check_refuses_different_budgets():
     b = budget(c, seq_len=64, tokens_per_update=1024, steps=11).to_dict()
     with pytest.raises(InductionLabError, match="not matched-compute: steps is 10 vs 11"):
         check_iso_flops({"base": a, "bi": b})
+
+
+def test_curriculum_is_nested(tmp_path):
+    from inductionlab.curriculum import CurriculumConfig
+    (tmp_path / "n.yaml").write_text("curriculum:\n  variant: balanced\n  span_length: 8\n  span_length_range: [4, 12]\n"
+                                     "  m0: 0.25\n")
+    c = load_config(tmp_path / "n.yaml").curriculum
+    assert c == CurriculumConfig(variant="balanced", span_length=8, span_length_range=(4, 12), m0=0.25)
+    assert config_from_dict({"curriculum": "anti"}).curriculum.variant == "anti"          # shorthand
+    assert config_from_dict({"curriculum.m0": "0.1"}).curriculum.m0 == 0.1                 # dotted key
+    assert TrainConfig(curriculum="induction").curriculum == CurriculumConfig(variant="induction")
+    # old flat keys are refused with the new key's name
+    for key, new in (("span_length", "curriculum.span_length"), ("m0", "curriculum.m0"),
+                     ("span_length_min", "curriculum.span_length_range"), ("anneal_tokens", "curriculum.anneal_tokens")):
+        with pytest.raises(InductionLabError, match=f"config key '{key}' is now '{new}'"):
+            config_from_dict({key: 1})
+    with pytest.raises(InductionLabError, match="unknown config key 'curriculum.spanlength'; did you mean "
+                                                "'curriculum.span_length'"):
+        config_from_dict({"curriculum": {"spanlength": 3}})
+    with pytest.raises(InductionLabError, match="'curriculum.span_length_range' needs"):
+        config_from_dict({"curriculum": {"span_length_range": "a,b"}})
+
+
+def test_help_from_field_metadata_and_same_curriculum_flags():
+    import dataclasses
+
+    from inductionlab.cli_data import curriculum_preview
+    from inductionlab.cli_train import train_cmd
+    from inductionlab.curriculum import CurriculumConfig
+    for cls in (TrainConfig, CurriculumConfig):
+        for f in dataclasses.fields(cls):
+            assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
+    flags = {c.name: {p.name: tuple(p.opts) for p in c.params} for c in (train_cmd, curriculum_preview)}
+    cur = {k: v for k, v in flags["train"].items() if k.startswith("cur_")}
+    assert len(cur) == 7 and cur == {k: v for k, v in flags["preview"].items() if k.startswith("cur_")}
+    assert cur["cur_variant"] == ("--curriculum", "--variant")
+    helps = {p.name: p.help for p in train_cmd.params}
+    assert helps["lr"].startswith("Peak learning rate") and helps["cur_m0"].startswith("Initial synthetic-token")

@@ -16,8 +16,8 @@ from transformers import LlamaForCausalLM
 from inductionlab.cli import main
 from inductionlab.train.config import model_config
 from inductionlab.train.flops import budget
-from inductionlab.train.telemetry import (copy_offset_targets, copy_offset_scores, emergence_step, heldout_loss,
-                                          measure, summarize)
+from inductionlab.train.telemetry import (Telemetry, copy_offset_targets, copy_offset_scores, emergence_step,
+                                          heldout_loss, measure, run_summary, summarize)
 
 
 def uniform_model(vocab=60, ctx=64):
@@ -79,6 +79,34 @@ def test_summaries_and_emergence_hand_worked():
     assert s.loc[0, "concentration"] == pytest.approx(0.2 / 0.4)
     summ = summarize(_table())
     assert emergence_step(summ, 0.4) == 10 and emergence_step(summ, 0.55) == 100 and emergence_step(summ, 0.9) is None
+
+
+def test_run_summary_hand_worked():
+    heads = pd.concat([_table(), _table().assign(score="anti_induction", value=lambda d: d["value"] / 10)])
+    evals = pd.DataFrame({"step": [100, 0, 10], "tokens": [10000, 0, 1000], "heldout_loss": [1.0, 3.0, 2.0],
+                          "heldout_ppl": [math.e, math.e ** 3, math.e ** 2]})
+    r = run_summary(heads, evals, 0.4)
+    # first step with max induction > 0.4: step 10 (max 0.5), 1000 tokens; final (step 100): max 0.6 at L0H1
+    assert (r["emergence_step"], r["emergence_tokens"], r["induction_threshold"]) == (10, 1000, 0.4)
+    assert r["final"]["induction"] == {"max": 0.6, "top2pct_mean": 0.6, "max_layer_head": [0, 1]}
+    assert r["final_max_induction"] == 0.6 and r["final_max_anti_induction"] == pytest.approx(0.06)
+    assert r["final_heldout_ppl"] == pytest.approx(math.e)            # the last step's, not the last row's
+    assert run_summary(heads, evals, 0.55)["emergence_step"] == 100
+    assert run_summary(heads, evals.assign(heldout_ppl=float("nan")), 0.9)["final_heldout_ppl"] is None
+
+
+def test_telemetry_component_measures_at_scheduled_steps():
+    from inductionlab.train import TrainConfig
+    cfg = TrainConfig(telemetry_seq_len=10, telemetry_batch=2, eval_tokens=0, tokens_per_update=64, seq_len=32)
+    data = type("D", (), {"vocab_size": 60, "special_ids": (0,), "bos_id": None, "sep_id": 1, "heldout": None})()
+    cfg.curriculum.span_length = 5
+    tel = Telemetry(cfg, data, schedule={0, 4, 16})
+    assert [s for s in range(20) if tel.should_measure(s)] == [0, 4, 16]
+    t = tel.measure(uniform_model(), 4)
+    assert (t["step"], t["tokens"], t["heldout_loss"]) == (4, 256, None)
+    np.testing.assert_allclose(t["scores"]["induction"], np.mean([1 / (i + 1) for i in range(10, 20)]), rtol=1e-5)
+    cfg.telemetry = False
+    assert not tel.should_measure(4)
 
 
 def _fake_run(d, steps, scale, curriculum):

@@ -65,13 +65,16 @@ def corpus_info(path, verify) -> None:
 def _print_info(s: TokenShards) -> None:
     m = s.manifest
     t = m["tokenizer"]
-    click.echo(f"corpus: {s.path}  (source {m['source']['spec']}, {m['documents']} documents, "
-               f"{m['characters']:,} characters)")
-    click.echo(f"tokenizer: {t['spec']} vocab {t['vocab_size']}  eos {t['eos_id']} "
-               f"bos {t['bos_id']} sep {t['sep_id']} ({t['sep_token']!r})  dtype {m['dtype']}")
-    click.echo(f"held-out fraction: {m['heldout_fraction']:.4g} ({m['heldout_fraction_requested']})")
+    src = m.get("source", {}).get("spec", "?") if isinstance(m.get("source"), dict) else "?"
+    click.echo(f"corpus: {s.path}  (source {src}, {m.get('documents', '?')} documents, "
+               f"{m.get('characters', 0):,} characters)")
+    click.echo(f"tokenizer: {t.get('spec', '?')} vocab {s.vocab_size}  eos {s.eos_id} "
+               f"bos {s.bos_id} sep {s.sep_id} ({t.get('sep_token')!r})  dtype {m['dtype']}")
+    frac = m.get("heldout_fraction")
+    click.echo(f"held-out fraction: {frac if frac is None else format(frac, '.4g')} "
+               f"({m.get('heldout_fraction_requested')})")
     for split, c in m["splits"].items():
-        click.echo(f"  {split:8s} {c['documents']:>8,} documents {c['tokens']:>12,} tokens")
+        click.echo(f"  {split:8s} {c.get('documents', 0):>8,} documents {c['tokens']:>12,} tokens")
 
 
 def _cur_help(name: str) -> str:
