@@ -303,3 +303,22 @@ def test_sparse_word_level_tokenizer(tmp_path):
     assert int(s.train.max()) == 70_000 and s.manifest["dtype"] == "uint32"
     assert model_config("cpu-tiny", s.vocab_size).vocab_size == 70_001  # the embedding holds id 70,000
     s.check_ids()
+
+
+def test_overwrite_means_start_afresh_in_telemetry_and_prepare(tmp_path):
+    run = _fake_run(tmp_path / "run")
+    out = tmp_path / "t"
+    out.mkdir()
+    (out / "old.txt").write_text("x")
+    _refused(["telemetry", run, "--out", out], "pass a new --out or --overwrite", tmp_path)
+    r = CliRunner().invoke(main, ["telemetry", str(run), "--out", str(out), "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert not (out / "old.txt").exists() and (out / "telemetry.json").is_file()
+    (tmp_path / "c.txt").write_text("\n\n".join(f"paragraph {i} with some words" for i in range(60)))
+    _refused(["corpus", "prepare", tmp_path / "c.txt", "--out", out, "--vocab-size", "300"],
+             "pass a new --out or --overwrite", tmp_path)
+    r = CliRunner().invoke(main, ["corpus", "prepare", str(tmp_path / "c.txt"), "--out", str(out), "--vocab-size",
+                                  "300", "--heldout-fraction", "0", "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in out.iterdir()) == sorted(["heldout.bin", "manifest.json", "tokenizer.json",
+                                                            "tokenizer_config.json", "train.bin"])
