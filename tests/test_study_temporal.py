@@ -15,7 +15,8 @@ from inductionlab.lag_probe import LagProbeConfig, LagProbeResult
 from inductionlab.serial_recall import SerialRecallConfig, SerialRecallResult
 from inductionlab.study_temporal import TemporalStudyConfig, default_ks, headline_table, run_temporal_study, verdicts
 
-SMALL = dict(n_permutations=6, list_length=30, cue_position=15, recall_trials=4, recall_list_length=6, n_shots=2,
+SMALL = dict(lag=LagProbeConfig(n_permutations=6, list_length=30, cue_position=15),
+             recall=SerialRecallConfig(n_trials=4, list_length=6, n_shots=2),
              ks=[1, 2], n_draws=2, load_bearing_top=2, load_bearing_permutations=4, score_seq_len=20,
              score_batch_size=4)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import make_tiny
-from inductionlab.batching import last_token_logits, pad_left
+from inductionlab.protocol import last_token_logits, pad_left
 
 
 def test_pad_left_layout():
