@@ -5,6 +5,16 @@ CPU) before and after, then
 
     python bench/compare_runs.py BEFORE_DIR AFTER_DIR [--ignore timings versions ...]
 
+The runs used for issue 8 (tiny random Llama from tests/_tiny.py `tiny_llama_dir(Path(M))`,
+OMP_NUM_THREADS=1, mean ablation so the reference batch and batching are exercised):
+
+    inductionlab analyze --model M --out OUT/analyze --dtype float32 --n-permutations 4 --list-length 30 \
+        --cue-position 15 --ks 1,2 --n-draws 2 --score-seq-len 10 --score-batch-size 4 --top 3 --quiet \
+        --method mean --batch-size 3
+    inductionlab study temporal --model M --out OUT/study --dtype float32 --permutations 5 --list-length 30 \
+        --cue-position 15 --recall-trials 4 --recall-list-length 6 --shots 2 --ks 1,2 --n-draws 2 \
+        --load-bearing-top 2 --load-bearing-permutations 4 --batch-size 3 --no-progress --threads 1 --method mean
+
 Every leaf of results.json is compared exactly (tolerance 0; NaN equals NaN), and every CSV file
 (analyze: top level; study: tables/) byte for byte. Prints each difference as a JSON path and
 exits 1 if any value differs. Keys ignored by default: timings, versions (they are meant to

@@ -13,18 +13,16 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import torch
 
-from . import lag_probe, plots, report
+from . import lag_probe, report
 from .ablation import ablation_conditions, default_exclude_top_n, top_k_heads
 from .errors import InductionLabError
 from .instrument import self_check
 from .lag_probe import LagProbeConfig, LagProbeResult
 from .models import LoadedModel
 from .protocol import check_method
-from .runs import ResumableRun, atomic_write_bytes, atomic_write_json, atomic_write_text, versions
+from .runs import ResumableRun, atomic_write_json, atomic_write_text, versions
 from .scores import HeadScores
 from .study import Phase, check_ks, head_scores_piece, run_phases
 
@@ -149,36 +147,9 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
     }
     res = AnalyzeResult(loaded, hs, lag, timings, record)
     t = time.perf_counter()
-    write_outputs(out, res)
+    report.write_analyze_outputs(out, res)
     timings["write_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
     atomic_write_text(out / "report.md", report.analyze_report(res))
     atomic_write_json(out / "results.json", record)
     return res
-
-
-def write_outputs(d: Path, res: AnalyzeResult) -> None:
-    """CSV tables, PNG plots and per-trial arrays (each file written atomically)."""
-    import io
-
-    hs = res.scores
-    L, H = hs["induction"].shape
-    heads = pd.DataFrame([{"layer": l, "head": h, **{n: float(v[l, h]) for n, v in hs.scores.items()}}
-                          for l in range(L) for h in range(H)])
-    summary, headline = res.lag.summary(), res.lag.headline()
-    for df, name in ((heads, "head_scores.csv"), (summary, "lag_curves.csv"), (headline, "lag_headline.csv")):
-        atomic_write_text(d / name, df.to_csv(index=False))
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **{f"probs/{k}": v for k, v in res.lag.probs.items()})
-    atomic_write_bytes(d / "lag_trials.npz", buf.getvalue())
-    name = res.loaded.identity["name"]
-    plots.head_heatmaps(hs.scores, d / "head_scores.png", title=name)
-    shown = ["intact"] + [c for c in summary["condition"].unique()
-                          if c.startswith("induction-") or (c.startswith("random-") and "-d" not in c)]
-    lc = res.lag.config
-    sub = f"{lc.n_permutations} trials/condition, {lc.method} ablation, random = mean of draws"
-    intact = headline[headline["condition"] == "intact"].iloc[0]
-    plots.lag_curves(summary, d / "lag_curve.png", conditions=shown, title=f"{name}: lag probe\n{sub}",
-                     chance=float(intact["list_mass"]) / lc.list_length)
-    plots.lag_curves(summary, d / "lag_curve_renorm.png", conditions=shown, column="mean_renorm",
-                     title=f"{name}: lag probe, renormalised over the list\n{sub}", chance=1 / lc.list_length)

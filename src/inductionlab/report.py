@@ -1,10 +1,21 @@
-"""Markdown reports, built from shared pieces: the model line, CI formatting, CI tables.
+"""What a run directory holds besides checkpoints: tables, figures and the Markdown report,
+built from shared pieces (the model line, CI formatting).
 
-Each report takes a finished result (its tables are computed elsewhere) and returns text; the
-caller writes it atomically. Figures are in :mod:`inductionlab.plots`.
+Each writer takes a finished result (its numbers are computed elsewhere) and writes every file
+atomically; figures are drawn by :mod:`inductionlab.plots`.
 """
 
 from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import plots
+from .crp import lag_probe_crp
+from .runs import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 
 def model_line(identity: dict) -> str:
@@ -164,3 +175,80 @@ def temporal_report(study, measures: dict[str, str]) -> str:
     lines += ["## Head scores", "", "![head scores](plots/head_scores.png)", "",
               "All numbers: `results.json`; tables: `tables/`.", ""]
     return "\n".join(lines)
+
+
+def write_analyze_outputs(d: Path, res) -> None:
+    """The tables, figures and per-trial arrays of :func:`inductionlab.analyze.analyze` (each file
+    written atomically; report.md and results.json are written last, by the job)."""
+    hs = res.scores
+    L, H = hs["induction"].shape
+    heads = pd.DataFrame([{"layer": l, "head": h, **{n: float(v[l, h]) for n, v in hs.scores.items()}}
+                          for l in range(L) for h in range(H)])
+    summary, headline = res.lag.summary(), res.lag.headline()
+    for df, name in ((heads, "head_scores.csv"), (summary, "lag_curves.csv"), (headline, "lag_headline.csv")):
+        atomic_write_text(d / name, df.to_csv(index=False))
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **{f"probs/{k}": v for k, v in res.lag.probs.items()})
+    atomic_write_bytes(d / "lag_trials.npz", buf.getvalue())
+    name = res.loaded.identity["name"]
+    plots.head_heatmaps(hs.scores, d / "head_scores.png", title=name)
+    shown = ["intact"] + [c for c in summary["condition"].unique()
+                          if c.startswith("induction-") or (c.startswith("random-") and "-d" not in c)]
+    lc = res.lag.config
+    sub = f"{lc.n_permutations} trials/condition, {lc.method} ablation, random = mean of draws"
+    intact = headline[headline["condition"] == "intact"].iloc[0]
+    plots.lag_curves(summary, d / "lag_curve.png", conditions=shown, title=f"{name}: lag probe\n{sub}",
+                     chance=float(intact["list_mass"]) / lc.list_length)
+    plots.lag_curves(summary, d / "lag_curve_renorm.png", conditions=shown, column="mean_renorm",
+                     title=f"{name}: lag probe, renormalised over the list\n{sub}", chance=1 / lc.list_length)
+
+
+def write_temporal_outputs(out: Path, study, measures: dict[str, str]) -> None:
+    """The run directory of :func:`inductionlab.study_temporal.run_temporal_study`: results.json,
+    tables/, plots/ and report.md (each file written atomically). ``measures``: measure -> label."""
+    name, ks, method = study.loaded.identity["name"], study.ks, study.lag.config.method
+    lag, recall, lb_table, conc, head, hs = (study.lag, study.recall, study.load_bearing, study.concentration,
+                                             study.headline, study.scores)
+    tables, figs = out / "tables", out / "plots"
+    L, H = hs["induction"].shape
+
+    def csv(df, fname):
+        atomic_write_text(tables / fname, df.to_csv(index=False))
+
+    csv(pd.DataFrame([{"layer": l, "head": h, **{n: float(v[l, h]) for n, v in hs.scores.items()}}
+                      for l in range(L) for h in range(H)]), "head_scores.csv")
+    summary = lag.summary()
+    csv(summary, "lag_curves.csv")
+    csv(lag.headline(), "lag_headline.csv")
+    crp = lag_probe_crp(lag)
+    csv(crp, "lag_crp_argmax.csv")
+    csv(recall.headline(), "recall_headline.csv")
+    csv(recall.positions(), "recall_positions.csv")
+    trans = recall.transition_curve()
+    csv(trans, "recall_transition_curve.csv")
+    csv(recall.crp(), "recall_crp.csv")
+    csv(head, "headline.csv")
+    csv(pd.DataFrame([{k: v for k, v in d.items() if k != "per_k"} for d in study.verdicts]), "verdicts.csv")
+    if lb_table is not None:
+        csv(lb_table, "load_bearing.csv")
+
+    plots.head_heatmaps(hs.scores, figs / "head_scores.png", title=name)
+    for k in ks:
+        plots.lag_curves(summary, figs / f"lag_curves_k{k}.png", conditions=["intact", f"induction-{k}", f"random-{k}"],
+                         title=f"{name}: lag probe, k = {k} heads ablated ({method})")
+    kmax = ks[-1]
+    plots.ablation_vs_k(head, {m: measures[m] for m in ("lag_plus1", "recall_accuracy", "recall_lag_plus1")},
+                        figs / "ablation_vs_k.png", title=f"{name}: induction vs random ablation ({method})")
+    plots.tidy_curves(trans, figs / "recall_transition_curve.png", ["intact", f"induction-{kmax}", f"random-{kmax}"],
+                      "lag (item position − previous item's position)", "p(next = item at lag), renormalised over list",
+                      f"{name}: serial recall transitions")
+    shown = ["intact", f"induction-{kmax}"] + [c.name for c in lag.conditions if c.kind == "random" and c.k == kmax][:1]
+    plots.tidy_curves(crp[crp.lag.abs() <= 10], figs / "lag_crp_argmax.png", shown, "lag", "CRP (arg-max response)",
+                      f"{name}: psifr-style lag-CRP of the arg-max response", value="prob")
+    if lb_table is not None:
+        plots.load_bearing_scatter(lb_table, {m: measures[m] for m in conc}, figs / "load_bearing.png",
+                                   title=f"{name}: per-head effect of ablating one induction head ({method})")
+        plots.concentration_curve({measures[m]: conc[m] for m in ("lag_plus1", "recall_lag_plus1")},
+                                  figs / "concentration.png", title=f"{name}: concentration of the lag +1 effect")
+    atomic_write_json(out / "results.json", study.record)
+    atomic_write_text(out / "report.md", temporal_report(study, measures))

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import lag_probe, plots, report, serial_recall
+from . import lag_probe, report, serial_recall
 from .ablation import Condition, ablation_conditions, default_exclude_top_n
 from .crp import lag_probe_crp
 from .errors import InductionLabError
@@ -49,9 +49,10 @@ from .lag_probe import LagProbeConfig, LagProbeResult
 from .load_bearing import concentration, load_bearing_table, single_head_conditions
 from .models import LoadedModel
 from .protocol import auto_batch_size, check_method
-from .runs import ResumableRun, atomic_write_json, atomic_write_text, versions
+from .runs import ResumableRun, atomic_write_json, versions
 from .scores import HeadScores
 from .serial_recall import SerialRecallConfig, SerialRecallResult
+from .report import fmt_ci, row_ci
 from .stats import ci
 from .study import Phase, check_ks, head_scores_piece, run_phases
 
@@ -252,7 +253,7 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     }
     study = TemporalStudy(loaded, cfg, hs, conditions, lag, recall, lb_table, conc, head, verd, record, ks, timings)
     t = time.perf_counter()
-    write_outputs(out, study)
+    report.write_temporal_outputs(out, study, MEASURES)
     timings["write_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t_start
     atomic_write_json(out / "timing.json", {"resumed": resumed, "this_session_s": timings})
@@ -337,120 +338,68 @@ def verdicts(lag: LagProbeResult, recall: SerialRecallResult, head: pd.DataFrame
     (d) at k: the paired difference of teacher-forced serial-recall accuracy random − induction
         has a CI above 0; reproduced like (b) (majority of ks, contradicted at none).
     """
-    f = lambda m, lo, hi: f"{m:.3g} [{lo:.3g}, {hi:.3g}]"  # noqa: E731
+    lp = {int(r.k): r for r in head[head.measure == "lag_plus1"].itertuples()}
+    ra = {int(r.k): r for r in head[head.measure == "recall_accuracy"].itertuples()}
+    return [_claim_a(lag), *_claims_b_c(lp, ks), _claim_d(ra, ks)]
+
+
+def _majority(per_k: dict, ks: list[int]) -> bool:
+    """Holds at half of the ks or more, and random − induction is significantly negative at none."""
+    hold = [per_k[k]["holds"] for k in ks]
+    against = [per_k[k]["random_minus_induction"][2] < 0 for k in ks]
+    return bool(sum(hold) * 2 >= len(hold) and not any(against))
+
+
+def _triple(r, name: str) -> list[float]:
+    return [getattr(r, name), getattr(r, f"{name}_ci_low"), getattr(r, f"{name}_ci_high")]
+
+
+def _claim_a(lag: LagProbeResult) -> dict:
     s = lag.summary()
     cur = s[(s.condition == "intact") & (s.lag != 0)].sort_values("mean", ascending=False)
     best, second = cur.iloc[0], cur.iloc[1]
     p1 = cur[cur.lag == 1].iloc[0]
-    a_ok = bool(best.lag == 1 and p1.ci_low > second.ci_high)
     runner = second if best.lag == 1 else best
-    out = [{"claim": "a", "text": "the intact lag curve peaks at lag +1", "reproduced": a_ok,
+    return {"claim": "a", "text": "the intact lag curve peaks at lag +1",
+            "reproduced": bool(best.lag == 1 and p1.ci_low > second.ci_high),
             "rule": "highest lag (0 excluded) is +1 and its CI lies above the next highest lag's CI",
-            "evidence": f"p(+1) = {f(p1['mean'], p1.ci_low, p1.ci_high)}; highest other lag {int(runner.lag):+d}: "
-                        f"{f(runner['mean'], runner.ci_low, runner.ci_high)}"}]
+            "evidence": f"p(+1) = {fmt_ci(p1['mean'], p1.ci_low, p1.ci_high)}; highest other lag {int(runner.lag):+d}: "
+                        f"{fmt_ci(runner['mean'], runner.ci_low, runner.ci_high)}"}
 
-    def rows(measure):
-        return {int(r.k): r for r in head[head.measure == measure].itertuples()}
 
-    def majority(per_k):
-        hold = [per_k[k]["holds"] for k in ks]
-        against = [per_k[k]["random_minus_induction"][2] < 0 for k in ks]
-        return bool(sum(hold) * 2 >= len(hold) and not any(against))
-
-    lp = rows("lag_plus1")
+def _claims_b_c(lp: dict, ks: list[int]) -> list[dict]:
     per_b, per_c = {}, {}
     for k in ks:
         r = lp[k]
         d_ind, d_rnd = r.intact - r.induction, r.intact - r.random
         per_b[k] = {"holds": bool(r.random_minus_induction_ci_low > 0 and d_ind > 0 and d_ind >= 2 * max(d_rnd, 0.0)),
                     "induction_drop": d_ind, "random_drop": d_rnd,
-                    "random_minus_induction": [r.random_minus_induction, r.random_minus_induction_ci_low,
-                                               r.random_minus_induction_ci_high]}
+                    "random_minus_induction": _triple(r, "random_minus_induction")}
         per_c[k] = {"holds": bool(r.random >= 0.9 * r.intact or r.random_minus_intact_ci_high >= 0),
-                    "random": [r.random, r.random_ci_low, r.random_ci_high],
-                    "random_minus_intact": [r.random_minus_intact, r.random_minus_intact_ci_low,
-                                            r.random_minus_intact_ci_high]}
-    kmax = ks[-1]
-    r = lp[kmax]
-    out.append({"claim": "b", "text": "induction-head ablation lowers p(lag +1) far more than random ablation",
-                "reproduced": majority(per_b), "per_k": per_b,
-                "rule": "random − induction CI > 0 and induction drop ≥ 2 × random drop at ≥ half the ks, "
-                        "significantly reversed at none",
-                "evidence": f"intact {f(r.intact, r.intact_ci_low, r.intact_ci_high)}; " + "; ".join(
-                    f"k={k}: induction {f(lp[k].induction, lp[k].induction_ci_low, lp[k].induction_ci_high)}, random "
-                    f"{f(lp[k].random, lp[k].random_ci_low, lp[k].random_ci_high)}" for k in ks)
-                    + f"; held at {sum(v['holds'] for v in per_b.values())}/{len(ks)} ks"})
+                    "random": _triple(r, "random"), "random_minus_intact": _triple(r, "random_minus_intact")}
     up = [k for k in ks if lp[k].random_minus_intact_ci_low > 0]
-    out.append({"claim": "c", "text": "random ablation leaves p(lag +1) intact or raises it",
-                "reproduced": all(v["holds"] for v in per_c.values()), "per_k": per_c,
-                "rule": "at every k: random ≥ 0.9 × intact, or the random − intact CI reaches 0",
-                "evidence": "; ".join(f"k={k}: random − intact {f(*v['random_minus_intact'])}" for k, v in per_c.items())
-                            + (f" (significantly raised at k = {', '.join(map(str, up))})" if up else "")})
-    ra = rows("recall_accuracy")
-    per_d = {}
-    for k in ks:
-        r = ra[k]
-        per_d[k] = {"holds": bool(r.random_minus_induction_ci_low > 0),
-                    "intact": r.intact, "induction": r.induction, "random": r.random,
-                    "random_minus_induction": [r.random_minus_induction, r.random_minus_induction_ci_low,
-                                               r.random_minus_induction_ci_high]}
-    r = ra[kmax]
-    out.append({"claim": "d", "text": "serial recall suffers more under induction ablation than under random ablation",
-                "reproduced": majority(per_d), "per_k": per_d,
-                "rule": "teacher-forced accuracy random − induction CI > 0 at ≥ half the ks, significantly reversed at none",
-                "evidence": f"accuracy intact {f(r.intact, r.intact_ci_low, r.intact_ci_high)}; " + "; ".join(
-                    f"k={k}: induction {f(ra[k].induction, ra[k].induction_ci_low, ra[k].induction_ci_high)}, random "
-                    f"{f(ra[k].random, ra[k].random_ci_low, ra[k].random_ci_high)}" for k in ks)
-                    + f"; held at {sum(v['holds'] for v in per_d.values())}/{len(ks)} ks"})
-    return out
+    b = {"claim": "b", "text": "induction-head ablation lowers p(lag +1) far more than random ablation",
+         "reproduced": _majority(per_b, ks), "per_k": per_b,
+         "rule": "random − induction CI > 0 and induction drop ≥ 2 × random drop at ≥ half the ks, "
+                 "significantly reversed at none",
+         "evidence": f"intact {row_ci(lp[ks[-1]], 'intact')}; " + "; ".join(
+             f"k={k}: induction {row_ci(lp[k], 'induction')}, random {row_ci(lp[k], 'random')}" for k in ks)
+             + f"; held at {sum(v['holds'] for v in per_b.values())}/{len(ks)} ks"}
+    c = {"claim": "c", "text": "random ablation leaves p(lag +1) intact or raises it",
+         "reproduced": all(v["holds"] for v in per_c.values()), "per_k": per_c,
+         "rule": "at every k: random ≥ 0.9 × intact, or the random − intact CI reaches 0",
+         "evidence": "; ".join(f"k={k}: random − intact {fmt_ci(*v['random_minus_intact'])}" for k, v in per_c.items())
+                     + (f" (significantly raised at k = {', '.join(map(str, up))})" if up else "")}
+    return [b, c]
 
 
-# -- outputs -------------------------------------------------------------------------------
-def write_outputs(out: Path, study: TemporalStudy) -> None:
-    """results.json, tables/, plots/ and report.md (each file written atomically)."""
-    name, ks, method = study.loaded.identity["name"], study.ks, study.lag.config.method
-    lag, recall, lb_table, conc, head, hs = (study.lag, study.recall, study.load_bearing, study.concentration,
-                                             study.headline, study.scores)
-    tables, figs = out / "tables", out / "plots"
-    L, H = hs["induction"].shape
-
-    def csv(df, fname):
-        atomic_write_text(tables / fname, df.to_csv(index=False))
-
-    csv(pd.DataFrame([{"layer": l, "head": h, **{n: float(v[l, h]) for n, v in hs.scores.items()}}
-                      for l in range(L) for h in range(H)]), "head_scores.csv")
-    summary = lag.summary()
-    csv(summary, "lag_curves.csv")
-    csv(lag.headline(), "lag_headline.csv")
-    crp = lag_probe_crp(lag)
-    csv(crp, "lag_crp_argmax.csv")
-    csv(recall.headline(), "recall_headline.csv")
-    csv(recall.positions(), "recall_positions.csv")
-    trans = recall.transition_curve()
-    csv(trans, "recall_transition_curve.csv")
-    csv(recall.crp(), "recall_crp.csv")
-    csv(head, "headline.csv")
-    csv(pd.DataFrame([{k: v for k, v in d.items() if k != "per_k"} for d in study.verdicts]), "verdicts.csv")
-    if lb_table is not None:
-        csv(lb_table, "load_bearing.csv")
-
-    plots.head_heatmaps(hs.scores, figs / "head_scores.png", title=name)
-    for k in ks:
-        plots.lag_curves(summary, figs / f"lag_curves_k{k}.png", conditions=["intact", f"induction-{k}", f"random-{k}"],
-                         title=f"{name}: lag probe, k = {k} heads ablated ({method})")
-    kmax = ks[-1]
-    plots.ablation_vs_k(head, {m: MEASURES[m] for m in ("lag_plus1", "recall_accuracy", "recall_lag_plus1")},
-                        figs / "ablation_vs_k.png", title=f"{name}: induction vs random ablation ({method})")
-    plots.tidy_curves(trans, figs / "recall_transition_curve.png", ["intact", f"induction-{kmax}", f"random-{kmax}"],
-                      "lag (item position − previous item's position)", "p(next = item at lag), renormalised over list",
-                      f"{name}: serial recall transitions")
-    shown = ["intact", f"induction-{kmax}"] + [c.name for c in lag.conditions if c.kind == "random" and c.k == kmax][:1]
-    plots.tidy_curves(crp[crp.lag.abs() <= 10], figs / "lag_crp_argmax.png", shown, "lag", "CRP (arg-max response)",
-                      f"{name}: psifr-style lag-CRP of the arg-max response", value="prob")
-    if lb_table is not None:
-        plots.load_bearing_scatter(lb_table, {m: MEASURES[m] for m in conc}, figs / "load_bearing.png",
-                                   title=f"{name}: per-head effect of ablating one induction head ({method})")
-        plots.concentration_curve({MEASURES[m]: conc[m] for m in ("lag_plus1", "recall_lag_plus1")},
-                                  figs / "concentration.png", title=f"{name}: concentration of the lag +1 effect")
-    atomic_write_json(out / "results.json", study.record)
-    atomic_write_text(out / "report.md", report.temporal_report(study, MEASURES))
+def _claim_d(ra: dict, ks: list[int]) -> dict:
+    per_d = {k: {"holds": bool(ra[k].random_minus_induction_ci_low > 0), "intact": ra[k].intact,
+                 "induction": ra[k].induction, "random": ra[k].random,
+                 "random_minus_induction": _triple(ra[k], "random_minus_induction")} for k in ks}
+    return {"claim": "d", "text": "serial recall suffers more under induction ablation than under random ablation",
+            "reproduced": _majority(per_d, ks), "per_k": per_d,
+            "rule": "teacher-forced accuracy random − induction CI > 0 at ≥ half the ks, significantly reversed at none",
+            "evidence": f"accuracy intact {row_ci(ra[ks[-1]], 'intact')}; " + "; ".join(
+                f"k={k}: induction {row_ci(ra[k], 'induction')}, random {row_ci(ra[k], 'random')}" for k in ks)
+                + f"; held at {sum(v['holds'] for v in per_d.values())}/{len(ks)} ks"}
