@@ -123,8 +123,9 @@ head_score_options = _stack(
 lag_probe_options = _stack(
     click.option("--n-permutations", "--permutations", "n_permutations", type=int, default=64,
                  show_default=True, help="Lag-probe trials per condition (seed protocol: 5000)."),
-    click.option("--list-length", type=int, default=500, show_default=True),
-    click.option("--cue-position", type=int, default=250, show_default=True),
+    click.option("--list-length", type=int, default=500, show_default=True, help="Words per lag-probe list."),
+    click.option("--cue-position", type=int, default=250, show_default=True,
+                 help="1-based list position of the repeated word (lag k = the word at cue + k)."),
     click.option("--separator", default=" ",
                  help='Between words: " " (default: each word is its own leading-space token), ", " or "\\n".'),
     click.option("--instruction", default="", help="Text after BOS, before the list."),
@@ -148,8 +149,8 @@ def lag_probe_config(kw: dict):
 recall_options = _stack(
     click.option("--recall-trials", type=int, default=64, show_default=True,
                  help="Serial-recall prompts per condition."),
-    click.option("--recall-list-length", type=int, default=14, show_default=True),
-    click.option("--shots", type=int, default=3, show_default=True),
+    click.option("--recall-list-length", type=int, default=14, show_default=True, help="Words per serial-recall list."),
+    click.option("--shots", type=int, default=3, show_default=True, help="Solved study/recall examples before the test list."),
     click.option("--no-generate", is_flag=True, help="Skip greedy generation (exact match, CRP of recalls)."),
 )
 

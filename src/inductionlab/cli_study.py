@@ -23,7 +23,7 @@ def study() -> None:
 @study.command("temporal")
 @model_options
 @accelerator_options
-@run_dir_options("study-temporal")
+@run_dir_options("study-temporal-<model>")
 @quiet_option
 @ablation_options(ks=None, n_draws=3)
 @head_score_options

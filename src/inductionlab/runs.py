@@ -1,9 +1,9 @@
 """Run directories and run records: atomic writes, package versions, the resumable-run helper.
 
-A run is one output directory. A short job (``inductionlab analyze``) is written into a hidden
-staging directory next to its final place and renamed into place only when it succeeds, so a
-failed or interrupted run leaves nothing half-written (:func:`staged_run_dir`). A long study
-is a :class:`ResumableRun`: each finished piece is written atomically
+A run is one output directory. A short job (``corpus prepare``, ``telemetry``) is written into a
+hidden staging directory next to its final place and renamed into place only when it succeeds,
+so a failed or interrupted run leaves nothing half-written (:func:`staged_run_dir`). A long job
+(``analyze``, ``study temporal``) is a :class:`ResumableRun`: each finished piece is written atomically
 (:func:`atomic_write_bytes` / :func:`atomic_write_json`) as soon as it is done, and the same
 command run again continues from the finished pieces.
 
