@@ -20,9 +20,10 @@ from .runs import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 def model_line(identity: dict) -> str:
     """``Model: `spec` (architecture, L layers × H query heads, K KV heads, head_dim D, dtype X).``"""
-    i = identity
-    return (f"Model: `{i['spec']}` ({i['architecture']}, {i['n_layers']} layers × {i['n_heads']} query heads, "
-            f"{i['n_kv_heads']} KV heads, head_dim {i['head_dim']}, dtype {i['dtype']}).")
+    i = {"spec": identity.get("name", "?"), **identity}
+    g = lambda k: i.get(k, "?")  # noqa: E731  (a hand-built LoadedModel may lack some fields)
+    return (f"Model: `{g('spec')}` ({g('architecture')}, {g('n_layers')} layers × {g('n_heads')} query heads, "
+            f"{g('n_kv_heads')} KV heads, head_dim {g('head_dim')}, dtype {g('dtype')}).")
 
 
 def fmt_ci(m, lo, hi, d: int = 3) -> str:
