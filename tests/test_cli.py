@@ -63,7 +63,7 @@ def test_analyze_end_to_end(tiny_dir, tmp_path):
     (["--model", "no-such-model-xyz"], "unknown model"),
     (["--model", "./missing/dir"], "does not exist"),
     (["--ks", "17"], "k=17 heads requested but the model has 16"),
-    (["--ks", "9"], "only 8 remain outside the top 8"),
+    (["--ks", "9"], "8 heads left outside the top 8"),
     (["--top", "99"], "exceeds the model's 16 heads"),
     (["--list-length", "5000", "--cue-position", "10"], "word pool too small"),
     (["--list-length", "100", "--cue-position", "10"], "exceeds the model's context of 64"),

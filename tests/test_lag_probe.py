@@ -65,15 +65,16 @@ def test_one_hot_lag_model(word_tokenizer, shift, separator):
 def test_trials_are_permutations_of_a_fixed_set(word_tokenizer):
     lm = loaded_fake(word_tokenizer, 1)
     cfg = LagProbeConfig(list_length=30, cue_position=12, n_permutations=5)
-    ids, lists, words = build_trials(lm, cfg)
+    tr = build_trials(lm, cfg)
+    ids, lists, words = tr.tensors["ids"], tr.tensors["list_ids"], tr.words
     assert len(words) == 30 and ids.shape == (5, 1 + 30 + 1)
     sets = {frozenset(r.tolist()) for r in lists}
     assert len(sets) == 1 and len({tuple(r.tolist()) for r in lists}) == 5
     assert (ids[:, -1] == lists[:, 11]).all() and (ids[:, 0] == word_tokenizer.bos_token_id).all()
-    again, _, _ = build_trials(lm, cfg)
-    assert torch.equal(ids, again)
-    _, re_lists, re_words = build_trials(lm, LagProbeConfig(list_length=30, cue_position=12, n_permutations=5,
-                                                            resample_words=True, pool_size=200))
+    assert torch.equal(ids, build_trials(lm, cfg).tensors["ids"])
+    re = build_trials(lm, LagProbeConfig(list_length=30, cue_position=12, n_permutations=5, resample_words=True,
+                                         pool_size=200))
+    re_lists, re_words = re.tensors["list_ids"], re.words
     assert re_words == [] and len({frozenset(r.tolist()) for r in re_lists}) == 5
 
 

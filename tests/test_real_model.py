@@ -28,11 +28,11 @@ def test_identity_and_self_check(smol):
 
 
 def test_top_induction_head_and_main_job(smol, tmp_path):
-    from inductionlab.analyze import AnalyzeConfig, analyze, write_run
+    from inductionlab.analyze import AnalyzeConfig, analyze
     from inductionlab.lag_probe import LagProbeConfig
 
     cfg = AnalyzeConfig(ks=(5,), n_draws=1, lag=LagProbeConfig(n_permutations=2, batch_size=2))
-    res = analyze(cfg, loaded=smol, progress=False)
+    res = analyze(smol, cfg, tmp_path / "run", progress=False)
     top = res.record["top_induction_heads"]
     assert top[0]["score"] > 0.5, top[:3]
     induction = res.scores["induction"]
@@ -41,5 +41,4 @@ def test_top_induction_head_and_main_job(smol, tmp_path):
     assert set(conds) == {"intact", "induction-5", "random-5-d0"}
     assert conds["induction-5"]["ablated_heads"] == [[t["layer"], t["head"]] for t in top[:5]]
     assert 0.0 < conds["intact"]["list_mass"] <= 1.0
-    write_run(res, tmp_path / "run")
     assert (tmp_path / "run" / "results.json").exists()

@@ -15,7 +15,8 @@ from inductionlab.lag_probe import LagProbeConfig, LagProbeResult
 from inductionlab.serial_recall import SerialRecallConfig, SerialRecallResult
 from inductionlab.study_temporal import TemporalStudyConfig, default_ks, headline_table, run_temporal_study, verdicts
 
-SMALL = dict(n_permutations=6, list_length=30, cue_position=15, recall_trials=4, recall_list_length=6, n_shots=2,
+SMALL = dict(lag=LagProbeConfig(n_permutations=6, list_length=30, cue_position=15),
+             recall=SerialRecallConfig(n_trials=4, list_length=6, n_shots=2),
              ks=[1, 2], n_draws=2, load_bearing_top=2, load_bearing_permutations=4, score_seq_len=20,
              score_batch_size=4)
 
@@ -218,3 +219,26 @@ def test_cli_end_to_end(tiny_dir, tmp_path):
     assert r.exit_code == 2 and "error:" in r.output and "k=9" in r.output
     r = CliRunner().invoke(main, ["study", "temporal", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "does not exist" in r.output
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--cue-position", "600"], "outside a list of 30 words"),
+    (["--recall-list-length", "3000"], "word pool too small"),
+    (["--ks", "1,1"], "repeats a k"),
+    (["--n-draws", "0"], "n_draws=0"),
+    (["--batch-size", "0"], "batch size 0"),
+    (["--score-seq-len", "0"], "score_seq_len >= 2"),
+    (["--load-bearing-permutations", "99"], "exceeds n_permutations=6"),
+])
+def test_cli_bad_input_one_line_nothing_written(tiny_dir, tmp_path, extra, message):
+    from inductionlab.cli import main
+
+    out = tmp_path / "run"
+    args = ["study", "temporal", "--model", str(tiny_dir), "--out", str(out), "--permutations", "6",
+            "--list-length", "30", "--cue-position", "15", "--recall-trials", "4", "--recall-list-length", "6",
+            "--shots", "2", "--dtype", "float32", "--no-progress"]
+    r = CliRunner().invoke(main, args + extra)
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip()
+    assert err.startswith("error:") and message in err and "\n" not in err
+    assert not out.exists() and not list(tmp_path.iterdir())

@@ -9,6 +9,10 @@ _EXPORTS = {
     "ablation_conditions": "ablation", "top_k_heads": "ablation", "per_layer_top_p": "ablation",
     "random_heads": "ablation", "Condition": "ablation",
     "run_lag_probe": "lag_probe", "LagProbeConfig": "lag_probe", "LagProbeResult": "lag_probe",
+    "run_serial_recall": "serial_recall", "SerialRecallConfig": "serial_recall",
+    "run_conditions": "protocol", "Trials": "protocol", "mean_ci": "stats",
+    "AnalyzeConfig": "analyze",   # the function: inductionlab.analyze.analyze (the name is the module's)
+    "run_temporal_study": "study_temporal", "TemporalStudyConfig": "study_temporal",
     "InductionLabError": "errors",
 }
 

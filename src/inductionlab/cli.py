@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from .cli_options import (ablation_options, accelerator_options, head_score_options, lag_probe_config,
+                          lag_probe_options, load_from_options, model_options, quiet_option, run_dir_options)
 from .errors import InductionLabError
 
 
@@ -35,67 +37,43 @@ def main() -> None:
     hf_logging.disable_progress_bar()
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise InductionLabError(f"expected a comma-separated list of integers, got {text!r}") from None
-
-
 @main.command()
-@click.option("--model", "-m", "model", default="smollm2-135m", show_default=True,
-              help="smollm2-135m, gemma3-270m, a local model directory, a .gguf file or a cached hub id.")
-@click.option("--dtype", default="bfloat16", show_default=True, type=click.Choice(["bfloat16", "float32", "float16"]))
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--out", "-o", type=click.Path(file_okay=False), default=None, help="Run directory [default: runs/analyze-<time>].")
-@click.option("--overwrite", is_flag=True, help="Replace an existing, non-empty --out.")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--top", default=10, show_default=True, help="Induction heads listed in the headline.")
-@click.option("--ks", default="5,10,20", show_default=True, help="Numbers of heads to ablate.")
-@click.option("--n-draws", default=2, show_default=True, help="Random-head draws per k.")
-@click.option("--exclude-top", "--exclude-top-n", type=int, default=None, help="Random heads come from outside the top N [default: min(300, heads/2)].")
-@click.option("--method", default="zero", show_default=True, type=click.Choice(["zero", "mean", "sink"]))
-@click.option("--n-permutations", "--permutations", default=64, show_default=True, help="Lag-probe trials per condition (seed protocol: 5000).")
-@click.option("--batch-size", default=8, show_default=True, help="Lag-probe trials per forward pass.")
-@click.option("--list-length", default=500, show_default=True)
-@click.option("--cue-position", default=250, show_default=True)
-@click.option("--separator", default=" ", help='Between words: " " (default: each word is its own leading-space token), ", " or "\\n".')
-@click.option("--instruction", default="", help="Text after BOS, before the list.")
-@click.option("--no-bos", is_flag=True, help="Do not prepend BOS.")
-@click.option("--resample-words", is_flag=True, help="Draw a new word set per trial instead of permuting a fixed set.")
-@click.option("--score-seq-len", default=50, show_default=True, help="T, tokens per copy for head scores.")
-@click.option("--score-batch-size", default=16, show_default=True)
-@click.option("--quiet", "--no-progress", is_flag=True, help="No progress bars.")
-def analyze(model, dtype, device, out, overwrite, seed, top, ks, n_draws, exclude_top, method, n_permutations,
-            batch_size, list_length, cue_position, separator, instruction, no_bos, resample_words, score_seq_len,
-            score_batch_size, quiet):
+@model_options
+@accelerator_options
+@run_dir_options("analyze")
+@quiet_option
+@ablation_options(ks="5,10,20", n_draws=2)
+@click.option("--top", type=int, default=10, show_default=True, help="Induction heads listed in the headline.")
+@head_score_options
+@lag_probe_options
+def analyze(**kw):
     """The main job: score every head, list the top induction heads, and run the lag probe intact
-    and with k induction heads vs k random heads ablated. Writes one run directory."""
+    and with k induction heads vs k random heads ablated. Writes one run directory (resumable:
+    the same command continues an interrupted run)."""
+    import time
     from pathlib import Path
 
-    from .analyze import AnalyzeConfig, analyze as run, write_run
-    from .lag_probe import LagProbeConfig
-    from .runs import default_run_dir
+    from .analyze import AnalyzeConfig, analyze as run
+    from .runs import ResumableRun, default_run_dir
 
-    out = Path(out) if out else default_run_dir("analyze")
-    if out.exists() and any(out.iterdir()) and not overwrite:  # fail before the slow part
-        raise InductionLabError(f"output directory {out} already exists and is not empty; pass a new --out or --overwrite")
-    separator = separator.replace("\\n", "\n")
+    out = Path(kw.pop("out") or default_run_dir("analyze"))
+    overwrite, quiet = kw.pop("overwrite"), kw.pop("quiet")
+    cfg = AnalyzeConfig(lag=lag_probe_config(kw), seed=kw["seed"], method=kw["method"], ks=tuple(kw["ks"]),
+                        n_draws=kw["n_draws"], exclude_top_n=kw["exclude_top_n"], top=kw["top"],
+                        score_seq_len=kw["score_seq_len"], score_batch_size=kw["score_batch_size"])
+    cfg.validate()                                     # fail before the slow part
+    ResumableRun.check_out(out, overwrite)
     if quiet:  # also silences the GGUF de-quantisation bar, which ignores transformers' logging switch
         import os
         os.environ["TQDM_DISABLE"] = "1"
-    lag = LagProbeConfig(list_length=list_length, cue_position=cue_position, n_permutations=n_permutations,
-                         batch_size=batch_size, seed=seed, resample_words=resample_words, separator=separator,
-                         instruction=instruction, bos=not no_bos, method=method)
-    cfg = AnalyzeConfig(model=model, dtype=dtype, device=device, seed=seed, score_seq_len=score_seq_len,
-                        score_batch_size=score_batch_size, top=top, ks=_ints(ks), n_draws=n_draws,
-                        exclude_top_n=exclude_top, lag=lag)
-    res = run(cfg, progress=not quiet)
-    write_run(res, out, overwrite=overwrite)
-    _print_headline(res, out)
+    t0 = time.perf_counter()
+    loaded = load_from_options(kw)
+    load_s = time.perf_counter() - t0
+    res = run(loaded, cfg, out, overwrite=overwrite, progress=not quiet)
+    _print_headline(res, out, load_s)
 
 
-def _print_headline(res, out) -> None:
+def _print_headline(res, out, load_s: float) -> None:
     click.echo(f"\nTop {len(res.record['top_induction_heads'])} induction heads ({res.loaded.identity['name']}):")
     for i, h in enumerate(res.record["top_induction_heads"], 1):
         click.echo(f"  {i:2d}. L{h['layer']:<2d} H{h['head']:<2d}  {h['score']:.3f}")
@@ -107,7 +85,7 @@ def _print_headline(res, out) -> None:
         click.echo(f"  {r['condition']:<14s} {r['lag_plus1']:.4f} [{r['lag_plus1_ci_low']:.4f}, "
                    f"{r['lag_plus1_ci_high']:.4f}]   lag -1 {r['lag_minus1']:.4f}   list mass {r['list_mass']:.3f}")
     t = res.timings
-    click.echo(f"\nWall time {t['total_s']:.0f} s (load {t['load_s']:.0f}, scores {t['head_scores_s']:.0f}, "
+    click.echo(f"\nWall time {load_s + t['total_s']:.0f} s (load {load_s:.0f}, scores {t['head_scores_s']:.0f}, "
                f"lag probe {t['lag_probe_s']:.0f}). Run directory: {out}")
 
 
@@ -122,3 +100,7 @@ def _register() -> None:
 
 
 _register()
+
+
+if __name__ == "__main__":   # python -m inductionlab.cli
+    main()

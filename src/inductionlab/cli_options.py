@@ -1,12 +1,18 @@
 """Option groups shared by the sub-commands, declared once: the same name, type, default and
-meaning in every command that takes them.
+meaning in every command that takes them, and the one place that turns them into configs.
 
 Each group is a decorator that adds its options to a click command, e.g.::
 
     @click.command()
     @model_options
     @run_dir_options("analyze")
-    def analyze(model, dtype, device, out, overwrite, ...): ...
+    @ablation_options(ks="5,10,20", n_draws=2)
+    @lag_probe_options
+    def analyze(**kw): cfg = AnalyzeConfig(lag=lag_probe_config(kw), ...)
+
+Values are range-checked in one place, the configs' ``validate()``, which the Python API calls
+too (so a bad value gives the same one-line error from both); defaults a command must keep
+(``analyze``'s k list) are parameters of the groups.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from typing import Callable
 
 import click
 
+from .errors import InductionLabError
 from .models import DEFAULT_MODEL
+from .protocol import ABLATION_METHODS
 
 
 def _stack(*decorators: Callable) -> Callable:
@@ -26,6 +34,16 @@ def _stack(*decorators: Callable) -> Callable:
     return apply
 
 
+def _int_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        out = [int(x) for x in str(value).split(",") if x.strip()]
+    except ValueError:
+        raise InductionLabError(f"--ks {value!r} is not a comma-separated list of integers, e.g. 10,20,50") from None
+    return out   # ranges and repeats: the config's validate()
+
+
 model_options = _stack(
     click.option("--model", "-m", "model", default=DEFAULT_MODEL, show_default=True,
                  help="smollm2-135m, gemma3-270m, a local model directory, a .gguf file or a cached hub id."),
@@ -34,17 +52,113 @@ model_options = _stack(
     click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N"),
 )
 
+accelerator_options = _stack(
+    click.option("--device-map", default=None, help='e.g. "auto" to spread a model over several GPUs'),
+    click.option("--threads", type=int, default=None, help="torch CPU threads [default: torch's]"),
+)
+
+quiet_option = click.option("--quiet", "--no-progress", "quiet", is_flag=True, help="No progress bars.")
+
+
+def load_from_options(kw: dict):
+    """Load the model named by :data:`model_options` and :data:`accelerator_options` (pops their keys).
+
+    Raises:
+        InductionLabError: ``--device cuda`` without a CUDA device (before any loading), unknown model."""
+    import torch
+
+    from .models import load_model
+
+    model, dtype, device = kw.pop("model"), kw.pop("dtype"), kw.pop("device")
+    device_map, threads = kw.pop("device_map", None), kw.pop("threads", None)
+    if threads is not None and threads < 1:
+        raise InductionLabError(f"--threads {threads} must be at least 1")
+    if threads:
+        torch.set_num_threads(threads)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InductionLabError("--device cuda requested but torch sees no CUDA device; use --device cpu")
+    return load_model(model, dtype=dtype, device=device, device_map=device_map)
+
 
 def run_dir_options(kind: str, *, required: bool = False) -> Callable:
     """``--out/-o DIR`` and ``--overwrite``.
 
     ``--overwrite`` means the same in every command: delete what ``--out`` holds and start
-    afresh. Without it a one-shot command refuses a non-empty ``--out`` and a resumable study
+    afresh. Without it a one-shot command refuses a non-empty ``--out`` and a resumable run
     resumes the run it holds."""
     default_help = "" if required else f" [default: runs/{kind}-<time>]"
     return _stack(
         click.option("--out", "-o", "out", required=required, default=None,
                      type=click.Path(file_okay=False), help=f"Run directory.{default_help}"),
         click.option("--overwrite", is_flag=True,
-                     help="Delete an existing --out and start afresh (without it: refuse, or resume a study)."),
+                     help="Delete an existing --out and start afresh (without it: refuse, or resume the same run)."),
     )
+
+
+def ablation_options(*, ks: str | None = None, n_draws: int = 3) -> Callable:
+    """``--method``, ``--ks``, ``--n-draws``, ``--exclude-top-n`` and ``--seed``; ``ks`` and
+    ``n_draws`` are the command's defaults (``ks=None``: scaled to the model's heads)."""
+    ks_help = f"Numbers of heads to ablate, comma-separated [default: {ks}]." if ks else \
+        "Numbers of heads to ablate, comma-separated [default: 10,20,50,100 clipped/scaled to the model's heads]."
+    return _stack(
+        click.option("--method", type=click.Choice(list(ABLATION_METHODS)), default="zero", show_default=True,
+                     help="Ablation method (zero: the paper's attention scores set to −∞)."),
+        click.option("--ks", callback=_int_list, default=ks, help=ks_help),
+        click.option("--n-draws", type=int, default=n_draws, show_default=True,
+                     help="Random-head draws per k."),
+        click.option("--exclude-top-n", "--exclude-top", "exclude_top_n", type=int, default=None,
+                     help="Random heads come from outside the top N by induction score [default: min(300, heads/2)]."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seed of trials and random draws."),
+    )
+
+
+head_score_options = _stack(
+    click.option("--score-seq-len", type=int, default=50, show_default=True,
+                 help="T, tokens per copy for head scores."),
+    click.option("--score-batch-size", type=int, default=16, show_default=True,
+                 help="Sequences for head scores."),
+)
+
+
+lag_probe_options = _stack(
+    click.option("--n-permutations", "--permutations", "n_permutations", type=int, default=64,
+                 show_default=True, help="Lag-probe trials per condition (seed protocol: 5000)."),
+    click.option("--list-length", type=int, default=500, show_default=True, help="Words per lag-probe list."),
+    click.option("--cue-position", type=int, default=250, show_default=True,
+                 help="1-based list position of the repeated word (lag k = the word at cue + k)."),
+    click.option("--separator", default=" ",
+                 help='Between words: " " (default: each word is its own leading-space token), ", " or "\\n".'),
+    click.option("--instruction", default="", help="Text after BOS, before the list."),
+    click.option("--no-bos", is_flag=True, help="Do not prepend BOS."),
+    click.option("--resample-words", is_flag=True, help="Draw a new word set per trial instead of permuting a fixed set."),
+    click.option("--batch-size", type=int, default=None,
+                 help="Trials per forward pass [default: from free GPU memory; 8 on CPU]."),
+)
+
+
+def lag_probe_config(kw: dict):
+    """The :class:`~inductionlab.lag_probe.LagProbeConfig` of :data:`lag_probe_options` (pops its keys)."""
+    from .lag_probe import LagProbeConfig
+
+    return LagProbeConfig(n_permutations=kw.pop("n_permutations"), list_length=kw.pop("list_length"),
+                          cue_position=kw.pop("cue_position"), separator=kw.pop("separator").replace("\\n", "\n"),
+                          instruction=kw.pop("instruction"), bos=not kw.pop("no_bos"),
+                          resample_words=kw.pop("resample_words"), batch_size=kw["batch_size"])
+
+
+recall_options = _stack(
+    click.option("--recall-trials", type=int, default=64, show_default=True,
+                 help="Serial-recall prompts per condition."),
+    click.option("--recall-list-length", type=int, default=14, show_default=True, help="Words per serial-recall list."),
+    click.option("--shots", type=int, default=3, show_default=True, help="Solved study/recall examples before the test list."),
+    click.option("--no-generate", is_flag=True, help="Skip greedy generation (exact match, CRP of recalls)."),
+)
+
+
+def recall_config(kw: dict):
+    """The :class:`~inductionlab.serial_recall.SerialRecallConfig` of :data:`recall_options` (pops its keys;
+    shares ``--batch-size`` with the lag probe)."""
+    from .serial_recall import SerialRecallConfig
+
+    return SerialRecallConfig(n_trials=kw.pop("recall_trials"), list_length=kw.pop("recall_list_length"),
+                              n_shots=kw.pop("shots"), generate=not kw.pop("no_generate"), batch_size=kw["batch_size"])

@@ -14,8 +14,8 @@ approximation, mean ± 1.96·sd/√n), the same renormalised over the list token
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -23,11 +23,10 @@ import torch
 
 from .ablation import Condition
 from .errors import InductionLabError
-from .instrument import ablate
 from .models import LoadedModel
+from .protocol import Trials, check_method, forward_logits, run_conditions
+from .stats import draws_by_k, mean_ci, pooled, put_ci
 from .stimuli import seed_for, single_token_words
-
-Z95 = 1.959963984540054
 
 
 @dataclass
@@ -36,7 +35,7 @@ class LagProbeConfig:
     list_length: int = 500          # words per list (seed protocol)
     cue_position: int = 250         # 1-based list position of the repeated word (seed protocol)
     n_permutations: int = 5000      # trials (seed protocol: 5,000; the CLI default is lower for CPU)
-    batch_size: int = 8             # trials per forward pass
+    batch_size: int | None = None   # trials per forward pass; None: from free GPU memory (CPU: 8)
     seed: int = 0
     resample_words: bool = False    # False: fixed set of the most frequent words, new order per trial
     pool_size: int = 2000           # pool to resample from when resample_words
@@ -57,10 +56,9 @@ class LagProbeConfig:
             raise InductionLabError(f"cue position {self.cue_position} is outside a list of {self.list_length} words")
         if self.n_permutations < 2:
             raise InductionLabError(f"n_permutations={self.n_permutations}: at least 2 trials are needed for a CI")
-        if self.batch_size < 1:
+        if self.batch_size is not None and self.batch_size < 1:
             raise InductionLabError(f"batch size {self.batch_size} must be at least 1")
-        if self.method not in ("zero", "mean", "sink"):
-            raise InductionLabError(f"unknown ablation method {self.method!r}; use zero, mean or sink")
+        check_method(self.method)
 
 
 @dataclass
@@ -121,23 +119,12 @@ class LagProbeResult:
     def _col(self, lag: int) -> int:
         return lag + self.config.cue_position - 1
 
-    def _draws(self, kind: str) -> dict[int, list[str]]:
-        """k -> names of the conditions of one kind with that k (the random draws), sorted by k."""
-        out: dict[int, list[str]] = {}
-        for c in sorted((c for c in self.conditions if c.kind == kind), key=lambda c: c.k):
-            out.setdefault(c.k, []).append(c.name)
-        return out
-
-    def _pooled(self, names: list[str], table: dict[str, np.ndarray]) -> np.ndarray:
-        """Per-trial mean over conditions (paired trials), e.g. over the random draws of one k."""
-        return np.mean([table[n] for n in names], axis=0)
-
     def curves(self) -> list[tuple[str, str, int, str, np.ndarray]]:
         """(name, kind, k, draw, probs [n_trials, list_length]) per condition, plus pooled
         ``random-k`` curves (per-trial mean over the random draws for that k)."""
         out = [(c.name, c.kind, c.k, str(c.draw), self.probs[c.name]) for c in self.conditions]
-        for k, names in self._draws("random").items():
-            out.append((f"random-{k}", "random", k, "pooled", self._pooled(names, self.probs)))
+        for k, names in draws_by_k(self.conditions).items():
+            out.append((f"random-{k}", "random", k, "pooled", pooled(self.probs, names)))
         return out
 
     def summary(self) -> pd.DataFrame:
@@ -148,7 +135,7 @@ class LagProbeResult:
             p = probs.astype(np.float64)
             pr = p / p.sum(1, keepdims=True)
             for arr, tag in ((p, ""), (pr, "_renorm")):
-                m, half = _mean_ci(arr)
+                m, half = mean_ci(arr)
                 if tag == "":
                     base = pd.DataFrame({"condition": name, "kind": kind, "k": k, "draw": draw,
                                          "lag": self.lags, "mean": m, "ci_low": m - half, "ci_high": m + half})
@@ -162,9 +149,9 @@ class LagProbeResult:
         rows = []
         for c in self.conditions:
             rows.append(self._headline_row(c.name, c.kind, c.k, str(c.draw), self.probs[c.name], self.list_mass[c.name]))
-        for k, names in self._draws("random").items():
+        for k, names in draws_by_k(self.conditions).items():
             rows.append(self._headline_row(f"random-{k}", "random", k, f"mean of {len(names)}",
-                                           self._pooled(names, self.probs), self._pooled(names, self.list_mass)))
+                                           pooled(self.probs, names), pooled(self.list_mass, names)))
         return pd.DataFrame(rows)
 
     def contrasts(self, lag: int = 1) -> pd.DataFrame:
@@ -172,13 +159,13 @@ class LagProbeResult:
         with a 95% CI over trials (same trials in every condition)."""
         rows = []
         col = self._col(lag)
-        random = self._draws("random")
-        for k, ind in self._draws("induction").items():
+        random = draws_by_k(self.conditions)
+        for k, ind in draws_by_k(self.conditions, "induction").items():
             if k not in random:
                 continue
             pi = self.probs[ind[0]][:, col].astype(np.float64)
-            pr = self._pooled(random[k], self.probs)[:, col].astype(np.float64)
-            m, half = _mean_ci(pr - pi)
+            pr = pooled(self.probs, random[k])[:, col].astype(np.float64)
+            m, half = mean_ci(pr - pi)
             rows.append({"k": k, "lag": lag, "induction": pi.mean(), "random": pr.mean(),
                          "random_minus_induction": float(m), "ci_low": float(m - half), "ci_high": float(m + half)})
         return pd.DataFrame(rows)
@@ -187,18 +174,15 @@ class LagProbeResult:
         p = p.astype(np.float64)
         out = {"condition": name, "kind": kind, "k": k, "draw": draw}
         for lag, key in ((1, "lag_plus1"), (-1, "lag_minus1"), (0, "lag0")):
-            m, half = _mean_ci(p[:, self._col(lag)])
-            out[key], out[key + "_ci_low"], out[key + "_ci_high"] = m, m - half, m + half
-        m, half = _mean_ci(mass)
-        out["list_mass"], out["list_mass_ci_low"], out["list_mass_ci_high"] = m, m - half, m + half
-        return out
+            put_ci(out, key, p[:, self._col(lag)])
+        return put_ci(out, "list_mass", mass)
 
     def to_json(self) -> dict:
         """The ``lag_probe`` block of results.json."""
         conds = []
         for c in self.conditions:
             p = self.probs[c.name].astype(np.float64)
-            m, half = _mean_ci(p)
+            m, half = mean_ci(p)
             h = self._headline_row(c.name, c.kind, c.k, str(c.draw), p, self.list_mass[c.name])
             conds.append({**c.to_dict(), "n_trials": int(p.shape[0]),
                           "lag_plus1": h["lag_plus1"], "lag_minus1": h["lag_minus1"], "lag0": h["lag0"],
@@ -211,29 +195,12 @@ class LagProbeResult:
                 "contrasts_lag_plus1": self.contrasts(1).to_dict(orient="records")}
 
 
-def _mean_ci(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean over axis 0 and the half-width of a normal-approximation 95% CI."""
-    arr = np.asarray(arr, dtype=np.float64)
-    n = arr.shape[0]
-    m = arr.mean(0)
-    half = Z95 * arr.std(0, ddof=1) / np.sqrt(n) if n > 1 else np.full_like(m, np.nan)
-    return m, half
-
-
-def next_token_probs(model, ids: torch.Tensor) -> torch.Tensor:
-    """Next-token probabilities at the last position only. ``ids`` ``[B, T]`` → float32 ``[B, V]``."""
-    try:
-        logits = model(input_ids=ids, logits_to_keep=1).logits[:, -1]
-    except TypeError:  # architectures without logits_to_keep
-        logits = model(input_ids=ids).logits[:, -1]
-    return torch.softmax(logits.float(), dim=-1)
-
-
-def build_trials(loaded: LoadedModel, cfg: LagProbeConfig) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def build_trials(loaded: LoadedModel, cfg: LagProbeConfig) -> Trials:
     """All trials of a run.
 
-    Returns: ``ids`` LongTensor ``[n_trials, T]``, ``list_ids`` LongTensor ``[n_trials, list_length]``
-    (the word at each list position), and the word set (fixed mode; empty when resampling).
+    Returns: :class:`~inductionlab.protocol.Trials` with ``ids`` LongTensor ``[n_trials, T]``,
+    ``list_ids`` LongTensor ``[n_trials, list_length]`` (the word at each list position), and the
+    word set (fixed mode; empty when resampling).
 
     Raises:
         InductionLabError: word pool smaller than the list; trial longer than the model's context;
@@ -262,7 +229,20 @@ def build_trials(loaded: LoadedModel, cfg: LagProbeConfig) -> tuple[torch.Tensor
         ids.append(stim.trial(chosen, cfg.cue_position))
         lists.append(chosen)
     words = [] if cfg.resample_words else [p.text for p in pool]
-    return torch.tensor(ids), torch.tensor(lists), words
+    return Trials({"ids": torch.tensor(ids), "list_ids": torch.tensor(lists)}, words)
+
+
+def measure_batch(model, batch: dict[str, torch.Tensor], cfg: LagProbeConfig) -> dict[str, torch.Tensor]:
+    """One batch of trials: ``ids`` ``[b, T]``, ``list_ids`` ``[b, list_length]`` →
+    ``probs`` float32 ``[b, list_length]`` (raw probability of each list position's word),
+    ``list_mass`` float64 ``[b]``, ``argmax_lag`` float64 ``[b]`` (NaN: arg-max not a list word)."""
+    lst = batch["list_ids"]
+    p = torch.softmax(forward_logits(model, batch["ids"], 1)[:, -1], dim=-1)   # [b, V], last position only
+    pl = p.gather(1, lst)                                                     # [b, list_length]
+    hit = lst == p.argmax(1, keepdim=True)
+    col = hit.float().argmax(1).double() + 1 - cfg.cue_position
+    col[~hit.any(1)] = float("nan")
+    return {"probs": pl, "list_mass": pl.sum(1).double(), "argmax_lag": col}
 
 
 def run_lag_probe(loaded: LoadedModel, conditions: list[Condition], cfg: LagProbeConfig | None = None,
@@ -278,31 +258,8 @@ def run_lag_probe(loaded: LoadedModel, conditions: list[Condition], cfg: LagProb
         InductionLabError: see :func:`build_trials`; head out of range; unknown method.
     """
     cfg = cfg or LagProbeConfig()
-    model = loaded.model
-    device = next(model.parameters()).device
-    ids, lists, words = build_trials(loaded, cfg)
-    ref = ids[: min(8, len(ids))].to(device) if cfg.method == "mean" else None
-    probs, mass, amax = {}, {}, {}
-    with torch.inference_mode():
-        for c in conditions:
-            ctx = ablate(model, c.heads, cfg.method, reference_ids=ref) if c.heads else contextlib.nullcontext()
-            out_p, out_m, out_a = [], [], []
-            with ctx:
-                for s in range(0, len(ids), cfg.batch_size):
-                    batch = ids[s:s + cfg.batch_size].to(device)
-                    lst = lists[s:s + cfg.batch_size].to(device)
-                    p = next_token_probs(model, batch)
-                    pl = p.gather(1, lst)                                        # [b, list_length]
-                    out_p.append(pl.cpu())
-                    out_m.append(pl.sum(1).cpu())
-                    top = p.argmax(1, keepdim=True)
-                    hit = (lst == top)
-                    col = hit.float().argmax(1).double() + 1 - cfg.cue_position
-                    col[~hit.any(1)] = float("nan")
-                    out_a.append(col.cpu())
-                    if progress is not None:
-                        progress(len(batch))
-            probs[c.name] = torch.cat(out_p).numpy()
-            mass[c.name] = torch.cat(out_m).double().numpy()
-            amax[c.name] = torch.cat(out_a).numpy()
-    return LagProbeResult(probs, mass, amax, list(conditions), cfg, words)
+    trials = build_trials(loaded, cfg)
+    data = run_conditions(loaded, conditions, trials, method=cfg.method,
+                          batch_size=cfg.batch_size, measure_batch=partial(measure_batch, cfg=cfg), progress=progress)
+    return LagProbeResult({n: d["probs"] for n, d in data.items()}, {n: d["list_mass"] for n, d in data.items()},
+                          {n: d["argmax_lag"] for n, d in data.items()}, list(conditions), cfg, trials.words)

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from .ablation import Condition, top_k_heads
-from .lag_probe import _mean_ci
+from .stats import paired_diff
 
 
 def single_head_conditions(induction: np.ndarray, top_n: int) -> list[Condition]:
@@ -52,10 +52,8 @@ def load_bearing_table(induction: np.ndarray, conditions: list[Condition], intac
             if m not in single.get(c.name, {}):
                 continue
             v = np.asarray(single[c.name][m], np.float64)
-            mean, half = _mean_ci(v - np.asarray(base, np.float64))
             row[m] = float(v.mean())
-            row[f"{m}_delta"], row[f"{m}_delta_ci_low"], row[f"{m}_delta_ci_high"] = \
-                float(mean), float(mean - half), float(mean + half)
+            row[f"{m}_delta"], row[f"{m}_delta_ci_low"], row[f"{m}_delta_ci_high"] = paired_diff(v, base)
         rows.append(row)
     df = pd.DataFrame(rows)
     for m in intact:
@@ -79,43 +77,3 @@ def concentration(table: pd.DataFrame, measure: str, tops=(1, 5, 10)) -> dict:
     pick = lambda cum: {int(n): float(cum[n - 1]) for n in tops if n <= len(cum)}  # noqa: E731
     return {"measure": measure, "total_drop": total, "by_effect": pick(by_eff), "by_induction_rank": pick(by_rank),
             "curve": by_eff.tolist()}
-
-
-def plot_load_bearing(table: pd.DataFrame, measures: dict[str, str], path, title: str = "") -> None:
-    """Scatter per measure: induction score (x) vs Δ when the head alone is ablated (y), 95% CIs.
-
-    ``measures``: measure name -> axis label."""
-    from .plots import plt, save
-
-    measures = {m: lab for m, lab in measures.items() if f"{m}_delta" in table}
-    fig, axes = plt.subplots(1, len(measures), figsize=(5.2 * len(measures), 4), squeeze=False)
-    for ax, (m, label) in zip(axes[0], measures.items()):
-        y = table[f"{m}_delta"]
-        err = np.vstack([y - table[f"{m}_delta_ci_low"], table[f"{m}_delta_ci_high"] - y])
-        ax.errorbar(table["induction_score"], y, yerr=err, fmt="o", ms=4, capsize=2)
-        for _, r in table.head(5).iterrows():
-            ax.annotate(f"L{int(r.layer)}H{int(r['head'])}", (r.induction_score, r[f"{m}_delta"]), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
-        ax.axhline(0, color="grey", lw=0.5)
-        ax.set_xlabel("induction score")
-        ax.set_ylabel("Δ when the head alone is ablated")
-        ax.set_title(label, fontsize=9)
-    fig.suptitle(title or "Per-head load-bearing map")
-    fig.tight_layout()
-    save(fig, path)
-
-
-def plot_concentration(concs: dict[str, dict], path, title: str = "") -> None:
-    """Cumulative share of the total single-head drop vs number of heads (sorted by drop), one line per measure."""
-    from .plots import plt, save
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, conc in concs.items():
-        cum = conc["curve"]
-        ax.plot(np.arange(1, len(cum) + 1), cum, marker="o", ms=3, label=f"{label} (total drop {conc['total_drop']:.3g})")
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("number of heads (sorted by drop)")
-    ax.set_ylabel("share of the total single-head drop")
-    ax.set_title(title or "Concentration of the lag +1 effect")
-    ax.legend(fontsize=7)
-    save(fig, path)

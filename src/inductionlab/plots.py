@@ -1,6 +1,8 @@
-"""Plots (PNG, matplotlib Agg): head-score heat maps and lag curves with 95% CIs.
+"""Every figure (PNG, matplotlib Agg), saved atomically through :func:`save`.
 
-Computing lives elsewhere; these functions take arrays / tidy tables and a path.
+Computing lives elsewhere: each function takes arrays or tidy tables (the ones the protocols'
+results return), labels and a path, and draws nothing it has to compute beyond selecting rows.
+Analysis figures first; training figures at the end (section ``# -- training figures``).
 """
 
 from __future__ import annotations
@@ -90,6 +92,87 @@ def lag_curves(summary: pd.DataFrame, path: str | Path, lags=range(-10, 11), con
     ax.legend(fontsize=7, ncol=2)
     if title:
         ax.set_title(title)
+    save(fig, path)
+
+
+def ablation_vs_k(head: pd.DataFrame, labels: dict[str, str], path, title: str = "") -> None:
+    """One panel per measure: mean vs k for induction vs random ablation, intact as a band; 95% CIs.
+
+    ``head``: tidy table with columns ``measure, k`` and ``intact / induction / random`` each with
+    ``_ci_low`` / ``_ci_high`` (:func:`inductionlab.study_temporal.headline_table`).
+    ``labels``: measure -> panel title; measures missing from ``head`` are skipped, in ``labels`` order.
+    """
+    measures = [m for m in labels if m in set(head.measure)]
+    fig, axes = plt.subplots(1, len(measures), figsize=(4.6 * len(measures), 3.8), squeeze=False)
+    for ax, m in zip(axes[0], measures):
+        d = head[head.measure == m].sort_values("k")
+        for arm, mk in (("induction", "o"), ("random", "s")):
+            err = np.vstack([d[arm] - d[arm + "_ci_low"], d[arm + "_ci_high"] - d[arm]])
+            ax.errorbar(d.k, d[arm], yerr=err, marker=mk, capsize=3, label=f"{arm} heads ablated")
+        ax.axhline(d.intact.iloc[0], color="k", lw=1, label="intact")
+        ax.axhspan(d.intact_ci_low.iloc[0], d.intact_ci_high.iloc[0], color="k", alpha=0.1)
+        ax.set_xlabel("k (heads ablated)")
+        ax.set_title(labels[m], fontsize=9)
+        ax.set_ylim(bottom=0)
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    save(fig, path)
+
+
+def tidy_curves(df: pd.DataFrame, path, conditions, xlabel: str, ylabel: str, title: str = "",
+                value: str = "mean") -> None:
+    """Generic tidy-curve plot (columns condition, lag, ``value``, optional ci_low, ci_high), lag 0 dropped."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name in conditions:
+        d = df[(df.condition == name) & (df.lag != 0)].sort_values("lag")
+        if d.empty:
+            continue
+        line, = ax.plot(d.lag, d[value], marker="o", ms=3, label=name)
+        if "ci_low" in d:
+            ax.fill_between(d.lag, d.ci_low, d.ci_high, alpha=0.2, color=line.get_color())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.axvline(0, color="grey", lw=0.5)
+    ax.legend(fontsize=7)
+    if title:
+        ax.set_title(title)
+    save(fig, path)
+
+
+def load_bearing_scatter(table: pd.DataFrame, measures: dict[str, str], path, title: str = "") -> None:
+    """Scatter per measure: induction score (x) vs Δ when the head alone is ablated (y), 95% CIs.
+
+    ``measures``: measure name -> axis label."""
+    measures = {m: lab for m, lab in measures.items() if f"{m}_delta" in table}
+    fig, axes = plt.subplots(1, len(measures), figsize=(5.2 * len(measures), 4), squeeze=False)
+    for ax, (m, label) in zip(axes[0], measures.items()):
+        y = table[f"{m}_delta"]
+        err = np.vstack([y - table[f"{m}_delta_ci_low"], table[f"{m}_delta_ci_high"] - y])
+        ax.errorbar(table["induction_score"], y, yerr=err, fmt="o", ms=4, capsize=2)
+        for _, r in table.head(5).iterrows():
+            ax.annotate(f"L{int(r.layer)}H{int(r['head'])}", (r.induction_score, r[f"{m}_delta"]), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_xlabel("induction score")
+        ax.set_ylabel("Δ when the head alone is ablated")
+        ax.set_title(label, fontsize=9)
+    fig.suptitle(title or "Per-head load-bearing map")
+    fig.tight_layout()
+    save(fig, path)
+
+
+def concentration_curve(concs: dict[str, dict], path, title: str = "") -> None:
+    """Cumulative share of the total single-head drop vs number of heads (sorted by drop), one line per measure."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, conc in concs.items():
+        cum = conc["curve"]
+        ax.plot(np.arange(1, len(cum) + 1), cum, marker="o", ms=3, label=f"{label} (total drop {conc['total_drop']:.3g})")
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("number of heads (sorted by drop)")
+    ax.set_ylabel("share of the total single-head drop")
+    ax.set_title(title or "Concentration of the lag +1 effect")
+    ax.legend(fontsize=7)
     save(fig, path)
 
 

@@ -1,16 +1,20 @@
-"""Run directories and run records: atomic writes, package versions, seeds.
+"""Run directories and run records: atomic writes, package versions, the resumable-run helper.
 
-A run is one output directory. It is written into a hidden staging directory next to its
-final place and renamed into place only when the run succeeds, so a failed or interrupted run
-leaves nothing half-written (:func:`staged_run_dir`). Long, resumable studies instead write
-each finished piece with :func:`atomic_write_text` / :func:`atomic_write_json`, which never
-leave a truncated file either.
+A run is one output directory. A short job (``corpus prepare``, ``telemetry``) is written into a
+hidden staging directory next to its final place and renamed into place only when it succeeds,
+so a failed or interrupted run leaves nothing half-written (:func:`staged_run_dir`). A long job
+(``analyze``, ``study temporal``) is a :class:`ResumableRun`: each finished piece is written atomically
+(:func:`atomic_write_bytes` / :func:`atomic_write_json`) as soon as it is done, and the same
+command run again continues from the finished pieces.
+
+The shape of a study that uses it is in :mod:`inductionlab.study`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import io
 import json
 import math
 import os
@@ -20,7 +24,7 @@ import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .errors import InductionLabError
 
@@ -129,3 +133,126 @@ def staged_run_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterator[
     if out.exists():
         shutil.rmtree(out)
     os.replace(stage, out)
+
+
+class ResumableRun:
+    """A run directory whose finished pieces survive interruption.
+
+    ``<out>/<manifest>`` (default ``study.json``) holds ``{"kind", "params"}``; each piece is a
+    file under ``<out>/checkpoints/`` named by its key (``"scores"`` → ``scores.json``,
+    ``"lag/intact"`` → ``lag/intact.npz``), written atomically when the piece finishes.
+
+    Args:
+        out: the run directory.
+        kind: what the run is (``"study-temporal"``), recorded in the manifest.
+        params: everything that defines the result (JSON-able). A directory holding another
+            ``params`` with finished pieces is refused; with no finished piece it is taken over.
+        overwrite: delete ``out`` in :meth:`open` and start afresh.
+        on_checkpoint: optional callable(key) after each piece is written (tests interrupt here).
+    """
+
+    def __init__(self, out: str | os.PathLike, kind: str, params: dict, *, overwrite: bool = False,
+                 on_checkpoint: Callable[[str], None] | None = None, manifest: str = "study.json"):
+        self.out = Path(out)
+        self.dir = self.out / "checkpoints"
+        self.kind, self.params = kind, json.loads(json.dumps(_jsonable(params)))
+        self.overwrite, self.on_checkpoint, self.manifest = overwrite, on_checkpoint, self.out / manifest
+        self.resumed = False
+
+    @staticmethod
+    def check_out(out: str | os.PathLike, overwrite: bool = False, manifest: str = "study.json") -> None:
+        """Cheap checks of an output directory before anything slow (model load) runs.
+
+        Raises:
+            InductionLabError: ``out`` is a file, lies under a file, its nearest existing folder is
+                not writable, or it holds files of something other than a resumable run (without
+                ``overwrite``)."""
+        out = Path(out)
+        if out.exists() and not out.is_dir():
+            raise InductionLabError(f"--out {out} is a file; give a directory")
+        parent = out
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise InductionLabError(f"--out {out} lies under the file {parent}; give a directory")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise InductionLabError(f"cannot write under {parent}; give a writable --out")
+        if (not overwrite and out.is_dir() and not (out / manifest).exists()
+                and any(p.name != "checkpoints" for p in out.iterdir())):
+            raise InductionLabError(f"output directory {out} already exists and is not a resumable run; "
+                                    "use a new --out or --overwrite")
+
+    def open(self) -> bool:
+        """Create or check the run directory. Returns True when resuming a run with the same params.
+
+        Raises:
+            InductionLabError: ``out`` holds a run with other params and finished pieces, a corrupt
+                manifest, or files of something else.
+        """
+        if self.overwrite and self.out.exists():
+            shutil.rmtree(self.out)
+        if self.manifest.exists():
+            try:
+                old = json.loads(self.manifest.read_text())["params"]
+            except (OSError, ValueError, KeyError) as e:
+                raise InductionLabError(f"{self.manifest} is corrupt ({e}); use a new --out or --overwrite") from e
+            if old == self.params:
+                self.resumed = True
+                return True
+            if self._has_pieces():
+                diff = sorted(k for k in set(old) | set(self.params) if old.get(k) != self.params.get(k))
+                raise InductionLabError(f"{self.out} holds a {self.kind} run with different parameters "
+                                        f"({', '.join(diff)}); use a new --out, the same options, or --overwrite")
+        elif self.out.exists() and any(p.name != "checkpoints" for p in self.out.iterdir()):
+            raise InductionLabError(f"output directory {self.out} already exists and is not a {self.kind} run; "
+                                    "use a new --out or --overwrite")
+        atomic_write_json(self.manifest, {"kind": self.kind, "params": self.params})
+        return False
+
+    def _has_pieces(self) -> bool:
+        return self.dir.exists() and any(p.is_file() for p in self.dir.rglob("*"))
+
+    def path(self, key: str, ext: str) -> Path:
+        return self.dir / f"{key}.{ext}"
+
+    def done(self, key: str, ext: str = "npz") -> bool:
+        """Whether the piece ``key`` is finished."""
+        return self.path(key, ext).exists()
+
+    def _saved(self, key: str) -> None:
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(key)
+
+    def arrays(self, key: str, compute: Callable[[], dict]) -> dict:
+        """The piece ``key`` as a dict of numpy arrays: loaded if finished, else computed by
+        ``compute()``, written atomically (``.npz``) and returned.
+
+        Raises:
+            InductionLabError: the checkpoint file is corrupt (delete it to recompute)."""
+        import numpy as np
+
+        p = self.path(key, "npz")
+        if p.exists():
+            try:
+                with np.load(p, allow_pickle=False) as z:
+                    return {k: z[k] for k in z.files}
+            except (OSError, ValueError) as e:
+                raise InductionLabError(f"checkpoint {p} is corrupt ({e}); delete it and re-run to recompute it") from e
+        arrays = compute()
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        atomic_write_bytes(p, buf.getvalue())
+        self._saved(key)
+        return arrays
+
+    def json(self, key: str, compute: Callable[[], Any]) -> Any:
+        """The piece ``key`` as JSON (``.json``): loaded if finished, else ``compute()`` written
+        atomically. Returns what a reload returns (JSON types), so a resumed run sees the same values."""
+        p = self.path(key, "json")
+        if not p.exists():
+            atomic_write_json(p, compute())
+            self._saved(key)
+        try:
+            return json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            raise InductionLabError(f"checkpoint {p} is corrupt ({e}); delete it and re-run to recompute it") from e

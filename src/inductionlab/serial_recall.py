@@ -37,9 +37,9 @@ Confidence intervals: 95%, normal approximation over trials (mean ± 1.96·sd/�
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -48,9 +48,9 @@ import torch
 from .ablation import Condition
 from .crp import lag_crp, prob_lag_crp
 from .errors import InductionLabError
-from .instrument import ablate
-from .lag_probe import _mean_ci
 from .models import LoadedModel
+from .protocol import Trials, check_method, forward_logits, run_conditions
+from .stats import mean_ci, pooled_arms, put_ci
 from .stimuli import seed_for, single_token_words
 
 
@@ -60,7 +60,7 @@ class SerialRecallConfig:
     list_length: int = 14           # words per list (SPEC §5, the paper's lists of 14)
     n_shots: int = 3                # solved examples before the test list (decision, SPEC §5)
     n_trials: int = 64              # prompts per condition (CPU default; raise on GPU)
-    batch_size: int = 8             # prompts per forward pass
+    batch_size: int | None = None   # prompts per forward pass; None: from free GPU memory (CPU: 8)
     seed: int = 0
     pool_size: int = 200            # words are drawn from this many most frequent single-token words
     study_prefix: str = "Study:"    # template pieces (see module docstring)
@@ -69,6 +69,20 @@ class SerialRecallConfig:
     bos: bool = True
     generate: bool = True           # also greedy generation (exact match, CRP of recalls)
     method: str = "zero"            # ablation method: zero | mean | sink
+
+    def validate(self) -> None:
+        """Check the options that need no model (called before any model is loaded).
+
+        Raises:
+            InductionLabError: list shorter than 2, negative shots, fewer than 2 trials (no CI),
+                bad batch size or method.
+        """
+        if self.list_length < 2 or self.n_shots < 0 or self.n_trials < 1:
+            raise InductionLabError(f"serial recall needs list_length >= 2, n_shots >= 0 and n_trials >= 1 "
+                                    f"(got {self.list_length}, {self.n_shots}, {self.n_trials})")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise InductionLabError(f"batch size {self.batch_size} must be at least 1")
+        check_method(self.method)
 
 
 @dataclass
@@ -87,10 +101,8 @@ def build_recall_trials(tokenizer, cfg: SerialRecallConfig, max_len: int | None 
             prompt longer than the model's context, a tokenizer without BOS when ``bos``,
             non-positive sizes.
     """
+    cfg.validate()
     L, S = cfg.list_length, cfg.n_shots
-    if L < 2 or S < 0 or cfg.n_trials < 1:
-        raise InductionLabError(f"serial recall needs list_length >= 2, n_shots >= 0 and n_trials >= 1 "
-                                f"(got {L}, {S}, {cfg.n_trials})")
     need = (S + 1) * L
     pool_n = max(cfg.pool_size, need)
     try:
@@ -171,13 +183,6 @@ class SerialRecallResult:
         with np.errstate(invalid="ignore"):
             return np.where(cnt > 0, out / np.where(cnt > 0, cnt, 1), np.nan)
 
-    def _pooled(self) -> list[tuple[str, str, int, str, list[str]]]:
-        rows = [(c.name, c.kind, c.k, str(c.draw), [c.name]) for c in self.conditions]
-        for k in sorted({c.k for c in self.conditions if c.kind == "random"}):
-            names = [c.name for c in self.conditions if c.kind == "random" and c.k == k]
-            rows.append((f"random-{k}", "random", k, f"mean of {len(names)}", names))
-        return rows
-
     def pooled_measures(self, names: list[str]) -> dict[str, np.ndarray]:
         """Per-trial measures averaged over several conditions (random draws), trial by trial."""
         ms = [self.trial_measures(n) for n in names]
@@ -186,12 +191,11 @@ class SerialRecallResult:
     def headline(self) -> pd.DataFrame:
         """One row per condition plus pooled ``random-k`` rows: mean and 95% CI of each measure."""
         rows = []
-        for name, kind, k, draw, names in self._pooled():
+        for name, kind, k, draw, names in pooled_arms(self.conditions):
             m = self.pooled_measures(names)
             row = {"condition": name, "kind": kind, "k": k, "draw": draw, "n_trials": len(m["accuracy"])}
             for key, v in m.items():
-                mean, half = _mean_ci(v)
-                row[key], row[key + "_ci_low"], row[key + "_ci_high"] = float(mean), float(mean - half), float(mean + half)
+                put_ci(row, key, v)
             rows.append(row)
         return pd.DataFrame(rows)
 
@@ -199,7 +203,7 @@ class SerialRecallResult:
         """Tidy: teacher-forced accuracy per (condition, output position 1…L) with 95% CI."""
         rows = []
         for c in self.conditions:
-            m, half = _mean_ci(self.data[c.name]["correct"].astype(np.float64))
+            m, half = mean_ci(self.data[c.name]["correct"].astype(np.float64))
             rows.append(pd.DataFrame({"condition": c.name, "kind": c.kind, "k": c.k, "draw": c.draw,
                                       "position": np.arange(1, len(m) + 1), "accuracy": m,
                                       "ci_low": m - half, "ci_high": m + half}))
@@ -208,9 +212,9 @@ class SerialRecallResult:
     def transition_curve(self) -> pd.DataFrame:
         """Tidy: renormalised transition probability per (condition, lag) with 95% CI (pooled random rows too)."""
         rows = []
-        for name, kind, k, draw, names in self._pooled():
+        for name, kind, k, draw, names in pooled_arms(self.conditions):
             cur = np.mean([self.curve(n) for n in names], axis=0)
-            m, half = _mean_ci(cur)
+            m, half = mean_ci(cur)
             rows.append(pd.DataFrame({"condition": name, "kind": kind, "k": k, "draw": draw, "lag": self.lags,
                                       "mean": m, "ci_low": m - half, "ci_high": m + half}))
         return pd.concat(rows, ignore_index=True).dropna(subset=["mean"])
@@ -245,15 +249,6 @@ class SerialRecallResult:
                 "accuracy_by_position": {c.name: self.data[c.name]["correct"].mean(0).tolist() for c in self.conditions}}
 
 
-def _forward_logits(model, ids: torch.Tensor, keep: int) -> torch.Tensor:
-    """Logits of the last ``keep`` positions, float32 ``[B, keep, V]``."""
-    try:
-        out = model(input_ids=ids, logits_to_keep=keep).logits
-    except TypeError:
-        out = model(input_ids=ids).logits
-    return out[:, -keep:].float()
-
-
 def _greedy(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
     """``n`` greedy tokens after ``prompt`` ``[B, P]`` → ``[B, n]`` (KV cache when the model offers one)."""
     cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -272,6 +267,30 @@ def _greedy(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
     return torch.stack(toks, 1)
 
 
+def build_trials(loaded: LoadedModel, cfg: SerialRecallConfig) -> Trials:
+    """The protocol runner's view of :func:`build_recall_trials`: ``ids`` ``[n, P + L]`` (prompt
+    then the list, so the list is teacher-forced) and ``targets`` ``[n, L]``."""
+    t = build_recall_trials(loaded.tokenizer, cfg, (loaded.identity or {}).get("max_position_embeddings"))
+    return Trials({"ids": torch.cat([t.prompt, t.targets], 1), "targets": t.targets}, t.words)
+
+
+def measure_batch(model, batch: dict[str, torch.Tensor], cfg: SerialRecallConfig) -> dict[str, torch.Tensor]:
+    """One batch: ``ids`` ``[b, P + L]`` (prompt then the list), ``targets`` ``[b, L]`` → the
+    per-trial arrays of :class:`SerialRecallResult` (``generated`` / ``exact`` only when ``cfg.generate``)."""
+    ids, tgt, L = batch["ids"], batch["targets"], cfg.list_length
+    logits = forward_logits(model, ids[:, :-1], L)                   # [b, L, V]: predicts targets 1..L
+    pl = torch.softmax(logits, -1).gather(2, tgt[:, None, :].expand(-1, L, -1))   # [b, out pos, item]
+    out = {"correct": logits.argmax(-1) == tgt, "list_mass": pl.sum(-1).float(),
+           "trans": (pl[:, 1:] / pl[:, 1:].sum(-1, keepdim=True)).float()}
+    if cfg.generate:
+        gen = _greedy(model, ids[:, :-L], L)                           # [b, L]
+        hit = gen[:, :, None] == tgt[:, None, :]                      # [b, L, L]
+        pos = hit.float().argmax(-1).double() + 1
+        pos[~hit.any(-1)] = float("nan")
+        out["generated"], out["exact"] = pos, (gen == tgt).all(1)
+    return out
+
+
 def run_serial_recall(loaded: LoadedModel, conditions: list[Condition], cfg: SerialRecallConfig | None = None,
                       progress=None) -> SerialRecallResult:
     """Run few-shot serial recall under each condition (intact or heads ablated by ``cfg.method``).
@@ -288,41 +307,8 @@ def run_serial_recall(loaded: LoadedModel, conditions: list[Condition], cfg: Ser
         InductionLabError: see :func:`build_recall_trials`; head out of range; unknown method.
     """
     cfg = cfg or SerialRecallConfig()
-    model = loaded.model
-    device = next(model.parameters()).device
-    trials = build_recall_trials(loaded.tokenizer, cfg, (loaded.identity or {}).get("max_position_embeddings"))
-    L = cfg.list_length
-    full = torch.cat([trials.prompt, trials.targets], 1)
-    ref = full[: min(8, len(full))].to(device) if cfg.method == "mean" else None
-    data = {}
-    with torch.inference_mode():
-        for c in conditions:
-            ctx = ablate(model, c.heads, cfg.method, reference_ids=ref) if c.heads else contextlib.nullcontext()
-            acc = {"correct": [], "trans": [], "list_mass": [], "generated": [], "exact": []}
-            with ctx:
-                for s in range(0, len(full), cfg.batch_size):
-                    ids = full[s:s + cfg.batch_size].to(device)
-                    tgt = trials.targets[s:s + cfg.batch_size].to(device)           # [b, L]
-                    logits = _forward_logits(model, ids[:, :-1], L)                # predicts targets 1..L
-                    p = torch.softmax(logits, -1)                                   # [b, L, V]
-                    pl = p.gather(2, tgt[:, None, :].expand(-1, L, -1))             # [b, out pos, item]
-                    mass = pl.sum(-1)
-                    acc["correct"].append((logits.argmax(-1) == tgt).cpu())
-                    acc["list_mass"].append(mass.cpu())
-                    acc["trans"].append((pl[:, 1:] / pl[:, 1:].sum(-1, keepdim=True)).cpu())
-                    if cfg.generate:
-                        gen = _greedy(model, ids[:, :-L], L)                         # [b, L]
-                        hit = gen[:, :, None] == tgt[:, None, :]                    # [b, L, L]
-                        pos = hit.float().argmax(-1).double() + 1
-                        pos[~hit.any(-1)] = float("nan")
-                        acc["generated"].append(pos.cpu())
-                        acc["exact"].append((gen == tgt).all(1).cpu())
-                    if progress is not None:
-                        progress(len(ids))
-            d = {"correct": torch.cat(acc["correct"]).numpy(), "trans": torch.cat(acc["trans"]).float().numpy(),
-                 "list_mass": torch.cat(acc["list_mass"]).float().numpy()}
-            if cfg.generate:
-                d["generated"] = torch.cat(acc["generated"]).numpy()
-                d["exact"] = torch.cat(acc["exact"]).numpy()
-            data[c.name] = d
+    trials = build_trials(loaded, cfg)
+    data = run_conditions(loaded, conditions, trials, method=cfg.method,
+                          batch_size=cfg.batch_size, measure_batch=partial(measure_batch, cfg=cfg), progress=progress,
+                          logit_positions=cfg.list_length)
     return SerialRecallResult(data, list(conditions), cfg, trials.words)

@@ -1,0 +1,172 @@
+"""The protocol runner: conditions × batches × ablation, written once.
+
+A behavioural protocol (the lag probe, serial recall, your own probe) is three things:
+
+1. a config dataclass with a ``validate()`` that needs no model;
+2. ``build_trials(loaded, cfg)``: every trial as tensors with a leading trial axis —
+   a dict ``{"ids": LongTensor [n_trials, T], ...}`` (``ids`` is what the model reads; other
+   entries, e.g. the target ids of each trial, travel with it batch by batch);
+3. ``measure_batch(model, batch) -> {name: Tensor [b, ...]}``: per-trial measures of one batch
+   (``batch`` holds the same keys as the trials, sliced and on the model's device).
+
+:func:`run_conditions` then does the rest, identically for every protocol: for each
+:class:`~inductionlab.ablation.Condition` in order it opens :func:`~inductionlab.instrument.ablate`
+on the condition's heads (none for ``intact``; for ``mean`` ablation the reference batch is
+the first :data:`REFERENCE_TRIALS` trials' ``ids``), runs the trials in batches of
+``batch_size`` under ``torch.inference_mode``, reports progress in trials, and concatenates
+each measure over batches into a numpy array ``[n_trials, ...]``. Every condition sees the
+same trials in the same order, so differences between conditions are paired.
+
+Batches here are rectangular (every trial of a protocol has the same length). Sequences of
+different lengths go through :func:`pad_left`, which derives ``position_ids`` from the
+attention mask (left padding otherwise shifts every real token's position: TransformerLens
+#1609, nnsight #672).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .errors import InductionLabError
+
+REFERENCE_TRIALS = 8   # trials in the mean-ablation reference batch (decision: the first 8 of the run)
+ABLATION_METHODS = ("zero", "mean", "sink")   # methods that ablate a set of heads (knockout needs edges)
+
+
+def check_method(method: str) -> None:
+    """Raise :class:`InductionLabError` unless ``method`` is one of :data:`ABLATION_METHODS`."""
+    if method not in ABLATION_METHODS:
+        raise InductionLabError(f"unknown ablation method {method!r}; use {', '.join(ABLATION_METHODS)}")
+
+@dataclass
+class Trials:
+    """All trials of a protocol run.
+
+    Attributes:
+        tensors: ``{"ids": LongTensor [n_trials, T], ...}``; every entry has the trial axis first
+            and is sliced into batches alongside ``ids``.
+        words: the word set the trials were drawn from (for the record; may be empty).
+    """
+    tensors: dict[str, torch.Tensor]
+    words: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tensors["ids"])
+
+    def head(self, n: int) -> "Trials":
+        """The first ``n`` trials (e.g. a cheaper condition that reuses the start of a run)."""
+        return Trials({k: v[:n] for k, v in self.tensors.items()}, self.words)
+
+
+MeasureBatch = Callable[[torch.nn.Module, dict[str, torch.Tensor]], Mapping[str, torch.Tensor]]
+
+
+def forward_logits(model, ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
+    """Logits of the last ``keep`` positions, float32 ``[B, keep, V]``.
+
+    Passes ``logits_to_keep`` so the LM head runs on ``keep`` positions only (transformers ≥ 4.45);
+    falls back to the full forward for architectures without it."""
+    try:
+        out = model(input_ids=ids, logits_to_keep=keep).logits
+    except TypeError:  # architectures without logits_to_keep
+        out = model(input_ids=ids).logits
+    return out[:, -keep:].float()
+
+
+def auto_batch_size(loaded, seq_len: int, logit_positions: int = 1, cap: int = 64) -> int:
+    """Trials per forward pass from free accelerator memory (CPU: 8).
+
+    Heuristic (inference, no gradients): per sequence ≈ seq_len × (24·hidden + 4·heads·head_dim)
+    activations in the model dtype, plus one eager attention map heads × seq_len² in float32
+    (needed by ``sink`` / reductions), plus ``logit_positions`` × vocab float32 logits ×3
+    (logits, softmax, gather). Uses half of the smallest free memory over the devices the model
+    occupies.
+    """
+    params = list(loaded.model.parameters())
+    devs = {p.device for p in params if p.device.type == "cuda"}
+    if not devs:
+        return 8
+    free = min(torch.cuda.mem_get_info(d)[0] for d in devs)
+    s = loaded.identity
+    nbytes = params[0].element_size()
+    per = (seq_len * (24 * s["hidden_size"] + 4 * s["n_heads"] * s["head_dim"]) * nbytes
+           + s["n_heads"] * seq_len ** 2 * 4 + logit_positions * s["vocab_size"] * 4 * 3)
+    return int(max(1, min(cap, 0.5 * free // per)))
+
+
+def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, torch.Tensor], *, method: str = "zero",
+                   batch_size: int | None = None, measure_batch: MeasureBatch, progress=None,
+                   logit_positions: int = 1) -> dict[str, dict[str, np.ndarray]]:
+    """Run ``measure_batch`` over all ``trials`` under each condition.
+
+    Args:
+        loaded: a :class:`~inductionlab.models.LoadedModel` (anything with ``.model``; ``.identity``
+            is read only when ``batch_size`` is None on a GPU).
+        conditions: :class:`~inductionlab.ablation.Condition` list (``.name``, ``.heads``).
+        trials: :class:`Trials`, or its ``tensors`` dict ``{"ids": LongTensor [n_trials, T], ...}``.
+        method: ablation method for the conditions' heads (``zero`` | ``mean`` | ``sink``).
+        batch_size: trials per forward pass; None: :func:`auto_batch_size` (CPU: 8).
+        measure_batch: ``(model, batch) -> {measure: Tensor [b, ...]}`` (see module docstring).
+        progress: optional callable(n_trials_done).
+        logit_positions: logits kept per trial (for :func:`auto_batch_size` only).
+
+    Returns:
+        condition name -> measure -> numpy array ``[n_trials, ...]`` (dtype as measured).
+
+    Raises:
+        InductionLabError: unknown method, head out of range (from :func:`~inductionlab.instrument.ablate`).
+    """
+    from .instrument import ablate   # here, so the CLI can read ABLATION_METHODS without importing transformers
+
+    model = loaded.model
+    device = next(model.parameters()).device
+    if isinstance(trials, Trials):
+        trials = trials.tensors
+    ids = trials["ids"]
+    n = len(ids)
+    bs = batch_size or auto_batch_size(loaded, ids.shape[1], logit_positions)
+    ref = ids[: min(REFERENCE_TRIALS, n)].to(device) if method == "mean" else None
+    out: dict[str, dict[str, np.ndarray]] = {}
+    with torch.inference_mode():
+        for c in conditions:
+            ctx = ablate(model, c.heads, method, reference_ids=ref) if c.heads else contextlib.nullcontext()
+            parts: dict[str, list[torch.Tensor]] = {}
+            with ctx:
+                for s in range(0, n, bs):
+                    batch = {k: v[s:s + bs].to(device) for k, v in trials.items()}
+                    for key, value in measure_batch(model, batch).items():
+                        parts.setdefault(key, []).append(value.cpu())
+                    if progress is not None:
+                        progress(len(batch["ids"]))
+            out[c.name] = {key: torch.cat(v).numpy() for key, v in parts.items()}
+    return out
+
+
+def pad_left(seqs: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Left-pad token id lists into one batch.
+
+    Returns: ``input_ids`` / ``attention_mask`` / ``position_ids``, each LongTensor ``[B, T_max]``;
+    positions count real tokens only (0 at each sequence's first real token; pads get 0 too,
+    and are masked out of attention).
+    """
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        if len(s):
+            ids[b, T - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[b, T - len(s):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
+
+
+def last_token_logits(model, seqs: Sequence[Sequence[int]], pad_id: int = 0) -> torch.Tensor:
+    """Logits at each sequence's last token from one left-padded forward pass: float32 ``[B, V]``."""
+    device = next(model.parameters()).device
+    batch = {k: v.to(device) for k, v in pad_left(seqs, pad_id).items()}
+    return model(**batch).logits[:, -1].float()

@@ -1,0 +1,255 @@
+"""What a run directory holds besides checkpoints: tables, figures and the Markdown report,
+built from shared pieces (the model line, CI formatting).
+
+Each writer takes a finished result (its numbers are computed elsewhere) and writes every file
+atomically; figures are drawn by :mod:`inductionlab.plots`.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import plots
+from .crp import lag_probe_crp
+from .runs import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+
+def model_line(identity: dict) -> str:
+    """``Model: `spec` (architecture, L layers × H query heads, K KV heads, head_dim D, dtype X).``"""
+    i = {"spec": identity.get("name", "?"), **identity}
+    g = lambda k: i.get(k, "?")  # noqa: E731  (a hand-built LoadedModel may lack some fields)
+    return (f"Model: `{g('spec')}` ({g('architecture')}, {g('n_layers')} layers × {g('n_heads')} query heads, "
+            f"{g('n_kv_heads')} KV heads, head_dim {g('head_dim')}, dtype {g('dtype')}).")
+
+
+def fmt_ci(m, lo, hi, d: int = 3) -> str:
+    """``m [lo, hi]`` with ``d`` significant digits."""
+    return f"{m:.{d}g} [{lo:.{d}g}, {hi:.{d}g}]"
+
+
+def fmt_ci4(m, lo, hi) -> str:
+    """``m [lo, hi]`` with 4 decimals (probabilities of order 1e-3 and above)."""
+    return f"{m:.4f} [{lo:.4f}, {hi:.4f}]"
+
+
+def row_ci(row, name: str, fmt=fmt_ci) -> str:
+    """Format the ``name / name_ci_low / name_ci_high`` columns of a row (dict or namedtuple)."""
+    get = row.get if isinstance(row, dict) else lambda k: getattr(row, k)
+    return fmt(get(name), get(f"{name}_ci_low"), get(f"{name}_ci_high"))
+
+
+def analyze_report(res) -> str:
+    """A short Markdown report of the main job (:func:`inductionlab.analyze.analyze`)."""
+    idn, cfg = res.record["model"], res.record["params"]
+    hl = res.lag.headline()
+    intact = hl[hl["condition"] == "intact"].iloc[0]
+    summary = res.lag.summary()
+    cur = summary[(summary["condition"] == "intact") & (summary["lag"] != 0)]
+    peak = int(cur.loc[cur["mean"].idxmax(), "lag"])
+    near = cur[cur["lag"].abs() <= 10]
+    peak_near = int(near.loc[near["mean"].idxmax(), "lag"])
+    chance = intact["list_mass"] / cfg["lag"]["list_length"]
+    lines = [f"# inductionlab analyze — {idn['name']}", "",
+             model_line(idn), "",
+             "## Top induction heads", "", "| rank | layer | head | induction score |", "|---|---|---|---|"]
+    for i, h in enumerate(res.record["top_induction_heads"], 1):
+        lines.append(f"| {i} | {h['layer']} | {h['head']} | {h['score']:.3f} |")
+    il = res.scores.induction_loss
+    lines += ["", f"Induction loss: first copy {il['first_copy']:.2f} nats, second copy {il['second_copy']:.2f} nats.",
+              "", "## Lag probe", "",
+              f"{cfg['lag']['n_permutations']} trials per condition, list of {cfg['lag']['list_length']} words, cue at "
+              f"position {cfg['lag']['cue_position']}, {cfg['lag']['method']} ablation. "
+              "Probabilities are raw next-token probabilities; 95% CIs over trials.", "",
+              "| condition | lag +1 | lag -1 | lag 0 | list mass |", "|---|---|---|---|---|"]
+    for _, r in hl.iterrows():
+        if r["kind"] == "random" and "mean" not in str(r["draw"]):
+            continue
+        lines.append(f"| {r['condition']} | {row_ci(r, 'lag_plus1', fmt_ci4)} | "
+                     f"{row_ci(r, 'lag_minus1', fmt_ci4)} | "
+                     f"{r['lag0']:.4f} | {r['list_mass']:.3f} |")
+    above = intact["lag_plus1_ci_low"] > chance
+    if peak_near == 1 and above:
+        verdict = "Intact model shows a lag +1 peak"
+    elif peak_near == 1:
+        verdict = ("Intact model: lag +1 is the highest lag within ±10, but its CI includes the even-spread "
+                   "value, so this is **no** clear lag +1 peak")
+    else:
+        verdict = f"Intact model shows **no** lag +1 peak: the highest lag within ±10 is {peak_near:+d}"
+    lines += ["", f"{verdict}. Lag +1 = {intact['lag_plus1']:.4f} [{intact['lag_plus1_ci_low']:.4f}, "
+              f"{intact['lag_plus1_ci_high']:.4f}] vs {chance:.4f} if the list mass were spread evenly over the list; "
+              f"the highest lag over all lags is {peak:+d} (one word per lag and trial, so single lags are noisy).", "",
+              "Induction vs random ablation at lag +1 (paired over the same trials; random = mean of draws):", "",
+              "| k | induction-k | random-k | random − induction [95% CI] |", "|---|---|---|---|"]
+    for _, r in res.lag.contrasts(1).iterrows():
+        lines.append(f"| {int(r['k'])} | {r['induction']:.4f} | {r['random']:.4f} | "
+                     f"{r['random_minus_induction']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] |")
+    lines += ["",
+              "Random rows pool the draws (per-trial mean over draws); per-draw rows are in `lag_headline.csv`.", "",
+              "## Timings", ""]
+    lines += [f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in res.timings.items()]
+    lines += ["", "Files: `results.json` (everything, incl. parameters and versions), `head_scores.csv`, "
+              "`lag_curves.csv`, `lag_headline.csv`, `lag_trials.npz`, `head_scores.png`, `lag_curve.png`, "
+              "`lag_curve_renorm.png`.", ""]
+    return "\n".join(lines)
+
+
+def temporal_report(study, measures: dict[str, str]) -> str:
+    """The Markdown report of :func:`inductionlab.study_temporal.run_temporal_study`: verdicts with
+    numbers and CIs, headline table, figures. ``measures``: measure -> label."""
+    lag, recall, lb_table, conc, head, verd, record, ks = (study.lag, study.recall, study.load_bearing,
+                                                           study.concentration, study.headline, study.verdicts,
+                                                           study.record, study.ks)
+    ident = study.loaded.identity
+    p = record["params"]
+    lines = [f"# Temporal-dependencies study: {ident['name']}", "", model_line(ident) + " "
+             f"Ablation: **{lag.config.method}**; k ∈ {ks}; random heads drawn outside the top "
+             f"{p['exclude_top_n']} by induction score, {p['config']['n_draws']} seeded draws per k. "
+             f"Lag probe: {lag.config.n_permutations} permutations of {lag.config.list_length} words, cue at "
+             f"{lag.config.cue_position} (seed protocol: 5,000). Serial recall: {recall.config.n_trials} prompts, "
+             f"{recall.config.n_shots} shots, lists of {recall.config.list_length}. 95% CIs over trials "
+             "(normal approximation); differences are paired.", "",
+             "## Claims", "", "| claim | verdict | evidence |", "| --- | --- | --- |"]
+    for v in verd:
+        lines.append(f"| ({v['claim']}) {v['text']} | **{'reproduced' if v['reproduced'] else 'not reproduced'}** "
+                     f"| {v['evidence']} |")
+    lines += ["", "Decision rules: " + "; ".join(f"({v['claim']}) {v['rule']}" for v in verd) + ".", ""]
+    if not verd[0]["reproduced"]:
+        lines += ["Claim (a) is not reproduced: p(lag +1) is not a peak of the intact lag curve on this model, so (b) and "
+                  "(c) compare ablations on a probability the model does not single out.", ""]
+    tc = recall.transition_curve()
+    tc = tc[(tc.condition == "intact") & (tc.lag != 0)].sort_values("mean", ascending=False)
+    if len(tc):
+        top = tc.iloc[0]
+        lines += [f"For comparison, the intact serial-recall transition curve (renormalised over the "
+                  f"{recall.config.list_length} list items) peaks at lag {int(top.lag):+d}: "
+                  f"{fmt_ci(top['mean'], top.ci_low, top.ci_high)}.", ""]
+    intact = lag.headline().set_index("condition").loc["intact"]
+    lines += [f"Intact list mass (probability on the {lag.config.list_length} list words): "
+              f"{row_ci(intact, 'list_mass')}; p(lag 0, repeating the cue): "
+              f"{fmt_ci(intact.lag0, intact.lag0_ci_low, intact.lag0_ci_high, 4)}. A small list mass means the model does not "
+              "treat the list as something to recall; the lag curve is then reported as it is, not tuned.", ""]
+    lines += ["## Headline", "", "| measure | k | intact | induction-k ablated | random-k ablated (pooled draws) "
+              "| random − induction (paired) |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in head.itertuples():
+        lines.append(f"| {measures[r.measure]} | {r.k} | {row_ci(r, 'intact')} | "
+                     f"{row_ci(r, 'induction')} | "
+                     f"{row_ci(r, 'random')} | "
+                     f"{row_ci(r, 'random_minus_induction')} |")
+    lines += ["", "![ablation vs k](plots/ablation_vs_k.png)", ""]
+    lines += [f"![lag curves k={k}](plots/lag_curves_k{k}.png)" for k in ks]
+    lines += ["", "## Serial recall", "",
+              "Teacher-forced accuracy per position, the renormalised transition lag curve and the psifr-style CRP of the "
+              "greedy recalls are in `tables/recall_positions.csv`, `tables/recall_transition_curve.csv` and "
+              "`tables/recall_crp.csv`.", "", "![serial recall transitions](plots/recall_transition_curve.png)", ""]
+    crp = record["lag_crp_argmax"]
+    if "intact" in crp:
+        c = crp["intact"]
+        lines += ["## psifr-style lag-CRP of the arg-max response", "",
+                  f"Intact: {c['n_transitions']} of {lag.config.n_permutations} arg-max responses were list words other "
+                  f"than the cue (transitions); CRP(+1) = {c['crp'].get(1)}, CRP(−1) = {c['crp'].get(-1)}. "
+                  "Full tables: `tables/lag_crp_argmax.csv`.", "", "![lag-CRP](plots/lag_crp_argmax.png)", ""]
+    if lb_table is not None:
+        lines += ["## Per-head load-bearing map", "",
+                  f"Each of the top {len(lb_table)} heads by induction score ablated alone ({lag.config.method}): lag probe "
+                  f"on {record['load_bearing']['n_trials']} trials and serial recall on {recall.config.n_trials} prompts; "
+                  "Δ = ablated − intact, paired 95% CI.", "",
+                  "| rank | head | induction score | Δ lag probe p(+1) | Δ serial recall p(+1) | Δ serial recall accuracy |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for r in lb_table.to_dict(orient="records"):
+            cells = [row_ci(r, f'{m}_delta')
+                     for m in ("lag_plus1", "recall_lag_plus1", "recall_accuracy")]
+            lines.append(f"| {r['rank']} | L{r['layer']}H{r['head']} | {r['induction_score']:.3f} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for m, c in conc.items():
+            if m == "recall_accuracy":
+                continue
+            lines.append(f"Concentration of {measures[m]}: total single-head drop {c['total_drop']:.3g}; the largest "
+                         + " / ".join(str(n) for n in c["by_effect"]) + " heads carry "
+                         + " / ".join(f"{v:.0%}" for v in c["by_effect"].values()) + " of it (the top "
+                         + " / ".join(str(n) for n in c["by_induction_rank"]) + " by induction score: "
+                         + " / ".join(f"{v:.0%}" for v in c["by_induction_rank"].values()) + ").")
+        lines += ["", "![load-bearing](plots/load_bearing.png)", "", "![concentration](plots/concentration.png)", ""]
+    lines += ["## Head scores", "", "![head scores](plots/head_scores.png)", "",
+              "All numbers: `results.json`; tables: `tables/`.", ""]
+    return "\n".join(lines)
+
+
+def write_analyze_outputs(d: Path, res) -> None:
+    """The tables, figures and per-trial arrays of :func:`inductionlab.analyze.analyze` (each file
+    written atomically; report.md and results.json are written last, by the job)."""
+    hs = res.scores
+    L, H = hs["induction"].shape
+    heads = pd.DataFrame([{"layer": l, "head": h, **{n: float(v[l, h]) for n, v in hs.scores.items()}}
+                          for l in range(L) for h in range(H)])
+    summary, headline = res.lag.summary(), res.lag.headline()
+    for df, name in ((heads, "head_scores.csv"), (summary, "lag_curves.csv"), (headline, "lag_headline.csv")):
+        atomic_write_text(d / name, df.to_csv(index=False))
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **{f"probs/{k}": v for k, v in res.lag.probs.items()})
+    atomic_write_bytes(d / "lag_trials.npz", buf.getvalue())
+    name = res.loaded.identity["name"]
+    plots.head_heatmaps(hs.scores, d / "head_scores.png", title=name)
+    shown = ["intact"] + [c for c in summary["condition"].unique()
+                          if c.startswith("induction-") or (c.startswith("random-") and "-d" not in c)]
+    lc = res.lag.config
+    sub = f"{lc.n_permutations} trials/condition, {lc.method} ablation, random = mean of draws"
+    intact = headline[headline["condition"] == "intact"].iloc[0]
+    plots.lag_curves(summary, d / "lag_curve.png", conditions=shown, title=f"{name}: lag probe\n{sub}",
+                     chance=float(intact["list_mass"]) / lc.list_length)
+    plots.lag_curves(summary, d / "lag_curve_renorm.png", conditions=shown, column="mean_renorm",
+                     title=f"{name}: lag probe, renormalised over the list\n{sub}", chance=1 / lc.list_length)
+
+
+def write_temporal_outputs(out: Path, study, measures: dict[str, str]) -> None:
+    """The run directory of :func:`inductionlab.study_temporal.run_temporal_study`: results.json,
+    tables/, plots/ and report.md (each file written atomically). ``measures``: measure -> label."""
+    name, ks, method = study.loaded.identity["name"], study.ks, study.lag.config.method
+    lag, recall, lb_table, conc, head, hs = (study.lag, study.recall, study.load_bearing, study.concentration,
+                                             study.headline, study.scores)
+    tables, figs = out / "tables", out / "plots"
+    L, H = hs["induction"].shape
+
+    def csv(df, fname):
+        atomic_write_text(tables / fname, df.to_csv(index=False))
+
+    csv(pd.DataFrame([{"layer": l, "head": h, **{n: float(v[l, h]) for n, v in hs.scores.items()}}
+                      for l in range(L) for h in range(H)]), "head_scores.csv")
+    summary = lag.summary()
+    csv(summary, "lag_curves.csv")
+    csv(lag.headline(), "lag_headline.csv")
+    crp = lag_probe_crp(lag)
+    csv(crp, "lag_crp_argmax.csv")
+    csv(recall.headline(), "recall_headline.csv")
+    csv(recall.positions(), "recall_positions.csv")
+    trans = recall.transition_curve()
+    csv(trans, "recall_transition_curve.csv")
+    csv(recall.crp(), "recall_crp.csv")
+    csv(head, "headline.csv")
+    csv(pd.DataFrame([{k: v for k, v in d.items() if k != "per_k"} for d in study.verdicts]), "verdicts.csv")
+    if lb_table is not None:
+        csv(lb_table, "load_bearing.csv")
+
+    plots.head_heatmaps(hs.scores, figs / "head_scores.png", title=name)
+    for k in ks:
+        plots.lag_curves(summary, figs / f"lag_curves_k{k}.png", conditions=["intact", f"induction-{k}", f"random-{k}"],
+                         title=f"{name}: lag probe, k = {k} heads ablated ({method})")
+    kmax = ks[-1]
+    plots.ablation_vs_k(head, {m: measures[m] for m in ("lag_plus1", "recall_accuracy", "recall_lag_plus1")},
+                        figs / "ablation_vs_k.png", title=f"{name}: induction vs random ablation ({method})")
+    plots.tidy_curves(trans, figs / "recall_transition_curve.png", ["intact", f"induction-{kmax}", f"random-{kmax}"],
+                      "lag (item position − previous item's position)", "p(next = item at lag), renormalised over list",
+                      f"{name}: serial recall transitions")
+    shown = ["intact", f"induction-{kmax}"] + [c.name for c in lag.conditions if c.kind == "random" and c.k == kmax][:1]
+    plots.tidy_curves(crp[crp.lag.abs() <= 10], figs / "lag_crp_argmax.png", shown, "lag", "CRP (arg-max response)",
+                      f"{name}: psifr-style lag-CRP of the arg-max response", value="prob")
+    if lb_table is not None:
+        plots.load_bearing_scatter(lb_table, {m: measures[m] for m in conc}, figs / "load_bearing.png",
+                                   title=f"{name}: per-head effect of ablating one induction head ({method})")
+        plots.concentration_curve({measures[m]: conc[m] for m in ("lag_plus1", "recall_lag_plus1")},
+                                  figs / "concentration.png", title=f"{name}: concentration of the lag +1 effect")
+    atomic_write_json(out / "results.json", study.record)
+    atomic_write_text(out / "report.md", temporal_report(study, measures))

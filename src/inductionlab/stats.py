@@ -1,0 +1,82 @@
+"""Statistics shared by every protocol and study: 95% CIs over trials, the column convention
+for them, pooling of random draws, paired contrasts.
+
+Convention (SPEC §4): a CI is the normal approximation over trials, mean ± 1.96·sd/√n (sd with
+ddof = 1). Every condition of a protocol sees the same trials in the same order, so a
+difference between two conditions is computed trial by trial (paired) before its CI. Random
+draws of one k are pooled the same way: the per-trial mean over the draws, then the CI.
+
+A measure ``x`` with its CI is written as three columns ``x``, ``x_ci_low``, ``x_ci_high``
+(:func:`put_ci`), in tidy tables and in results.json alike.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, MutableMapping
+
+import numpy as np
+
+Z95 = 1.959963984540054   # two-sided 95% quantile of the standard normal
+
+
+def mean_ci(arr) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over axis 0 and the half-width of its normal-approximation 95% CI.
+
+    Args:
+        arr: ``[n_trials, ...]`` per-trial values (any numeric dtype; computed in float64).
+
+    Returns:
+        ``(mean, half)``, each of shape ``arr.shape[1:]`` (numpy scalars for 1-D input);
+        ``half`` is NaN when there is a single trial.
+    """
+    arr = np.asarray(arr, dtype=np.float64)
+    n = arr.shape[0]
+    m = arr.mean(0)
+    half = Z95 * arr.std(0, ddof=1) / np.sqrt(n) if n > 1 else np.full_like(m, np.nan)
+    return m, half
+
+
+def ci(values) -> tuple[float, float, float]:
+    """``(mean, ci_low, ci_high)`` of 1-D per-trial values, as Python floats."""
+    m, half = mean_ci(values)
+    return float(m), float(m - half), float(m + half)
+
+
+def put_ci(row: MutableMapping, name: str, values) -> MutableMapping:
+    """Write ``name``, ``name_ci_low``, ``name_ci_high`` (mean and 95% CI of ``values`` over
+    axis 0) into ``row`` and return it. ``values``: ``[n_trials]`` or ``[n_trials, ...]``."""
+    m, half = mean_ci(values)
+    row[name], row[f"{name}_ci_low"], row[f"{name}_ci_high"] = m, m - half, m + half
+    return row
+
+
+def paired_diff(a, b) -> tuple[float, float, float]:
+    """Paired contrast ``a − b`` over the same trials: ``(mean, ci_low, ci_high)``.
+    ``a``, ``b``: ``[n_trials]``, trial ``i`` of both seen under the two conditions."""
+    return ci(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+
+
+def draws_by_k(conditions: Iterable, kind: str = "random") -> dict[int, list[str]]:
+    """``k -> names`` of the conditions of one kind (e.g. the random draws of each k), sorted by
+    k, in run order within a k. ``conditions``: objects with ``.name``, ``.kind``, ``.k``."""
+    out: dict[int, list[str]] = {}
+    for c in sorted((c for c in conditions if c.kind == kind), key=lambda c: c.k):
+        out.setdefault(c.k, []).append(c.name)
+    return out
+
+
+def pooled(table: Mapping[str, np.ndarray], names: list[str]) -> np.ndarray:
+    """Per-trial mean over conditions (paired trials), e.g. over the random draws of one k.
+    ``table``: name -> ``[n_trials, ...]``; returns ``[n_trials, ...]``."""
+    return np.mean([table[n] for n in names], axis=0)
+
+
+def pooled_arms(conditions: Iterable, kind: str = "random") -> list[tuple[str, str, int, str, list[str]]]:
+    """Every condition as its own arm, then one pooled arm per k of ``kind``:
+    ``(name, kind, k, draw, member names)``; the pooled arm is named ``<kind>-<k>`` with
+    draw ``"mean of <n>"``."""
+    conditions = list(conditions)
+    rows = [(c.name, c.kind, c.k, str(c.draw), [c.name]) for c in conditions]
+    for k, names in draws_by_k(conditions, kind).items():
+        rows.append((f"{kind}-{k}", kind, k, f"mean of {len(names)}", names))
+    return rows

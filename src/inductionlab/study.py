@@ -1,0 +1,126 @@
+"""Pieces every study shares: head scores as a checkpointed piece, protocol phases over
+conditions, the k check. A study module (``study_temporal``, ``analyze``) then holds only its
+config, its phase list, its tables and verdicts.
+
+The shape of a study (``analyze`` and ``study temporal`` follow it; a new study copies this
+recipe, not a module)::
+
+    @dataclass
+    class MyStudyConfig:                  # 1. config: nests the protocol configs as they are
+        lag: LagProbeConfig = field(default_factory=LagProbeConfig)
+        seed: int = 0
+        def validate(self) -> None: ...   #    needs no model; the CLI and the API both call it
+
+    PHASES = (Phase("lag", "lag", "ablation"),)          # 2. piece folder, protocol, condition set
+    PROTOCOLS = {"lag": lag_probe}                       #    modules with build_trials / measure_batch
+
+    def run_my_study(loaded, cfg, out, *, progress=True, overwrite=False, on_checkpoint=None) -> MyStudy:
+        cfg.validate()                                   #    before any file is written
+        run = ResumableRun(out, "study-mine", params, overwrite=overwrite, on_checkpoint=on_checkpoint)
+        run.open()                                       # 3. refuses another run; resumes this one
+        hs = head_scores_piece(run, loaded, seq_len=..., batch_size=..., seed=cfg.seed)
+        conditions = ablation_conditions(hs["induction"], ks, ...)
+        parts, words = run_phases(run, loaded, PHASES, PROTOCOLS, {"lag": cfg.lag},
+                                  {"ablation": conditions}, {"lag": cfg.lag.n_permutations})
+        ...                                              # 4. tables and verdicts (pure functions, stats.py)
+        write tables/, plots (plots.py), report.md (report.py), results.json
+        return MyStudy(...)                              # 5. a typed result
+
+Each piece (``scores``, ``<phase>/<condition>``) is computed once, written atomically under
+``<out>/checkpoints/`` and loaded on a re-run (:class:`inductionlab.runs.ResumableRun`).
+CLI options come from :mod:`inductionlab.cli_options`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Mapping, Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .errors import InductionLabError
+from .protocol import run_conditions
+from .runs import ResumableRun
+from .scores import HeadScores, compute_head_scores
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One protocol under one set of conditions: pieces ``<key>/<condition name>``."""
+    key: str          # checkpoint folder, e.g. "lag"
+    protocol: str     # key into the study's protocol table, e.g. "lag"
+    conditions: str   # key into the study's condition sets, e.g. "ablation" or "single"
+
+
+def check_ks(ks: Sequence[int], n_total: int, exclude_top_n: int) -> None:
+    """Every k must leave room for random draws outside the top N.
+
+    Raises:
+        InductionLabError: a k below 1 or above ``n_total − exclude_top_n``."""
+    for k in ks:
+        if not 1 <= k <= n_total - exclude_top_n:
+            raise InductionLabError(f"k={k}: must be between 1 and the {n_total - exclude_top_n} heads left outside "
+                                    f"the top {exclude_top_n} for random draws; lower k or --exclude-top-n")
+
+
+def head_scores_piece(run: ResumableRun, loaded, *, seq_len: int, batch_size: int, n_batches: int = 1, seed: int = 0,
+                      progress: bool = True) -> HeadScores:
+    """Head scores (SPEC §3) as the piece ``scores``: computed once, then loaded."""
+    def compute():
+        with tqdm(total=batch_size * n_batches, desc="head scores", unit="seq", disable=not progress) as bar:
+            hs = compute_head_scores(loaded.model, tokenizer=loaded.tokenizer, seq_len=seq_len, batch_size=batch_size,
+                                     n_batches=n_batches, seed=seed, progress=bar.update)
+        return {"scores": hs.scores, "induction_loss": hs.induction_loss, "params": hs.params}
+    raw = run.json("scores", compute)
+    return HeadScores({k: np.asarray(v) for k, v in raw["scores"].items()}, raw["induction_loss"], raw["params"])
+
+
+def run_phases(run: ResumableRun, loaded, phases: Sequence[Phase], protocols: Mapping[str, ModuleType],
+               configs: Mapping[str, object], condition_sets: Mapping[str, list], n_trials: Mapping[str, int], *,
+               progress: bool = True, timings: dict | None = None):
+    """Every piece ``<phase.key>/<condition>`` of ``phases``, in order: loaded if finished, else
+    :func:`~inductionlab.protocol.run_conditions` on the first ``n_trials[phase.key]`` trials.
+
+    Args:
+        protocols: protocol name -> module with ``build_trials(loaded, cfg)`` and
+            ``measure_batch(model, batch, cfg)``; trials are built once per protocol, on first need.
+        configs: protocol name -> its config (``method``, ``batch_size`` are read).
+        condition_sets: name -> list of :class:`~inductionlab.ablation.Condition`.
+        n_trials: phase key -> trials used (the first ones: a phase can reuse the start of a run).
+        timings: optional dict; ``<phase>_s`` accumulates the compute time of each phase.
+
+    Returns:
+        ``(parts, words)``: phase key -> condition name -> measure -> array ``[n_trials, ...]``;
+        protocol name -> the word set of its trials.
+    """
+    timings = {} if timings is None else timings
+    todo = [(ph, c) for ph in phases for c in condition_sets[ph.conditions]]
+    pending = [(ph, c) for ph, c in todo if not run.done(f"{ph.key}/{c.name}")]
+    trials: dict[str, object] = {}
+    parts: dict[str, dict[str, dict]] = {ph.key: {} for ph in phases}
+    words: dict[str, list[str]] = {}
+    with tqdm(total=sum(n_trials[ph.key] for ph, _ in pending), desc="conditions", unit="trial",
+              disable=not progress) as bar:
+        for ph, c in todo:
+            key = f"{ph.key}/{c.name}"
+            module, cfg = protocols[ph.protocol], configs[ph.protocol]
+
+            def compute():
+                t = time.perf_counter()
+                bar.set_postfix_str(key)
+                if ph.protocol not in trials:
+                    trials[ph.protocol] = module.build_trials(loaded, cfg)
+                tr = trials[ph.protocol].head(n_trials[ph.key])
+                arrays = run_conditions(loaded, [c], tr, method=cfg.method, batch_size=cfg.batch_size,
+                                        measure_batch=lambda m, b: module.measure_batch(m, b, cfg),
+                                        progress=bar.update)[c.name]
+                timings[f"{ph.key}_s"] = timings.get(f"{ph.key}_s", 0.0) + time.perf_counter() - t
+                return {**arrays, "words": np.asarray(tr.words)}
+
+            arrays = dict(run.arrays(key, compute))
+            words[ph.protocol] = [str(w) for w in arrays.pop("words")]
+            parts[ph.key][c.name] = arrays
+    return parts, words

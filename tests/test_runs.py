@@ -1,0 +1,82 @@
+"""Run directories: the resumable-run helper (pieces computed once, params checked, overwrite)
+and the up-front checks of --out."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from inductionlab.errors import InductionLabError
+from inductionlab.runs import ResumableRun, atomic_write_json
+
+
+def test_pieces_are_computed_once_and_reloaded_identically(tmp_path):
+    calls, saved = [], []
+
+    def compute():
+        calls.append(1)
+        return {"p": np.array([0.25, 0.5], np.float32), "nan": np.array([np.nan])}
+
+    run = ResumableRun(tmp_path / "r", "toy", {"n": 2}, on_checkpoint=saved.append)
+    assert run.open() is False
+    first = run.arrays("lag/intact", compute)
+    assert json.loads((tmp_path / "r" / "study.json").read_text()) == {"kind": "toy", "params": {"n": 2}}
+    again = ResumableRun(tmp_path / "r", "toy", {"n": 2})
+    assert again.open() is True and again.done("lag/intact")
+    second = again.arrays("lag/intact", compute)
+    assert calls == [1] and saved == ["lag/intact"]
+    assert second["p"].dtype == np.float32 and np.array_equal(second["p"], first["p"])
+    assert np.isnan(second["nan"]).all()
+    assert again.json("scores", lambda: {"x": (1, 2)}) == {"x": [1, 2]}      # what a reload returns
+    assert again.json("scores", lambda: pytest.fail("recomputed")) == {"x": [1, 2]}
+    assert not [p for p in (tmp_path / "r").rglob("*.tmp")]
+
+
+def test_other_params_refused_only_with_finished_pieces(tmp_path):
+    out = tmp_path / "r"
+    ResumableRun(out, "toy", {"n": 2}).open()
+    ResumableRun(out, "toy", {"n": 3}).open()          # no finished piece: not "a different run"
+    assert json.loads((out / "study.json").read_text())["params"] == {"n": 3}
+    ResumableRun(out, "toy", {"n": 3}).arrays("a", lambda: {"x": np.zeros(1)})
+    with pytest.raises(InductionLabError, match=r"different parameters \(n\)"):
+        ResumableRun(out, "toy", {"n": 4}).open()
+    r = ResumableRun(out, "toy", {"n": 4}, overwrite=True)  # --overwrite: delete and start afresh
+    assert r.open() is False and not r.done("a")
+
+
+def test_foreign_or_corrupt_directories(tmp_path):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(InductionLabError, match="already exists and is not a toy run"):
+        ResumableRun(out, "toy", {}).open()
+    with pytest.raises(InductionLabError, match="already exists and is not a resumable run"):
+        ResumableRun.check_out(out)
+    ResumableRun.check_out(out, overwrite=True)
+    (out / "notes.txt").unlink()
+    atomic_write_json(out / "study.json", {"kind": "toy"})
+    with pytest.raises(InductionLabError, match="is corrupt"):
+        ResumableRun(out, "toy", {}).open()
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "a.npz").write_bytes(b"not an npz")
+    with pytest.raises(InductionLabError, match="checkpoint .* is corrupt"):
+        ResumableRun(out, "toy", {}).arrays("a", dict)
+
+
+def test_check_out_paths(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(InductionLabError, match="is a file"):
+        ResumableRun.check_out(f)
+    with pytest.raises(InductionLabError, match="lies under the file"):
+        ResumableRun.check_out(f / "sub" / "run")
+    ResumableRun.check_out(tmp_path / "new" / "run")                  # not there yet: fine
+    assert not (tmp_path / "new").exists()                            # and nothing created
+    if os.geteuid() != 0:                                             # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o555)
+        with pytest.raises(InductionLabError, match="cannot write under"):
+            ResumableRun.check_out(ro / "run")

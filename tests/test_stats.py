@@ -1,0 +1,52 @@
+"""CIs, the x / x_ci_low / x_ci_high columns, pooling of random draws, paired contrasts — hand-worked."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from inductionlab.ablation import Condition
+from inductionlab.stats import Z95, ci, draws_by_k, mean_ci, paired_diff, pooled, pooled_arms, put_ci
+
+
+def test_mean_ci_hand_worked():
+    # [1, 2, 3]: mean 2, sd (ddof 1) 1, half-width 1.96 / √3
+    m, half = mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and half == pytest.approx(Z95 / math.sqrt(3))
+    assert Z95 == pytest.approx(1.959964, abs=1e-6)
+    # per column over axis 0; a constant column has a zero-width CI
+    m, half = mean_ci(np.array([[0.0, 5.0], [2.0, 5.0]]))
+    assert m.tolist() == [1.0, 5.0] and half[1] == 0.0 and half[0] == pytest.approx(Z95)   # sd √2, n 2
+    m, half = mean_ci([4.0])                     # one trial: no CI
+    assert m == 4.0 and math.isnan(half)
+
+
+def test_put_ci_and_ci_columns():
+    row = put_ci({"condition": "intact"}, "lag_plus1", [0.1, 0.3])
+    # mean 0.2, sd 0.1414, half 1.96 · 0.1414 / √2 = 0.196
+    assert row["lag_plus1"] == pytest.approx(0.2)
+    assert row["lag_plus1_ci_low"] == pytest.approx(0.2 - Z95 * 0.1)
+    assert row["lag_plus1_ci_high"] == pytest.approx(0.2 + Z95 * 0.1)
+    assert ci([0.1, 0.3]) == pytest.approx((0.2, 0.2 - Z95 * 0.1, 0.2 + Z95 * 0.1))
+
+
+def test_paired_diff_uses_trial_pairs():
+    a, b = np.array([0.5, 0.7, 0.9]), np.array([0.4, 0.6, 0.8])   # every trial differs by exactly 0.1
+    m, lo, hi = paired_diff(a, b)
+    assert m == pytest.approx(0.1) and lo == pytest.approx(0.1) and hi == pytest.approx(0.1)  # unpaired would be wide
+
+
+def test_pooling_of_random_draws():
+    conds = [Condition("intact", "intact"), Condition("random-5-d0", "random", 5, 0), Condition("random-2-d0", "random", 2, 0),
+             Condition("random-5-d1", "random", 5, 1), Condition("induction-2", "induction", 2)]
+    assert draws_by_k(conds) == {2: ["random-2-d0"], 5: ["random-5-d0", "random-5-d1"]}
+    assert list(draws_by_k(conds)) == [2, 5]                      # sorted by k
+    assert draws_by_k(conds, "induction") == {2: ["induction-2"]}
+    table = {"random-5-d0": np.array([0.0, 1.0]), "random-5-d1": np.array([1.0, 3.0])}
+    assert pooled(table, ["random-5-d0", "random-5-d1"]).tolist() == [0.5, 2.0]   # per-trial mean over draws
+    arms = pooled_arms(conds)
+    assert [a[0] for a in arms] == ["intact", "random-5-d0", "random-2-d0", "random-5-d1", "induction-2",
+                                    "random-2", "random-5"]
+    assert arms[-1] == ("random-5", "random", 5, "mean of 2", ["random-5-d0", "random-5-d1"])
