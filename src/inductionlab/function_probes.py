@@ -13,7 +13,6 @@ its CI from the per-task standard errors (``1.96·sqrt(Σ se_t²) / n_tasks``; t
 
 from __future__ import annotations
 
-import contextlib
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -22,7 +21,7 @@ import torch
 
 from .batching import pad_left
 from .icl_tasks import Prompt
-from .load_bearing_eval import Z95
+from .load_bearing_eval import Z95, ablation_context
 
 KS = (1, 3)
 
@@ -76,13 +75,7 @@ def run_probes(model, prompts: Sequence[Prompt], *, tokenizer=None, pad_id: int 
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].input_ids))
     ranks = np.zeros(len(prompts), np.int64)
     probs = np.zeros(len(prompts), np.float64)
-    heads = None if heads is None else [(int(l), int(h)) for l, h in heads]
-    if heads is not None:
-        from .instrument import ablate
-        ctx = ablate(model, heads, method, reference_ids=reference_ids)
-    else:
-        ctx = contextlib.nullcontext()
-    with torch.inference_mode(), ctx:
+    with torch.inference_mode(), ablation_context(model, heads, method, reference_ids):
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]
             logits = last_logits(model, [prompts[i].input_ids for i in idx], pid)

@@ -23,8 +23,9 @@ number of heads with score strictly above 0.1, 0.2, 0.4.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -46,6 +47,15 @@ def mean_ci(values) -> tuple[float, float, float]:
         return m, float("nan"), float("nan")
     half = Z95 * float(v.std(ddof=1)) / math.sqrt(v.size)
     return m, m - half, m + half
+
+
+def ablation_context(model, heads: Iterable[tuple[int, int]] | None, method: str = "zero", reference_ids=None):
+    """:func:`inductionlab.instrument.ablate` over ``heads``, or a no-op context when ``heads`` is None
+    (so every evaluation protocol runs intact and ablated through one code path)."""
+    if heads is None:
+        return contextlib.nullcontext()
+    from .instrument import ablate
+    return ablate(model, [(int(l), int(h)) for l, h in heads], method, reference_ids=reference_ids)
 
 
 def _paired(intact, ablated) -> tuple[np.ndarray, np.ndarray]:
@@ -191,5 +201,5 @@ def gini(values) -> float:
     return float(2.0 * np.sum(np.arange(1, n + 1) * x) / (n * tot) - (n + 1) / n)
 
 
-__all__ = ["Z95", "mean_ci", "relative_change", "relative_contrast", "headline", "drops_table",
+__all__ = ["Z95", "ablation_context", "mean_ci", "relative_change", "relative_contrast", "headline", "drops_table",
            "score_concentration", "gini"]
