@@ -4,10 +4,10 @@
   as lm-eval tasks: per task a ``NAME.train.jsonl`` / ``NAME.test.jsonl`` (``{"x", "y"}`` per
   line) and a ``NAME.yaml`` over them (``dataset_path: json`` with the files' absolute paths), all
   tagged ``inductionlab_icl``. Any lm-eval user can run them offline:
-  ``lm_eval --include_path DIR --tasks inductionlab_icl ...``. The prompt is ours
-  (``Q: x\\nA:``, target ``" y"``, demonstrations joined by a blank line, drawn from the train
-  split); the metric is lm-eval's ``acc`` for ``loglikelihood`` tasks: 1 when the whole answer
-  is the model's greedy continuation (stricter than our first-token HITS@1).
+  ``lm_eval run --include_path DIR --tasks inductionlab_icl --model hf --model_args pretrained=M``.
+  The prompt is ours (``Q: x\\nA:``, target ``" y"``, demonstrations joined by a blank line,
+  drawn from the train split); the metric is lm-eval's ``acc`` for ``loglikelihood`` tasks: 1
+  when the whole answer is the model's greedy continuation (stricter than our first-token HITS@1).
 * :func:`run_lm_eval` runs any of those or any installed lm-eval task by name on a loaded model
   (``HFLM(pretrained=model, tokenizer=tokenizer)``), with the datasets library offline; a task
   whose dataset is not on disk is a one-line error naming the task and its dataset, raised
@@ -191,8 +191,8 @@ def run_lm_eval(model, tokenizer, tasks: Sequence[str], *, include_path: str | o
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
     with _offline(offline):
         res = simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, batch_size=batch_size,
-                              limit=limit, task_manager=tm, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-                              fewshot_random_seed=seed, log_samples=False, bootstrap_iters=0)
+                              limit=limit, task_manager=tm, random_seed=seed, numpy_random_seed=seed,
+                              torch_random_seed=seed, fewshot_random_seed=seed, log_samples=False, bootstrap_iters=0)
     configs = {t: {k: c.get(k) for k in ("num_fewshot", "fewshot_split", "fewshot_delimiter", "target_delimiter",
                                          "output_type", "dataset_path")}
                for t, c in (res.get("configs") or {}).items()}
