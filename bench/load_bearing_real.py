@@ -41,7 +41,7 @@ def matched_random(draw):  # per layer, as many heads as chosen there, never a c
 
 
 conds = {"intact": None, "induction": chosen, **{f"random-d{d}": matched_random(d) for d in range(n_draws)}}
-prompts = [p for p in make_all_prompts(build_tasks(), lm.tokenizer, shots=(10,), n_prompts=n, seed=0, permuted=False)]
+prompts = make_all_prompts(build_tasks(), lm.tokenizer, shots=(10,), n_prompts=n, seed=0, permuted=False)
 hits, ben = {}, {}
 for name, heads in conds.items():
     hits[name] = run_probes(lm.model, prompts, tokenizer=lm.tokenizer, batch_size=32, heads=heads)["hits1"].to_numpy()

@@ -67,6 +67,15 @@ def test_icl_score_known_curve_and_ci():
     assert np.allclose(r["per_sequence"]["benefit"], [-d, 0, -d, 0])
 
 
+def test_icl_score_window_averages_the_curve():
+    r = icl_score(CurveModel(), seqs([0, 2], 600), window=5)
+    want = np.mean([curve(t) for t in range(496, 501)]) - np.mean([curve(t) for t in range(46, 51)])
+    assert r["window"] == 5 and r["score"] == pytest.approx(want, rel=1e-5)
+    assert icl_score(CurveModel(), seqs([0], 600), late=20, early=3, window=9)["window"] == 3
+    with pytest.raises(InductionLabError, match="window"):
+        icl_score(CurveModel(), seqs([0], 600), window=0)
+
+
 def test_positions_scaled_to_short_context():
     assert icl_positions(2048) == (500, 50)
     assert icl_positions(100) == (99, 10)                      # 50 · 99 / 500 = 9.9

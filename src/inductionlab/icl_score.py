@@ -118,17 +118,20 @@ def text_windows(tokenizer, text: str, length: int, *, bos_id: int | None = None
     return torch.as_tensor(rows, dtype=torch.long)
 
 
-def icl_score(model, sequences: torch.Tensor, *, late: int = 500, early: int = 50, batch_size: int = 2,
-              heads=None, method: str = "zero", reference_ids=None) -> dict:
+def icl_score(model, sequences: torch.Tensor, *, late: int = 500, early: int = 50, window: int = 1,
+              batch_size: int = 2, heads=None, method: str = "zero", reference_ids=None) -> dict:
     """ICL score of ``model`` on ``sequences`` (Olsson et al. 2022).
 
     Args:
         sequences: LongTensor ``[N, T]`` of natural text (see :func:`heldout_windows`); positions
             are scaled when ``T`` or the model's context is shorter than ``late + 1``; only the
             first ``late + 1`` tokens are run.
+        window: average the loss over the ``window`` tokens ending at each position (indices
+            ``t − window + 1 .. t``; 1 = the single token, as in Olsson et al.; larger values
+            trade locality for less noise per sequence; clipped to ``early``).
         heads, method, reference_ids: ablate these heads meanwhile.
 
-    Returns: ``{"late", "early", "n", "score", "ci_low", "ci_high", "loss_late", "loss_early",
+    Returns: ``{"late", "early", "window", "n", "score", "ci_low", "ci_high", "loss_late", "loss_early",
     "per_sequence": {"loss_late": [N], "loss_early": [N], "benefit": [N]}}`` (nats; score =
     loss_late − loss_early, benefit = −score per sequence).
     """
@@ -140,9 +143,12 @@ def icl_score(model, sequences: torch.Tensor, *, late: int = 500, early: int = 5
     lt, et = icl_positions(ctx, late, early)
     nll = token_losses(model, sequences[:, :lt + 1], batch_size=batch_size, heads=heads, method=method,
                        reference_ids=reference_ids)
-    ll, le = nll[:, lt - 1], nll[:, et - 1]
+    if window < 1:
+        raise InductionLabError(f"window must be >= 1 token, got {window}")
+    w = min(int(window), et)
+    ll, le = nll[:, lt - w:lt].mean(1), nll[:, et - w:et].mean(1)
     m, lo, hi = mean_ci(ll - le)
-    return {"late": lt, "early": et, "n": int(len(ll)), "score": m, "ci_low": lo, "ci_high": hi,
+    return {"late": lt, "early": et, "window": w, "n": int(len(ll)), "score": m, "ci_low": lo, "ci_high": hi,
             "loss_late": float(ll.mean()), "loss_early": float(le.mean()),
             "per_sequence": {"loss_late": ll, "loss_early": le, "benefit": le - ll}}
 
