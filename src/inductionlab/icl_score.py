@@ -1,0 +1,193 @@
+"""In-context learning score (Olsson et al. 2022) and the induction loss on repeated random tokens.
+
+**ICL score.** On natural held-out text, ``loss(late) − loss(early)`` where ``loss(t) =
+−log p(x_t | x_<t)`` in nats for the token at 0-based index ``t`` of a window that starts at a
+document start. Olsson et al. use the 500th vs the 50th token; when the model's context (or the
+window) is shorter than ``late + 1`` tokens, both positions are scaled by the same factor
+(decision: ``late' = context − 1``, ``early' = max(1, round(early · late' / late))``).
+Negative = the model predicts later tokens better thanks to the context. Per-sequence values
+give a 95% CI over sequences (normal approximation). The *ICL benefit* ``loss(early) −
+loss(late)`` (= −score, larger is better) is what the load-bearing test compares.
+
+**Induction loss** (SPEC §3): ``[BOS] S S`` with ``S`` = T distinct random ordinary tokens
+(the sequences of :mod:`inductionlab.scores`); mean next-token loss over the first copy
+(predicting ``S[1:]``) and over the second copy (predicting every token of the repeat), per
+sequence; *induction benefit* = first − second. The means equal
+:func:`inductionlab.scores.compute_head_scores`' ``induction_loss`` on the same sequences.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from .errors import InductionLabError
+from .load_bearing_eval import ablation_context, mean_ci
+
+
+def icl_positions(context: int, late: int = 500, early: int = 50) -> tuple[int, int]:
+    """The (late, early) token indices used for a window of ``context`` tokens (module docstring).
+
+    Raises: InductionLabError when ``early >= late``, ``early < 1`` or ``context < 3``."""
+    if not 1 <= early < late:
+        raise InductionLabError(f"ICL score positions need 1 <= early < late, got early={early}, late={late}")
+    if context < 3:
+        raise InductionLabError(f"a context of {context} tokens is too short for an ICL score (need >= 3)")
+    if late <= context - 1:
+        return late, early
+    new_late = context - 1
+    return new_late, min(new_late - 1, max(1, round(early * new_late / late)))
+
+
+def token_losses(model, ids: torch.Tensor, *, batch_size: int = 2, heads: Iterable[tuple[int, int]] | None = None,
+                 method: str = "zero", reference_ids: torch.Tensor | None = None) -> np.ndarray:
+    """Next-token losses of equal-length sequences.
+
+    Args:
+        ids: LongTensor ``[N, T]`` (no padding).
+        heads, method, reference_ids: ablate these heads meanwhile (:func:`inductionlab.instrument.ablate`).
+
+    Returns: float64 ``[N, T − 1]``; column ``t − 1`` is ``−log p(x_t | x_<t)`` in nats.
+    """
+    ids = torch.as_tensor(ids, dtype=torch.long)
+    device = next(model.parameters()).device
+    out = []
+    with torch.inference_mode(), ablation_context(model, heads, method, reference_ids):
+        for s in range(0, ids.shape[0], batch_size):
+            x = ids[s:s + batch_size].to(device)
+            logits = model(input_ids=x).logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
+            out.append(nll.double().cpu())
+    return torch.cat(out).numpy()
+
+
+def model_context(model) -> int | None:
+    """The model's maximum positions (``max_position_embeddings`` / ``n_positions``), or None."""
+    cfg = model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+
+
+def heldout_windows(tokens: np.ndarray, eos_id: int, n: int, length: int, *, seed: int = 0,
+                    bos_id: int | None = None) -> torch.Tensor:
+    """Windows of natural text that start at document starts.
+
+    Args:
+        tokens: a token stream with every document followed by ``eos_id`` (e.g.
+            ``TokenShards.heldout``, the MD5 held-out split).
+        n: windows wanted; documents with at least ``length`` tokens (``length − 1`` with a
+            BOS) are drawn without replacement by ``seed``; fewer are returned when fewer qualify.
+        bos_id: prepended to each window when given.
+
+    Returns: LongTensor ``[n', length]`` with ``1 <= n' <= n``.
+
+    Raises: InductionLabError when no document is long enough.
+    """
+    tokens = np.asarray(tokens)
+    body = length - (bos_id is not None)
+    ends = np.flatnonzero(tokens == eos_id)
+    starts = np.concatenate([[0], ends + 1])[:len(ends) + 1]
+    stops = np.concatenate([ends, [len(tokens)]])
+    ok = np.flatnonzero(stops - starts >= body)
+    if len(ok) == 0:
+        raise InductionLabError(f"no held-out document has {body} tokens; lower the late token position "
+                                "or use a corpus with longer documents")
+    pick = np.sort(np.random.default_rng(seed).permutation(ok)[:n])
+    rows = [np.asarray(tokens[starts[d]:starts[d] + body], np.int64) for d in pick]
+    if bos_id is not None:
+        rows = [np.concatenate([[bos_id], r]) for r in rows]
+    return torch.as_tensor(np.stack(rows))
+
+
+def text_windows(tokenizer, text: str, length: int, *, bos_id: int | None = None) -> torch.Tensor:
+    """Consecutive non-overlapping windows of ``length`` tokens of a given text (the tail that
+    does not fill a window is dropped). Returns LongTensor ``[n, length]``.
+
+    Raises: InductionLabError when the text is shorter than one window."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    body = length - (bos_id is not None)
+    n = len(ids) // body
+    if n == 0:
+        raise InductionLabError(f"the text has {len(ids)} tokens, fewer than one window of {body}; give a "
+                                "longer text or lower the late token position")
+    rows = [ids[i * body:(i + 1) * body] for i in range(n)]
+    if bos_id is not None:
+        rows = [[bos_id] + r for r in rows]
+    return torch.as_tensor(rows, dtype=torch.long)
+
+
+def icl_score(model, sequences: torch.Tensor, *, late: int = 500, early: int = 50, window: int = 1,
+              batch_size: int = 2, heads=None, method: str = "zero", reference_ids=None) -> dict:
+    """ICL score of ``model`` on ``sequences`` (Olsson et al. 2022).
+
+    Args:
+        sequences: LongTensor ``[N, T]`` of natural text (see :func:`heldout_windows`); positions
+            are scaled when ``T`` or the model's context is shorter than ``late + 1``; only the
+            first ``late + 1`` tokens are run.
+        window: average the loss over the ``window`` tokens ending at each position (indices
+            ``t − window + 1 .. t``; 1 = the single token, as in Olsson et al.; larger values
+            trade locality for less noise per sequence; clipped to ``early``).
+        heads, method, reference_ids: ablate these heads meanwhile.
+
+    Returns: ``{"late", "early", "window", "n", "score", "ci_low", "ci_high", "loss_late", "loss_early",
+    "per_sequence": {"loss_late": [N], "loss_early": [N], "benefit": [N]}}`` (nats; score =
+    loss_late − loss_early, benefit = −score per sequence).
+    """
+    sequences = torch.as_tensor(sequences, dtype=torch.long)
+    ctx = sequences.shape[1]
+    mc = model_context(model)
+    if mc:
+        ctx = min(ctx, int(mc))
+    lt, et = icl_positions(ctx, late, early)
+    nll = token_losses(model, sequences[:, :lt + 1], batch_size=batch_size, heads=heads, method=method,
+                       reference_ids=reference_ids)
+    if window < 1:
+        raise InductionLabError(f"window must be >= 1 token, got {window}")
+    w = min(int(window), et)
+    ll, le = nll[:, lt - w:lt].mean(1), nll[:, et - w:et].mean(1)
+    m, lo, hi = mean_ci(ll - le)
+    return {"late": lt, "early": et, "window": w, "n": int(len(ll)), "score": m, "ci_low": lo, "ci_high": hi,
+            "loss_late": float(ll.mean()), "loss_early": float(le.mean()),
+            "per_sequence": {"loss_late": ll, "loss_early": le, "benefit": le - ll}}
+
+
+def induction_loss(model, *, tokenizer=None, vocab_size: int | None = None, seq_len: int = 50, n: int = 32,
+                   seed: int = 0, bos_id: int | None = None, sequences: torch.Tensor | None = None,
+                   batch_size: int = 16, heads=None, method: str = "zero", reference_ids=None) -> dict:
+    """Induction loss on ``[BOS] S S`` per sequence (SPEC §3; the sequences of scores.py).
+
+    Args:
+        tokenizer / vocab_size / bos_id: as in :func:`inductionlab.scores.compute_head_scores`
+            (random ordinary tokens; the tokenizer's BOS when ``bos_id`` is None).
+        sequences: explicit ``S`` ``[n, T]`` instead of ``n`` random ones of ``seq_len``.
+        heads, method, reference_ids: ablate these heads meanwhile.
+
+    Returns: ``{"seq_len", "n", "first_copy", "second_copy", "benefit", "benefit_ci_low",
+    "benefit_ci_high", "per_sequence": {"first_copy": [n], "second_copy": [n], "benefit": [n]}}``
+    (mean next-token loss in nats; benefit = first − second).
+    """
+    from .models import attention_shape
+    from .scores import build_sequences
+    from .stimuli import ordinary_token_ids, random_sequences
+
+    if bos_id is None and tokenizer is not None:
+        bos_id = tokenizer.bos_token_id
+    if sequences is None:
+        pool = ordinary_token_ids(vocab_size or attention_shape(model.config)["vocab_size"], (), tokenizer)
+        sequences = random_sequences(pool, n, seq_len, seed)
+    S = torch.as_tensor(sequences, dtype=torch.long)
+    T, p0 = S.shape[1], int(bos_id is not None)
+    nll = token_losses(model, build_sequences(S, "induction", bos_id), batch_size=batch_size, heads=heads,
+                       method=method, reference_ids=reference_ids)
+    first = nll[:, p0:p0 + T - 1].mean(1)
+    second = nll[:, p0 + T - 1:].mean(1)
+    m, lo, hi = mean_ci(first - second)
+    return {"seq_len": T, "n": int(S.shape[0]), "first_copy": float(first.mean()), "second_copy": float(second.mean()),
+            "benefit": m, "benefit_ci_low": lo, "benefit_ci_high": hi,
+            "per_sequence": {"first_copy": first, "second_copy": second, "benefit": first - second}}
+
+
+__all__ = ["icl_positions", "token_losses", "model_context", "heldout_windows", "text_windows", "icl_score",
+           "induction_loss"]
