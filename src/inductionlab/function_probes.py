@@ -4,7 +4,7 @@ Prompts come from :mod:`inductionlab.icl_tasks`. For each prompt the model reads
 ``input_ids`` and we take the logits at the last token only. The target's rank is
 ``1 + #{v : logit_v > logit_target}`` (ties counted in the target's favour); HITS@k = 1 if the
 rank is <= k. Prompts are run in left-padded batches with ``position_ids`` derived from the
-attention mask (:func:`inductionlab.batching.pad_left`), sorted by length to limit padding.
+attention mask (:func:`inductionlab.protocol.pad_left`), sorted by length to limit padding.
 
 Summaries: per task × shots × control the mean HITS@k with a 95% CI over prompts (normal
 approximation, mean ± 1.96·sd/√n); the macro average over tasks is the mean of per-task means,
@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .batching import pad_left
+from .protocol import pad_left
 from .icl_tasks import Prompt
 from .load_bearing_eval import Z95, ablation_context
 
