@@ -332,27 +332,11 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
     R = None
     if sequences is None:
         seq_len = _count("seq_len", seq_len, 2)
-        if pool is None:
-            pool = ordinary_token_ids(vocab_size or shape["vocab_size"], exclude_ids, tokenizer)
-        N = batch_size * n_batches
-        rows = random_sequences(pool, 2 * N if need_R else N, seq_len, seed)
-        sequences, R = rows[:N], (rows[N:] if need_R else None)
     else:
         sequences = torch.as_tensor(sequences, dtype=torch.long)
         if sequences.dim() != 2 or sequences.shape[0] < 1:
             raise InductionLabError(f"sequences must be a non-empty [N, T] id tensor, got shape {tuple(sequences.shape)}")
         seq_len = _count("sequence length (sequences.shape[1])", sequences.shape[1], 2)
-        if need_R:
-            if control_sequences is None:
-                raise InductionLabError("a control score with explicit sequences needs control_sequences ([N, T])")
-            R = torch.as_tensor(control_sequences, dtype=torch.long)
-            if R.shape != sequences.shape:
-                raise InductionLabError(f"control_sequences shape {tuple(R.shape)} must equal sequences' "
-                                        f"{tuple(sequences.shape)}")
-    if sep_id is None and any(s.needs_sep for s in specs):
-        if pool is None:
-            pool = ordinary_token_ids(vocab_size or shape["vocab_size"], exclude_ids, tokenizer)
-        sep_id = int(pool[0])
     bos = bos_id is not None
     targets = {s.name: s.targets(seq_len, bos) for s in specs}
     ctx = shape["max_position_embeddings"]
@@ -360,6 +344,23 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
     if ctx and longest > ctx:
         raise InductionLabError(f"sequence of {longest} tokens exceeds the model's context of {ctx}; "
                                 "use a smaller seq_len")
+    if sequences is None:
+        if pool is None:
+            pool = ordinary_token_ids(vocab_size or shape["vocab_size"], exclude_ids, tokenizer)
+        N = batch_size * n_batches
+        rows = random_sequences(pool, 2 * N if need_R else N, seq_len, seed)
+        sequences, R = rows[:N], (rows[N:] if need_R else None)
+    elif need_R:
+        if control_sequences is None:
+            raise InductionLabError("a control score with explicit sequences needs control_sequences ([N, T])")
+        R = torch.as_tensor(control_sequences, dtype=torch.long)
+        if R.shape != sequences.shape:
+            raise InductionLabError(f"control_sequences shape {tuple(R.shape)} must equal sequences' "
+                                    f"{tuple(sequences.shape)}")
+    if sep_id is None and any(s.needs_sep for s in specs):
+        if pool is None:
+            pool = ordinary_token_ids(vocab_size or shape["vocab_size"], exclude_ids, tokenizer)
+        sep_id = int(pool[0])
     groups: dict[Callable, list[ScoreSpec]] = {}       # one forward per sequence builder
     for s in specs:
         groups.setdefault(s.build, []).append(s)
