@@ -193,3 +193,21 @@ def test_bad_arguments_fail_with_one_line(kw, match):
     with pytest.raises(InductionLabError, match=match) as e:
         compute_head_scores(model, **kw)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("arch, softcap", [("llama", None), ("gpt2", None), ("gemma3", None), ("gemma3", 3.0)])
+def test_induction_loss_without_batch_logits_equals_the_full_logits_loss(arch, softcap):
+    model = make_tiny(arch)
+    if softcap is not None:
+        model.config.final_logit_softcapping = softcap
+    S = torch.randint(10, 700, (3, T))
+    hs = compute_head_scores(model, sequences=S, bos_id=1, batch_size=3, names=("induction",))
+    ids = build_sequences(S, "induction", 1)
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits.float()
+    nll = -torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1).double()
+    assert hs.induction_loss["first_copy"] == pytest.approx(nll[:, 1:T].mean(1).mean().item(), abs=1e-6)
+    assert hs.induction_loss["second_copy"] == pytest.approx(nll[:, T:].mean(1).mean().item(), abs=1e-6)
+    # the scores do not depend on whether the loss is computed
+    lean = compute_head_scores(model, sequences=S, bos_id=1, batch_size=3, names=("induction",), induction_loss=False)
+    assert np.array_equal(lean["induction"], hs["induction"]) and lean.induction_loss == {}

@@ -308,7 +308,8 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
         control_sequences: explicit ``R`` ``[N, T]`` for control scores when ``sequences`` is
             given (random rows otherwise: ``S`` and ``R`` are the first and second N rows of one
             seeded draw, so ``S`` does not depend on whether a control score is asked).
-        induction_loss: also compute the induction loss (needs full-vocabulary logits).
+        induction_loss: also compute the induction loss (full-vocabulary logits, one sequence at a
+            time); without it the forward keeps only the last position's logits.
 
     Returns: :class:`HeadScores`. Scoring in batches equals scoring one sequence at a time
     (each sequence weighs equally; within float tolerance).
@@ -379,13 +380,10 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
                 ids = build(st).to(device)
                 red = {s.name: targets[s.name] for s in members}
                 with instrument(model, reductions=red) as inst:
-                    out = model(input_ids=ids)
+                    nll = _forward(model, ids, with_loss=induction_loss and build is repeated)
                 for n in red:
                     sums[n] += _mean_over_queries(inst.reduced[n], targets[n])
-                if induction_loss and build is repeated:
-                    logits = out.logits.float()
-                    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-                    nll = -lp.cpu().double()                          # predicts token at position 1..n-1
+                if nll is not None:                                   # predicts token at position 1..n-1
                     loss_sum["first_copy"] += nll[:, p0:p0 + seq_len - 1].mean(1).sum().item()
                     loss_sum["second_copy"] += nll[:, p0 + seq_len - 1:].mean(1).sum().item()
             if progress is not None:
@@ -397,6 +395,48 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
         params["sep_id"] = sep_id
     loss = {k: v / N for k, v in loss_sum.items()} if induction_loss else {}
     return HeadScores(scores, loss, params)
+
+
+def _forward(model, ids: torch.Tensor, *, with_loss: bool) -> torch.Tensor | None:
+    """One forward for the scores: no full-vocabulary logits unless the loss is wanted, and then
+    one row at a time.
+
+    Returns: float64 ``[B, n - 1]`` next-token loss (nats) per position if ``with_loss``, else None.
+    The per-row logits are the model's own (its output embedding applied to its decoder's last
+    hidden state, with Gemma's final soft-capping), so the loss equals the one read from
+    ``model(ids).logits``; memory is ``n × vocab`` instead of ``2 × B × n × vocab`` floats.
+    """
+    got = {}
+    decoder = model.get_decoder() if with_loss and hasattr(model, "get_decoder") else None
+    head = model.get_output_embeddings() if decoder is not None else None
+    if decoder is not None and decoder is not model and head is not None:
+        def grab(mod, args, out):
+            got["h"] = out[0] if isinstance(out, tuple) else out.last_hidden_state
+        hook = decoder.register_forward_hook(grab)
+    else:
+        hook = None
+    try:
+        try:
+            out = model(input_ids=ids, logits_to_keep=1) if (hook is not None or not with_loss) else model(input_ids=ids)
+        except TypeError:                                  # a model without logits_to_keep
+            out = model(input_ids=ids)
+    finally:
+        if hook is not None:
+            hook.remove()
+    if not with_loss:
+        return None
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    rows = []
+    for b in range(ids.shape[0]):
+        if "h" in got:
+            logits = head(got["h"][b])
+            if cap is not None:
+                logits = torch.tanh(logits / cap) * cap
+        else:
+            logits = out.logits[b]
+        lp = torch.log_softmax(logits.float()[:-1], -1).gather(-1, ids[b, 1:, None]).squeeze(-1)
+        rows.append(-lp.cpu().double())
+    return torch.stack(rows)
 
 
 def copy_offset_scores(model, *, span_length: int, pool: torch.Tensor, sep_id: int | None, bos_id: int | None,
