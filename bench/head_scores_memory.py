@@ -4,7 +4,9 @@ The job of issue 12: the induction score of every head on 8 × ``[BOS] + S + S``
 (513 tokens), fp32, one batch. Measured per variant (minimum over ``--repeats``, each variant in
 the same process, interleaved): wall time and extra peak resident memory over the RSS before the
 call (a thread samples ``/proc/self/statm`` every 2 ms), next to the floor (a bare forward with
-``logits_to_keep=1``). Prints a table and writes JSON with versions.
+``logits_to_keep=1``). Prints a table and writes JSON with versions. The script re-runs itself
+with ``MALLOC_MMAP_THRESHOLD_=65536`` so that freed tensors go back to the system and the RSS
+before each call is a fair baseline.
 
     PYTHONPATH=src .venv/bin/python bench/head_scores_memory.py [--repeats 3] [--out bench.json]
 
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import threading
 import time
 
@@ -56,6 +59,8 @@ class PeakRSS:
 
 
 def main() -> None:
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
     import inspect
 
     import transformers
@@ -70,6 +75,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--all-scores", action="store_true", help="also time all five scores (two forwards)")
     args = ap.parse_args()
     lm = load_model(args.model, dtype="float32")
     model, tok = lm.model, lm.tokenizer
@@ -83,7 +89,8 @@ def main() -> None:
             model(input_ids=ids, logits_to_keep=1)
 
     variants = {"bare forward, logits_to_keep=1 (floor)": floor}
-    for names in (("induction",), None):
+    ap_names = [("induction",)] + ([None] if args.all_scores else [])
+    for names in ap_names:
         label = "all five scores" if names is None else "induction"
         kw = {} if names is None else {"names": names}
         variants[f"compute_head_scores({label}) + induction loss"] = \

@@ -409,6 +409,8 @@ def _forward(model, ids: torch.Tensor, *, with_loss: bool) -> torch.Tensor | Non
     got = {}
     decoder = model.get_decoder() if with_loss and hasattr(model, "get_decoder") else None
     head = model.get_output_embeddings() if decoder is not None else None
+    if head is not None and any(type(w).__name__ == "DTensor" for w in head.parameters()):
+        head = None                  # sharded (FSDP): only the model's own forward may gather it
     if decoder is not None and decoder is not model and head is not None:
         def grab(mod, args, out):
             got["h"] = out[0] if isinstance(out, tuple) else out.last_hidden_state
