@@ -7,8 +7,9 @@ import torch
 
 from conftest import ARCHS, make_tiny
 from inductionlab.errors import InductionLabError
-from inductionlab.instrument import (HeadIntervention, NoOpIntervention, UnsupportedArchitecture, ablate,
-                                     gather_targets, head_output_means, instrument, self_check)
+from inductionlab.instrument import (ABLATION_METHODS, AblationMethod, HeadIntervention, NoOpIntervention,
+                                     UnsupportedArchitecture, ablate, ablation_methods, gather_targets,
+                                     head_output_means, instrument, self_check)
 from inductionlab.models import attention_shape
 
 
@@ -192,3 +193,92 @@ def test_unsupported_architecture_raises():
     with pytest.raises(UnsupportedArchitecture):
         with instrument(NotDispatching()):
             pass
+
+
+def test_registry_lists_methods_for_ablate_and_instrument():
+    assert ablation_methods() == ("zero", "mean", "sink")
+    assert ablation_methods(with_edges=True) == ("zero", "mean", "sink", "knockout")
+    kinds = {n: "mask" if m.cut else "output" for n, m in ABLATION_METHODS.items()}
+    assert kinds == {"zero": "output", "mean": "output", "sink": "mask", "knockout": "mask"}
+
+
+def _negate(iv, out):
+    """Toy output edit: the head writes minus its output."""
+    return -out
+
+
+def _keep_self_and_previous(iv, pos):
+    """Toy mask edit: each query keeps only itself and the previous position."""
+    q, k = pos.query[:, :, None], pos.key[:, None, :]
+    return (k != q) & (k != q - 1)
+
+
+def test_a_new_output_edit_method_is_one_function_and_one_entry(monkeypatch):
+    monkeypatch.setitem(ABLATION_METHODS, "negate", AblationMethod("negate", "toy", replace=_negate))
+    assert "negate" in ablation_methods()
+    model = make_tiny("llama")
+    ids = ids_for(model)
+    base = per_head_outputs(model, ids, 1, torch.no_grad())
+    out = per_head_outputs(model, ids, 1, ablate(model, [(1, 3)], "negate"))
+    assert torch.equal(out[:, :, 3], -base[:, :, 3])
+    keep = [h for h in range(8) if h != 3]
+    assert torch.equal(out[:, :, keep], base[:, :, keep])
+
+
+def test_a_new_mask_edit_method_is_one_function_and_one_entry(monkeypatch):
+    from test_scores import uniform_llama
+    monkeypatch.setitem(ABLATION_METHODS, "local", AblationMethod("local", "toy", cut=_keep_self_and_previous))
+    model = uniform_llama()                           # uniform causal attention: 1/(q+1) on each key
+    T = 8
+    ids = torch.arange(2, 2 + T)[None]
+    prev = torch.arange(T) - 1
+    with torch.inference_mode(), ablate(model, [(0, 2)], "local") as inst:   # strict: it must change something
+        model(input_ids=ids)
+    assert inst.effect == {0: True}
+    with torch.inference_mode(), instrument(model, [HeadIntervention(0, 2, "local")], reductions={"prev": prev}) as inst:
+        model(input_ids=ids)
+    r = inst.reduced["prev"][:, 0]                     # [layers, heads, Q]
+    want_uniform = torch.tensor([0.0] + [1 / (q + 1) for q in range(1, T)])
+    assert torch.allclose(r[0, 2, 1:], torch.full((T - 1,), 0.5))    # two keys left: 1/2 on the previous one
+    assert torch.allclose(r[0, 1], want_uniform) and torch.allclose(r[1, 2], want_uniform)
+
+
+@pytest.mark.parametrize("heads, match", [
+    ([(18, 6.7)], r"layer must be an integer in 0-1|head must be an integer in 0-7"),
+    ([(1, 6.7)], r"head must be an integer in 0-7, got 6.7"),
+    ([(1, True)], r"head must be an integer in 0-7"),
+    ([(1, "3")], r"head must be an integer in 0-7"),
+    ([(2, 0)], r"head \(2, 0\) out of range: the model has 2 layers \(0-1\) x 8 query heads \(0-7\)"),
+    ([(0, 8)], r"out of range"),
+    ([(-1, 0)], r"out of range"),
+])
+def test_heads_must_be_integers_in_range(heads, match):
+    model = make_tiny("llama")
+    with pytest.raises(InductionLabError, match=match):
+        with ablate(model, heads):
+            pass
+
+
+def test_integer_like_heads_and_loaded_bundles_are_accepted(tiny_loaded):
+    import numpy as np
+    ids = ids_for(tiny_loaded.model)
+    a = per_head_outputs(tiny_loaded.model, ids, 1, ablate(tiny_loaded, [(np.int64(1), torch.tensor(3))]))
+    assert torch.count_nonzero(a[:, :, 3]) == 0
+
+
+def test_method_misuse_is_one_line():
+    model = make_tiny("llama")
+    with pytest.raises(InductionLabError, match="unknown ablation method 'scramble'; use one of zero, mean, sink, knockout"):
+        with ablate(model, [(0, 0)], "scramble"):
+            pass
+    with pytest.raises(InductionLabError, match="knockout needs edges; use instrument"):
+        with ablate(model, [(0, 0)], "knockout"):
+            pass
+    with pytest.raises(InductionLabError, match="needs a reference batch"):
+        with ablate(model, [(0, 0)], "mean"):
+            pass
+    with pytest.raises(InductionLabError, match="knockout positions must be >= 0"):
+        with instrument(model, [HeadIntervention(0, 0, "knockout", edges=[(3, -1)])]):
+            pass
+    with pytest.raises(InductionLabError, match="holds no real token"):
+        head_output_means(model, torch.ones(1, 4, dtype=torch.long), attention_mask=torch.zeros(1, 4, dtype=torch.long))

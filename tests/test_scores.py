@@ -1,4 +1,5 @@
-"""Head-score formulas against hand-built attention patterns, and batched == one-at-a-time."""
+"""Head-score formulas against hand-built attention patterns and a uniform-attention model,
+batched == one-at-a-time, the score registry, and bad input."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import pytest
 import torch
 
 from conftest import make_tiny
-from inductionlab.ablation import (ablation_conditions, default_exclude_top_n, per_layer_top_p, random_heads,
-                                   top_k_heads)
+from inductionlab import scores as scores_mod
 from inductionlab.errors import InductionLabError
 from inductionlab.instrument import instrument
-from inductionlab.scores import build_sequences, compute_head_scores, score_from_pattern, score_targets
+from inductionlab.scores import (SCORE_NAMES, SCORES, ScoreSpec, build_sequences, compute_head_scores, repeated,
+                                 score_from_pattern, score_names, score_targets)
 
 T = 6  # tokens per copy; sequence [BOS] S S has 13 positions
 
@@ -106,33 +107,107 @@ def test_random_pool_excludes_special_tokens(word_tokenizer):
     assert torch.equal(S, random_sequences(pool, 20, 30, seed=0))
 
 
-# -- rankings -------------------------------------------------------------------------------
-
-SC = np.array([[0.1, 0.9, 0.3], [0.8, 0.2, 0.7], [0.0, 0.5, 0.6]])
-
-
-def test_top_k_and_per_layer_top_p():
-    assert top_k_heads(SC, 3) == [(0, 1), (1, 0), (1, 2)]
-    assert per_layer_top_p(SC, 0.02) == [(0, 1), (1, 0), (2, 2)]      # ceil(0.06) = 1 per layer
-    assert per_layer_top_p(SC, 0.5) == [(0, 1), (0, 2), (1, 0), (1, 2), (2, 2), (2, 1)]  # ceil(1.5) = 2
-    with pytest.raises(InductionLabError, match="k=10"):
-        top_k_heads(SC, 10)
-
-
-def test_random_heads_exclusion_seed_and_draws():
-    excl = top_k_heads(SC, 4)
-    draws = [random_heads(SC.shape, 3, excl, seed=s) for s in range(20)]
-    assert all(not set(d) & set(excl) and len(set(d)) == 3 for d in draws)
-    assert random_heads(SC.shape, 3, excl, seed=3) == draws[3]
-    assert len({tuple(d) for d in draws}) > 1
-    with pytest.raises(InductionLabError, match="only 5 remain"):
-        random_heads(SC.shape, 6, excl)
+def uniform_llama(vocab=60, ctx=64):
+    """q and k projections zero -> every attention logit 0 -> query q puts 1/(q+1) on each key."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=ctx)
+    m = LlamaForCausalLM(cfg).eval()
+    for layer in m.model.layers:
+        layer.self_attn.q_proj.weight.data.zero_()
+        layer.self_attn.k_proj.weight.data.zero_()
+    return m
 
 
-def test_ablation_conditions():
-    conds = ablation_conditions(SC, [2], n_draws=3, exclude_top_n=4, seed=0)
-    assert [c.name for c in conds] == ["intact", "induction-2", "random-2-d0", "random-2-d1", "random-2-d2"]
-    assert conds[1].heads == [(0, 1), (1, 0)]
-    assert default_exclude_top_n(270) == 135 and default_exclude_top_n(2000) == 300
-    with pytest.raises(InductionLabError):
-        ablation_conditions(SC, [6], exclude_top_n=4)
+def test_registry_holds_every_score_and_the_defaults():
+    assert set(score_names()) == {"induction", "anti_induction", "previous_token", "duplicate_token", "sink",
+                                  "copy_offset", "copy_offset_control"}
+    assert set(SCORE_NAMES) <= set(score_names())
+    # the repeat scores share one sequence builder, hence one forward pass
+    assert {SCORES[n].build for n in ("induction", "duplicate_token", "previous_token", "sink")} == {repeated}
+
+
+def _first_token_targets(T, bos):
+    """Toy rule: every query of the second copy -> the first token of S."""
+    p0 = int(bos)
+    t = torch.full((p0 + 2 * T,), -1, dtype=torch.long)
+    t[p0 + T:] = p0
+    return t
+
+
+def test_a_new_score_is_one_function_and_one_entry(monkeypatch):
+    monkeypatch.setitem(SCORES, "first_token", ScoreSpec("first_token", "toy", repeated, _first_token_targets))
+    assert "first_token" in score_names()
+    m = uniform_llama()
+    hs = compute_head_scores(m, bos_id=1, seq_len=5, batch_size=3, exclude_ids=(0, 1),
+                             names=("first_token", "previous_token"))
+    # uniform causal attention: query i puts 1/(i+1) on key 1; queries 6..10 of [BOS] S S (T = 5)
+    np.testing.assert_allclose(hs["first_token"], np.mean([1 / (i + 1) for i in range(6, 11)]), rtol=1e-5)
+    np.testing.assert_allclose(hs["previous_token"], np.mean([1 / (i + 1) for i in range(1, 11)]), rtol=1e-5)
+    assert hs["first_token"].shape == (2, 4)
+
+
+def test_copy_offset_scores_through_the_registry():
+    m = uniform_llama()
+    pool = torch.arange(2, 60)
+    hs = compute_head_scores(m, seq_len=5, pool=pool, sep_id=1, bos_id=0, batch_size=3,
+                             names=("copy_offset", "copy_offset_control"), induction_loss=False)
+    # [BOS] S(5) SEP X(5): queries 7..10 each put 1/(q+1) on their key
+    want = np.mean([1 / (q + 1) for q in (7, 8, 9, 10)])
+    for name in ("copy_offset", "copy_offset_control"):
+        np.testing.assert_allclose(hs[name], want, rtol=1e-5)
+    assert hs.induction_loss == {} and hs.params["sep_id"] == 1
+    # the telemetry's function is this call (moved here from train/telemetry.py)
+    old = scores_mod.copy_offset_scores(m, span_length=5, pool=pool, sep_id=1, bos_id=0, batch_size=3)
+    for name in old:
+        assert np.array_equal(old[name], hs[name])
+    # S does not depend on whether a control score is asked: copy_offset alone gives the same
+    alone = compute_head_scores(m, seq_len=5, pool=pool, sep_id=1, bos_id=0, batch_size=3, names="copy_offset",
+                                induction_loss=False)
+    assert np.array_equal(alone["copy_offset"], hs["copy_offset"])
+
+
+def test_loaded_bundle_is_accepted(tiny_loaded):
+    kw = dict(seq_len=6, batch_size=2, names=("induction", "sink"))
+    a = compute_head_scores(tiny_loaded, **kw)
+    b = compute_head_scores(tiny_loaded.model, tokenizer=tiny_loaded.tokenizer, **kw)
+    assert a.params["bos_id"] == tiny_loaded.tokenizer.bos_token_id
+    for n in kw["names"]:
+        assert np.array_equal(a[n], b[n])
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(names=["inductoin"]), r"unknown head score 'inductoin'; use one of induction, anti_induction"),
+    (dict(names=[]), "no head score named"),
+    (dict(seq_len=0), "seq_len=0 must be an integer >= 2"),
+    (dict(seq_len=1), "seq_len=1 must be an integer >= 2"),
+    (dict(seq_len=2.5), "seq_len=2.5 must be an integer"),
+    (dict(batch_size=0), "batch_size=0 must be an integer >= 1"),
+    (dict(n_batches=0), "n_batches=0 must be an integer >= 1"),
+    (dict(seq_len=1100), "exceeds the model's context of 2048"),
+    (dict(sequences=torch.zeros(0, 5, dtype=torch.long)), "non-empty"),
+])
+def test_bad_arguments_fail_with_one_line(kw, match):
+    model = make_tiny("gpt2")
+    with pytest.raises(InductionLabError, match=match) as e:
+        compute_head_scores(model, **kw)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("arch, softcap", [("llama", None), ("gpt2", None), ("gemma3", None), ("gemma3", 3.0)])
+def test_induction_loss_without_batch_logits_equals_the_full_logits_loss(arch, softcap):
+    model = make_tiny(arch)
+    if softcap is not None:
+        model.config.final_logit_softcapping = softcap
+    S = torch.randint(10, 700, (3, T))
+    hs = compute_head_scores(model, sequences=S, bos_id=1, batch_size=3, names=("induction",))
+    ids = build_sequences(S, "induction", 1)
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits.float()
+    nll = -torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1).double()
+    assert hs.induction_loss["first_copy"] == pytest.approx(nll[:, 1:T].mean(1).mean().item(), abs=1e-6)
+    assert hs.induction_loss["second_copy"] == pytest.approx(nll[:, T:].mean(1).mean().item(), abs=1e-6)
+    # the scores do not depend on whether the loss is computed
+    lean = compute_head_scores(model, sequences=S, bos_id=1, batch_size=3, names=("induction",), induction_loss=False)
+    assert np.array_equal(lean["induction"], hs["induction"]) and lean.induction_loss == {}

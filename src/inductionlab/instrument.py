@@ -16,6 +16,18 @@ attention call we
 4. apply ``zero`` / ``mean`` interventions on the per-head attention output (the input of
    ``o_proj``, split with ``config.head_dim``), so only the named query head changes.
 
+Positions are **absolute**: position 0 is each sequence's first real token (left padding
+excluded, read from the 2-D ``attention_mask`` passed to the model), and a query decoded
+against a KV cache keeps the position it has in the whole sequence. Sink, knockout edges and
+reduction targets all name absolute positions, so a left-padded batch gives each row what it
+gives alone, and cached decoding gives what the full forward gives (dynamic caches, including
+sliding-window layers; a static cache's unused slots count as padding).
+
+Ablation methods live in one table, :data:`ABLATION_METHODS` (name -> :class:`AblationMethod`):
+each entry is either a **mask edit** (``cut``: which query→key edges to mask before the
+softmax) or an **output edit** (``replace``: the head's new output). Adding a method is one
+function and one entry; validation and the CLI read the table (:func:`ablation_methods`).
+
 On exit the model's original attention implementation is restored; registering the name is
 the only global change and it alters no other model. Any intervention that provably did
 nothing (a head whose output was already what we wrote, edges that were already masked) and
@@ -25,10 +37,13 @@ any model whose attention never dispatched through the registry raise an error.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 import sys
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
@@ -38,7 +53,6 @@ from .errors import InductionLabError
 from .models import attention_shape
 
 FUNCTION_NAME = "inductionlab"
-METHODS = ("zero", "mean", "sink", "knockout")
 
 
 class UnsupportedArchitecture(InductionLabError):
@@ -54,21 +68,159 @@ class HeadIntervention:
     """One intervention on one query head.
 
     Attributes:
-        layer, head: query-head address (0-based). Under GQA only this query head changes.
-        method: ``zero`` (head output 0; equivalent to an all-zero attention pattern),
-            ``mean`` (head output replaced by ``value``, its mean over a reference batch),
-            ``sink`` (all keys but position 0 masked before the softmax),
-            ``knockout`` (the query→key edges in ``edges`` masked before the softmax; a query
-            row with every key knocked out writes 0, the softmax of nothing taken as 0).
+        layer, head: query-head address (0-based integers). Under GQA only this query head changes.
+        method: a name in :data:`ABLATION_METHODS`: ``zero`` (head output 0; equivalent to an
+            all-zero attention pattern), ``mean`` (head output replaced by ``value``, its mean
+            over a reference batch), ``sink`` (every key but absolute position 0, the sequence's
+            first real token, masked before the softmax), ``knockout`` (the query→key edges in
+            ``edges`` masked before the softmax; a query row with every key knocked out writes
+            0, the softmax of nothing taken as 0).
         value: for ``mean``: tensor ``[head_dim]``.
         edges: for ``knockout``: bool tensor ``[Q, K]`` (True = knock out) or a list of
-            ``(query, key)`` position pairs.
+            ``(query, key)`` pairs, both indexed by absolute positions.
     """
     layer: int
     head: int
     method: str = "zero"
     value: torch.Tensor | None = None
     edges: object = None
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Absolute positions of the queries and keys of one attention call.
+
+    Attributes:
+        query: LongTensor ``[B, Q]``: absolute position of each query slot (0 = the row's first
+            real token); ``-1`` for padding.
+        key: LongTensor ``[B, K]``: absolute position of each key slot; ``-1`` for padding and
+            for unused cache slots.
+    """
+    query: torch.Tensor
+    key: torch.Tensor
+
+
+@dataclass(frozen=True)
+class AblationMethod:
+    """One entry of :data:`ABLATION_METHODS`: exactly one of ``cut`` (mask edit) or ``replace``
+    (output edit).
+
+    Attributes:
+        name: the method's name (``HeadIntervention.method``, ``ablate(method=)``, CLI choice).
+        description: one line for help texts.
+        cut: mask edit, ``cut(intervention, positions) -> bool [B, Q, K]`` (True = mask this
+            query→key edge before the softmax, on this query head only).
+        replace: output edit, ``replace(intervention, out) -> [B, Q, head_dim]``: the head's new
+            output given its output ``out`` ``[B, Q, head_dim]``.
+        needs: ``"value"`` (a ``[head_dim]`` tensor: :func:`ablate` fills it with the head's mean
+            over ``reference_ids``), ``"edges"`` (knockout edges: only through
+            :func:`instrument`) or None.
+        zero_pattern: the ablated head's attention probabilities read as 0 (zero ablation).
+    """
+    name: str
+    description: str
+    cut: Callable[[HeadIntervention, Positions], torch.Tensor] | None = None
+    replace: Callable[[HeadIntervention, torch.Tensor], torch.Tensor] | None = None
+    needs: str | None = None
+    zero_pattern: bool = False
+
+    def __post_init__(self):
+        if (self.cut is None) == (self.replace is None):
+            raise ValueError(f"ablation method {self.name!r}: give exactly one of cut (mask edit) or replace (output edit)")
+        if self.needs not in (None, "value", "edges"):
+            raise ValueError(f"ablation method {self.name!r}: needs must be None, 'value' or 'edges'")
+
+
+def _zero_output(iv: HeadIntervention, out: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(out)
+
+
+def _mean_output(iv: HeadIntervention, out: torch.Tensor) -> torch.Tensor:
+    return iv.value.to(out.device, out.dtype).expand_as(out)
+
+
+def _sink_cut(iv: HeadIntervention, pos: Positions) -> torch.Tensor:
+    B, Q = pos.query.shape
+    return (pos.key != 0)[:, None, :].expand(B, Q, -1)
+
+
+def _knockout_cut(iv: HeadIntervention, pos: Positions) -> torch.Tensor:
+    E = iv.edges.to(pos.query.device)                              # [Qe, Ke] bool, absolute positions
+    q, k = pos.query, pos.key
+    ok = ((q >= 0) & (q < E.shape[0]))[:, :, None] & ((k >= 0) & (k < E.shape[1]))[:, None, :]
+    qi = q.clamp(0, E.shape[0] - 1)[:, :, None]
+    ki = k.clamp(0, E.shape[1] - 1)[:, None, :]
+    return E[qi, ki] & ok
+
+
+#: The ablation methods: name -> :class:`AblationMethod`. Add a method with one function and
+#: one entry here; :func:`instrument`, :func:`ablate` and the CLI read this table.
+ABLATION_METHODS: dict[str, AblationMethod] = {m.name: m for m in (
+    AblationMethod("zero", "head output set to 0 (Olsson et al. 2022)", replace=_zero_output, zero_pattern=True),
+    AblationMethod("mean", "head output set to its mean over a reference batch (Wang et al. 2022)",
+                   replace=_mean_output, needs="value"),
+    AblationMethod("sink", "every key but the first real token masked before the softmax", cut=_sink_cut),
+    AblationMethod("knockout", "named query→key edges masked before the softmax (Wang et al. 2022)",
+                   cut=_knockout_cut, needs="edges"),
+)}
+METHODS = tuple(ABLATION_METHODS)  # the built-in names (kept for callers of 0.x); read ABLATION_METHODS
+
+
+def ablation_methods(*, with_edges: bool = False) -> tuple[str, ...]:
+    """Names of the registered ablation methods usable by :func:`ablate` (a head list is
+    enough); ``with_edges=True`` adds those that need knockout edges (:func:`instrument` only)."""
+    return tuple(n for n, m in ABLATION_METHODS.items() if with_edges or m.needs != "edges")
+
+
+def ablation_method(name: str) -> AblationMethod:
+    """The registry entry of ``name``. Raises InductionLabError naming the known methods."""
+    try:
+        return ABLATION_METHODS[name]
+    except (KeyError, TypeError):
+        raise InductionLabError(f"unknown ablation method {name!r}; use one of "
+                                f"{', '.join(ablation_methods(with_edges=True))}") from None
+
+
+def check_head(layer, head, n_layers: int, n_heads: int) -> tuple[int, int]:
+    """``(layer, head)`` as Python ints after checking they are integers in range.
+
+    Raises:
+        InductionLabError: not an integer (6.7, "6", True) or outside ``0..n_layers-1`` /
+            ``0..n_heads-1``; the message gives the valid range.
+    """
+    def as_int(x, what, n):
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)) and not (
+                isinstance(x, torch.Tensor) and x.dim() == 0 and not x.is_floating_point() and x.dtype != torch.bool):
+            raise InductionLabError(f"head ({layer!r}, {head!r}): {what} must be an integer in 0-{n - 1}, "
+                                    f"got {x!r}")
+        return int(x)
+    l, h = as_int(layer, "layer", n_layers), as_int(head, "head", n_heads)
+    if not (0 <= l < n_layers and 0 <= h < n_heads):
+        raise InductionLabError(f"head ({l}, {h}) out of range: the model has {n_layers} layers "
+                                f"(0-{n_layers - 1}) x {n_heads} query heads (0-{n_heads - 1})")
+    return l, h
+
+
+def _edges_tensor(edges, where: str) -> torch.Tensor:
+    """Knockout edges as a bool ``[Qe, Ke]`` tensor indexed by absolute (query, key) positions."""
+    if isinstance(edges, torch.Tensor):
+        if edges.dim() != 2:
+            raise InductionLabError(f"{where}: knockout edges must be a [Q, K] bool tensor, got shape "
+                                    f"{tuple(edges.shape)}")
+        return edges.to(torch.bool)
+    try:
+        pairs = [(int(q), int(k)) for q, k in edges]
+    except (TypeError, ValueError):
+        raise InductionLabError(f"{where}: knockout edges must be a [Q, K] bool tensor or (query, key) "
+                                "integer pairs") from None
+    if not pairs:
+        raise InductionLabError(f"{where}: knockout needs at least one (query, key) edge")
+    if min(min(p) for p in pairs) < 0:
+        raise InductionLabError(f"{where}: knockout positions must be >= 0 (absolute positions), got {pairs}")
+    e = torch.zeros(max(q for q, _ in pairs) + 1, max(k for _, k in pairs) + 1, dtype=torch.bool)
+    for q, k in pairs:
+        e[q, k] = True
+    return e
 
 
 @dataclass
@@ -127,10 +279,15 @@ class Instrumentation:
     """State of one :func:`instrument` context. Read results after the forward passes.
 
     Attributes:
-        reduced: name -> float32 tensor ``[n_layers, B, n_heads, Q]`` (from the last forward).
-        patterns: list (per layer) of float32 ``[B, n_heads, Q, K]`` if ``keep_patterns``.
+        reduced: name -> float32 tensor ``[n_layers, B, n_heads, Qt]`` indexed by **absolute**
+            query position (``Qt`` = the targets' length). A forward without a KV cache starts
+            it afresh; a cached forward fills in the queries it decodes (so prefix + decoded
+            tokens together equal the full forward). Padding queries stay 0.
+        patterns: list (per layer) of float32 ``[B, n_heads, Q, K]`` if ``keep_patterns``
+            (slots of the last call, not absolute positions).
         head_output_sum / head_output_count: running sums of per-head outputs
-            ``[n_layers, n_heads, head_dim]`` if ``capture_head_means`` (see :func:`head_output_means`).
+            ``[n_layers, n_heads, head_dim]`` over real (non-padding) query tokens, and the
+            number of those tokens, if ``capture_head_means`` (see :func:`head_output_means`).
         calls: number of attention calls seen (per forward: one per layer).
     """
 
@@ -139,21 +296,28 @@ class Instrumentation:
         self.model = model
         self.shape = attention_shape(model.config)
         L, H = self.shape["n_layers"], self.shape["n_heads"]
-        self.by_layer: dict[int, list[tuple[int, HeadIntervention]]] = {}   # layer -> [(index, intervention)]
+        self.by_layer: dict[int, list[tuple[int, HeadIntervention, AblationMethod]]] = {}
+        checked = []
         for i, iv in enumerate(interventions):
-            if iv.method not in METHODS:
-                raise InductionLabError(f"unknown ablation method {iv.method!r}; use one of {', '.join(METHODS)}")
-            if not (0 <= iv.layer < L and 0 <= iv.head < H):
-                raise InductionLabError(f"head ({iv.layer}, {iv.head}) out of range: the model has {L} layers "
-                                        f"(0-{L - 1}) x {H} query heads (0-{H - 1})")
-            if iv.method == "mean" and iv.value is None:
-                raise InductionLabError("mean ablation needs the head's mean output; pass reference_ids to ablate()")
-            if iv.method == "knockout" and iv.edges is None:
-                raise InductionLabError("knockout needs edges (a [Q, K] bool mask or (query, key) pairs)")
-            self.by_layer.setdefault(iv.layer, []).append((i, iv))
-        self.interventions = list(interventions)
+            m = ablation_method(iv.method)
+            layer, head = check_head(iv.layer, iv.head, L, H)
+            where = f"{iv.method} on head ({layer}, {head})"
+            if m.needs == "value" and iv.value is None:
+                raise InductionLabError(f"{where} needs the head's mean output; pass reference_ids to ablate()")
+            if m.needs == "edges":
+                if iv.edges is None:
+                    raise InductionLabError(f"{where} needs edges (a [Q, K] bool mask or (query, key) pairs)")
+                iv = dataclasses.replace(iv, edges=_edges_tensor(iv.edges, where))
+            iv = dataclasses.replace(iv, layer=layer, head=head)
+            checked.append(iv)
+            self.by_layer.setdefault(layer, []).append((i, iv, m))
+        self.interventions = checked
         self.effect = {i: False for i in range(len(self.interventions))}
-        self.reduction_targets = dict(reductions)
+        self.reduction_targets = {n: torch.as_tensor(t, dtype=torch.long) for n, t in dict(reductions).items()}
+        for n, t in self.reduction_targets.items():
+            if t.dim() not in (1, 2):
+                raise InductionLabError(f"reduction {n!r}: targets must be [Q] or [B, Q] key positions, "
+                                        f"got shape {tuple(t.shape)}")
         self.reduced: dict[str, torch.Tensor] = {}
         self.keep_patterns = keep_patterns
         self.patterns: list[torch.Tensor | None] = [None] * L
@@ -162,6 +326,86 @@ class Instrumentation:
         self.head_output_count = 0
         self.need_probs = bool(reductions) or keep_patterns if need_probs is None else need_probs
         self.calls = 0
+        self._forward_pos: tuple[torch.Tensor, int, int] | None = None   # (abs [B, Ktot], past, T)
+        self._pos_cache: dict[tuple[int, int, int], Positions] = {}
+        self._signature = None
+
+    # -- absolute positions ---------------------------------------------------------------
+    def _pre_forward(self, module, args, kwargs):
+        """Model forward pre-hook: absolute positions of this forward from its 2-D mask and cache."""
+        if self._signature is None:
+            self._signature = inspect.signature(module.forward)
+        try:
+            bound = self._signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            bound = dict(kwargs)
+        extra = bound.get("kwargs", {})
+        get = lambda n: bound.get(n, extra.get(n) if isinstance(extra, dict) else None)  # noqa: E731
+        x = get("input_ids")
+        x = get("inputs_embeds") if x is None else x
+        self._pos_cache = {}
+        if x is None or x.dim() < 2:
+            self._forward_pos = None
+            return
+        B, T = x.shape[0], x.shape[1]
+        mask = get("attention_mask")
+        cache = get("cache")
+        cache = get("past_key_values") if cache is None else cache
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[0] == B and mask.shape[1] >= T:
+            past = mask.shape[1] - T
+            real = mask.to(torch.bool)
+        else:
+            past = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
+            real = torch.ones(B, past + T, dtype=torch.bool, device=x.device)
+        abs_pos = torch.where(real, real.long().cumsum(1) - 1, torch.full_like(real, -1, dtype=torch.long))
+        self._forward_pos = (abs_pos, past, T)
+        if past == 0:
+            self.reduced = {}
+
+    def _positions(self, B: int, Q: int, K: int, device) -> Positions:
+        key = (B, Q, K)
+        if key in self._pos_cache:
+            return self._pos_cache[key]
+        fp = self._forward_pos
+        if fp is None or fp[0].shape[0] != B or fp[2] != Q:
+            # the model was called in a way the pre-hook could not read: slots are positions
+            q = torch.arange(K - Q, K, device=device).expand(B, Q)
+            k = torch.arange(K, device=device).expand(B, K)
+        else:
+            abs_pos, past, _ = fp
+            abs_pos = abs_pos.to(device)
+            Ktot = abs_pos.shape[1]
+            q = abs_pos[:, past:past + Q]
+            if K <= Ktot:        # dynamic caches (sliding-window layers keep the most recent keys)
+                k = abs_pos[:, Ktot - K:]
+            else:                # static cache: slots past the written ones are unused
+                k = torch.cat([abs_pos, torch.full((B, K - Ktot), -1, dtype=torch.long, device=device)], 1)
+        pos = Positions(q, k)
+        self._pos_cache[key] = pos
+        return pos
+
+    def _reduce(self, weights: torch.Tensor, targets: torch.Tensor, pos: Positions) -> tuple[torch.Tensor, torch.Tensor]:
+        """Probability on each query's target key: ``([B, H, Q] mass, [B, Q] absolute query index or -1)``."""
+        B, H, Q, K = weights.shape
+        dev = weights.device
+        t = targets.to(dev)
+        if t.dim() == 1:
+            t = t.unsqueeze(0).expand(B, -1)
+        if t.shape[0] != B:
+            raise ValueError(f"targets batch {t.shape[0]} does not match the model's batch {B}")
+        Qt = t.shape[1]
+        qa = pos.query
+        q_ok = (qa >= 0) & (qa < Qt)
+        ta = torch.where(q_ok, t.gather(1, qa.clamp(0, Qt - 1)), torch.full_like(qa, -1))   # [B, Q] absolute key
+        ka = pos.key
+        A = int(max(ka.max().item(), ta.max().item(), 0)) + 2
+        inv = torch.full((B, A), -1, dtype=torch.long, device=dev)                          # absolute -> key slot
+        inv.scatter_(1, torch.where(ka >= 0, ka, A - 1), torch.arange(K, device=dev).expand(B, K).contiguous())
+        inv[:, A - 1] = -1
+        slot = torch.where(ta >= 0, inv.gather(1, ta.clamp(min=0)), torch.full_like(ta, -1))
+        mass = weights.gather(-1, slot.clamp(min=0)[:, None, :, None].expand(B, H, Q, 1)).squeeze(-1).float()
+        mass = mass * (slot >= 0)[:, None, :]
+        return mass, torch.where(q_ok, qa, torch.full_like(qa, -1))
 
     # -- the attention call -------------------------------------------------------------
     def _base(self, module, kwargs):
@@ -178,8 +422,9 @@ class Instrumentation:
         ivs = self.by_layer.get(layer, ())
         B, H, Q, _ = query.shape
         K = key.shape[-2]
+        pos = self._positions(B, Q, K, query.device)
         row_dead = None
-        mask_edits = [(i, iv) for i, iv in ivs if iv.method in ("sink", "knockout")]
+        mask_edits = [(i, iv, m) for i, iv, m in ivs if m.cut is not None]
         if mask_edits:
             if attention_mask is None:
                 attention_mask = torch.zeros(B, 1, Q, K, dtype=query.dtype, device=query.device)
@@ -187,16 +432,8 @@ class Instrumentation:
             neg = torch.finfo(attention_mask.dtype).min
             new = attention_mask.expand(B, H, Q, K).clone()
             row_dead = torch.zeros(B, H, Q, dtype=torch.bool, device=query.device)
-            for i, iv in mask_edits:
-                cut = torch.zeros(Q, K, dtype=torch.bool, device=query.device)
-                if iv.method == "sink":
-                    cut[:, 1:] = True
-                elif isinstance(iv.edges, torch.Tensor):
-                    e = iv.edges.to(query.device, torch.bool)
-                    cut[: e.shape[0], : e.shape[1]] = e[:Q, :K]
-                else:
-                    for q, k in iv.edges:
-                        cut[q, k] = True
+            for i, iv, m in mask_edits:
+                cut = m.cut(iv, pos).to(query.device, torch.bool).expand(B, Q, K)
                 before_open = new[:, iv.head] > neg / 2
                 if (before_open & cut).any():
                     self.effect[i] = True
@@ -205,7 +442,7 @@ class Instrumentation:
             attention_mask = new
         out, weights = self._base(module, kwargs)(module, query, key, value, attention_mask, **kwargs)
         # out: [B, Q, H, D]; weights: [B, H, Q, K] or None
-        edits = [(i, iv) for i, iv in ivs if iv.method in ("zero", "mean")]
+        edits = [(i, iv, m) for i, iv, m in ivs if m.replace is not None]
         if edits or (row_dead is not None and row_dead.any()):
             out = out.clone()
             if weights is not None:
@@ -214,29 +451,33 @@ class Instrumentation:
                 out = out.masked_fill(row_dead.transpose(1, 2)[..., None], 0.0)
                 if weights is not None:
                     weights = weights.masked_fill(row_dead[..., None], 0.0)
-            for i, iv in edits:
-                new_val = torch.zeros_like(out[:, :, iv.head]) if iv.method == "zero" else \
-                    iv.value.to(out.device, out.dtype).expand_as(out[:, :, iv.head])
+            for i, iv, m in edits:
+                new_val = m.replace(iv, out[:, :, iv.head]).to(out.dtype).expand_as(out[:, :, iv.head])
                 if not torch.equal(out[:, :, iv.head], new_val):
                     self.effect[i] = True
                 out[:, :, iv.head] = new_val
-                if weights is not None and iv.method == "zero":
+                if weights is not None and m.zero_pattern:
                     weights[:, iv.head] = 0.0
         if self.capture_head_means:
-            s = out.detach().float().sum(dim=(0, 1))  # [H, D]
+            real = (pos.query >= 0).to(out.dtype)                     # [B, Q]: padding queries excluded
+            s = (out.detach() * real[:, :, None, None]).float().sum(dim=(0, 1))  # [H, D]
             if self.head_output_sum is None:
                 self.head_output_sum = torch.zeros(self.shape["n_layers"], *s.shape)
             self.head_output_sum[layer] += s.cpu()
             if layer == 0:
-                self.head_output_count += B * Q
+                self.head_output_count += int((pos.query >= 0).sum().item())
         if self.reduction_targets:
             if weights is None:
                 raise UnsupportedArchitecture("the attention function returned no probabilities")
             for name, targets in self.reduction_targets.items():
-                r = gather_targets(weights.detach(), targets)
-                if name not in self.reduced or self.reduced[name].shape[1:] != r.shape:
-                    self.reduced[name] = torch.zeros(self.shape["n_layers"], *r.shape)
-                self.reduced[name][layer] = r.cpu()
+                mass, qa = self._reduce(weights.detach(), targets, pos)      # [B, H, Q], [B, Q]
+                Qt = targets.shape[-1]
+                if name not in self.reduced or self.reduced[name].shape[1] != B:
+                    self.reduced[name] = torch.zeros(self.shape["n_layers"], B, self.shape["n_heads"], Qt)
+                row = torch.cat([self.reduced[name][layer], torch.zeros(B, H, 1)], -1)   # extra column: dropped
+                idx = torch.where(qa >= 0, qa, Qt).cpu()[:, None, :].expand(B, H, Q)
+                row.scatter_(-1, idx, mass.cpu())
+                self.reduced[name][layer] = row[..., :Qt]
         if self.keep_patterns:
             self.patterns[layer] = weights.detach().float().cpu()
         return out, weights
@@ -250,6 +491,20 @@ class Instrumentation:
                                    f"({len(dead)} of {len(self.interventions)} interventions were no-ops)")
 
 
+def unwrap_model(model):
+    """The ``torch.nn.Module`` of ``model``: itself, or the ``.model`` of a LoadedModel bundle.
+
+    Raises:
+        InductionLabError: neither a module with a ``config`` nor a bundle holding one.
+    """
+    if isinstance(model, torch.nn.Module) and hasattr(model, "config"):
+        return model
+    inner = getattr(model, "model", None)
+    if isinstance(inner, torch.nn.Module) and hasattr(inner, "config"):
+        return inner
+    raise InductionLabError(f"expected a transformers model (or a LoadedModel bundle), got {type(model).__name__}")
+
+
 @contextlib.contextmanager
 def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
                reductions: Mapping[str, torch.Tensor] | None = None, keep_patterns: bool = False,
@@ -258,21 +513,25 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
     """Point ``model`` at the inductionlab attention function for the duration of the block.
 
     Args:
-        model: a transformers causal LM whose attention dispatches through ``AttentionInterface``.
-        interventions: :class:`HeadIntervention` items (query-head indexing).
-        reductions: name -> target key indices ``[B, Q]`` or ``[Q]`` (``-1`` = none); after a
-            forward, ``inst.reduced[name]`` is float32 ``[n_layers, B, n_heads, Q]``.
+        model: a transformers causal LM whose attention dispatches through ``AttentionInterface``
+            (or a LoadedModel bundle holding one).
+        interventions: :class:`HeadIntervention` items (query-head indexing, absolute positions).
+        reductions: name -> target key per query, LongTensor ``[Qt]`` or ``[B, Qt]`` indexed by
+            absolute query position and giving an absolute key position (``-1`` = none); after
+            a forward, ``inst.reduced[name]`` is float32 ``[n_layers, B, n_heads, Qt]``.
         keep_patterns: also keep full ``[B, H, Q, K]`` probabilities per layer (memory heavy).
-        capture_head_means: accumulate per-head outputs for mean ablation.
+        capture_head_means: accumulate per-head outputs over real tokens for mean ablation.
         need_probs: force (True) or forbid (False) the eager path; default: eager only when
             probabilities are needed or the model was loaded with eager attention.
         strict: on exit, raise :class:`NoOpIntervention` if an intervention changed nothing.
 
     Raises:
-        InductionLabError: head out of range, unknown method, missing mean value / edges.
+        InductionLabError: head out of range or not an integer, unknown method, missing mean
+            value / edges, malformed edges or targets.
         UnsupportedArchitecture: the model never called the registered attention function.
         NoOpIntervention: (``strict``) an intervention provably did nothing.
     """
+    model = unwrap_model(model)
     inst = Instrumentation(model, list(interventions), reductions or {}, keep_patterns,
                            capture_head_means, need_probs)
     modules = _model_attention_modules(model)
@@ -286,6 +545,7 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
     inst._orig_impl = orig
     for mid, layer in modules.items():
         _ACTIVE[mid] = _Slot(inst, layer)
+    hook = model.register_forward_pre_hook(inst._pre_forward, with_kwargs=True)
     ok = False
     try:
         model.set_attn_implementation(FUNCTION_NAME)
@@ -295,6 +555,7 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
         yield inst
         ok = True
     finally:
+        hook.remove()
         for mid in modules:
             _ACTIVE.pop(mid, None)
         model.set_attn_implementation(orig)
@@ -311,43 +572,59 @@ def head_output_means(model, input_ids: torch.Tensor, attention_mask: torch.Tens
 
     Args:
         input_ids: ``[B, T]`` token ids of the reference batch.
+        attention_mask: optional ``[B, T]`` (1 = real token, 0 = padding); padding slots are
+            left out of the mean.
 
     Returns:
-        float32 ``[n_layers, n_heads, head_dim]``: mean over batch and positions of each query
-        head's output (the input of ``o_proj``). Convention: position-independent mean, as in
-        mean ablation of Wang et al. 2022 / Todd et al. 2024 (mean over a reference set).
+        float32 ``[n_layers, n_heads, head_dim]``: mean over the batch's real tokens of each
+        query head's output (the input of ``o_proj``). Convention: position-independent mean, as
+        in mean ablation of Wang et al. 2022 / Todd et al. 2024 (mean over a reference set).
+
+    Raises:
+        InductionLabError: the batch holds no real token.
     """
+    model = unwrap_model(model)
     with torch.inference_mode(), instrument(model, capture_head_means=True) as inst:
         model(input_ids=input_ids, attention_mask=attention_mask)
-    return inst.head_output_sum / max(inst.head_output_count, 1)
+    if inst.head_output_count == 0:
+        raise InductionLabError("the mean-ablation reference batch holds no real token; pass a non-empty batch")
+    return inst.head_output_sum / inst.head_output_count
 
 
 @contextlib.contextmanager
 def ablate(model, heads: Iterable[tuple[int, int]], method: str = "zero", *,
-           reference_ids: torch.Tensor | None = None, strict: bool = True) -> Iterator[Instrumentation]:
+           reference_ids: torch.Tensor | None = None, reference_mask: torch.Tensor | None = None,
+           strict: bool = True) -> Iterator[Instrumentation]:
     """Ablate a set of query heads while the block runs.
 
     Args:
-        heads: ``(layer, head)`` pairs, query-head indexing.
-        method: ``zero`` | ``mean`` | ``sink`` (``knockout`` needs edges: use :func:`instrument`).
-        reference_ids: ``[B, T]`` reference batch for ``mean`` ablation.
+        model: the model (or a LoadedModel bundle).
+        heads: ``(layer, head)`` integer pairs, query-head indexing.
+        method: a name in :func:`ablation_methods` (``zero`` | ``mean`` | ``sink`` built in;
+            ``knockout`` needs edges: use :func:`instrument`).
+        reference_ids: ``[B, T]`` reference batch for methods that need a value (``mean``).
+        reference_mask: optional ``[B, T]`` attention mask of the reference batch (padding is
+            left out of the mean).
 
     Raises:
-        InductionLabError: unknown method, head out of range, ``mean`` without reference_ids.
+        InductionLabError: unknown method, head out of range or not an integer, ``mean``
+            without reference_ids.
     """
-    heads = [(int(l), int(h)) for l, h in heads]
-    if method not in ("zero", "mean", "sink"):
-        raise InductionLabError(f"unknown ablation method {method!r}; use zero, mean or sink")
+    model = unwrap_model(model)
+    m = ablation_method(method)
+    if m.needs == "edges":
+        raise InductionLabError(f"{method} needs edges; use instrument(model, [HeadIntervention(layer, head, "
+                                f"{method!r}, edges=...)]) or one of {', '.join(ablation_methods())}")
+    shape = attention_shape(model.config)
+    heads = [check_head(*lh, shape["n_layers"], shape["n_heads"]) for lh in heads]
     means = None
-    if method == "mean":
+    if m.needs == "value":
         if reference_ids is None:
-            raise InductionLabError("mean ablation needs a reference batch (reference_ids)")
-        means = head_output_means(model, reference_ids)
+            raise InductionLabError(f"{method} ablation needs a reference batch (reference_ids)")
+        means = head_output_means(model, reference_ids, attention_mask=reference_mask)
     ivs = [HeadIntervention(l, h, method, value=None if means is None else means[l, h]) for l, h in heads]
     with instrument(model, ivs, strict=strict) as inst:
         yield inst
-
-
 def self_check(model, input_ids: torch.Tensor, *, atol: float = 1e-4) -> dict:
     """Prove the instrumentation is live and transparent on this model.
 

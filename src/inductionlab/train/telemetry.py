@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 
 from ..errors import InductionLabError
+from ..scores import copy_offset_scores, copy_offset_targets  # noqa: F401 (moved to scores.py; re-exported)
 
 SCORES = ("induction", "anti_induction", "copy_offset", "copy_offset_control")
 DEFAULT_THRESHOLDS = (0.1, 0.2, 0.4)
@@ -48,52 +49,6 @@ def preserved_rng():
         yield
     np.random.set_state(np_state)
     random.setstate(py_state)
-
-
-def copy_offset_targets(span_length: int, bos: bool) -> torch.Tensor:
-    """Target key per query for ``[BOS] S SEP X`` with ``|S| = |X| = L``: LongTensor [2L + 1 + bos].
-
-    Query q = p0 + L + 1 + j (holding X[j], j = 0..L-2) → key q − L = p0 + 1 + j; other queries −1.
-    """
-    L, p0 = span_length, int(bos)
-    n = p0 + 2 * L + 1
-    t = torch.full((n,), -1, dtype=torch.long)
-    q = torch.arange(p0 + L + 1, p0 + 2 * L)
-    t[q] = q - L
-    return t
-
-
-def copy_offset_scores(model, *, span_length: int, pool: torch.Tensor, sep_id: int | None, bos_id: int | None,
-                       batch_size: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
-    """``copy_offset`` and ``copy_offset_control`` scores, each float64 [n_layers, n_heads].
-
-    Raises:
-        InductionLabError: the snippet is longer than the model's context or the pool too small.
-    """
-    from ..instrument import instrument
-    from ..stimuli import random_sequences
-
-    L = span_length
-    ctx = getattr(model.config, "max_position_embeddings", None)
-    n = int(bos_id is not None) + 2 * L + 1
-    if ctx and n > ctx:
-        raise InductionLabError(f"copy-offset probe of {n} tokens exceeds the context {ctx}; lower span_length")
-    rows = random_sequences(pool, 2 * batch_size, L, seed)
-    S, R = rows[:batch_size], rows[batch_size:]
-    sep = pool[0].item() if sep_id is None else sep_id
-    sep_col = torch.full((batch_size, 1), sep, dtype=torch.long)
-    pre = [torch.full((batch_size, 1), bos_id, dtype=torch.long)] if bos_id is not None else []
-    t = copy_offset_targets(L, bos_id is not None)
-    valid = (t >= 0).double()
-    device = next(model.parameters()).device
-    out = {}
-    for name, second in (("copy_offset", S), ("copy_offset_control", R)):
-        ids = torch.cat(pre + [S, sep_col, second], dim=1).to(device)
-        with torch.inference_mode(), instrument(model, reductions={name: t}) as inst:
-            model(input_ids=ids)
-        red = inst.reduced[name].double()                                # [L, B, H, Q]
-        out[name] = ((red * valid).sum(-1) / valid.sum()).mean(1).numpy()
-    return out
 
 
 def heldout_loss(model, tokens: np.ndarray, *, seq_len: int, n_tokens: int, batch_size: int = 8,
