@@ -23,7 +23,12 @@ import click
 
 from .errors import InductionLabError
 from .models import DEFAULT_MODEL
-from .protocol import ABLATION_METHODS
+
+
+def _ablation_methods() -> tuple[str, ...]:
+    from .instrument import ablation_methods   # the registry is the one list of methods
+
+    return ablation_methods()
 
 
 def _stack(*decorators: Callable) -> Callable:
@@ -101,7 +106,7 @@ def ablation_options(*, ks: str | None = None, n_draws: int = 3) -> Callable:
     ks_help = f"Numbers of heads to ablate, comma-separated [default: {ks}]." if ks else \
         "Numbers of heads to ablate, comma-separated [default: 10,20,50,100 clipped/scaled to the model's heads]."
     return _stack(
-        click.option("--method", type=click.Choice(list(ABLATION_METHODS)), default="zero", show_default=True,
+        click.option("--method", type=click.Choice(list(_ablation_methods())), default="zero", show_default=True,
                      help="Ablation method (zero: the paper's attention scores set to −∞)."),
         click.option("--ks", callback=_int_list, default=ks, help=ks_help),
         click.option("--n-draws", type=int, default=n_draws, show_default=True,

@@ -35,13 +35,15 @@ import torch
 from .errors import InductionLabError
 
 REFERENCE_TRIALS = 8   # trials in the mean-ablation reference batch (decision: the first 8 of the run)
-ABLATION_METHODS = ("zero", "mean", "sink")   # methods that ablate a set of heads (knockout needs edges)
 
 
 def check_method(method: str) -> None:
-    """Raise :class:`InductionLabError` unless ``method`` is one of :data:`ABLATION_METHODS`."""
-    if method not in ABLATION_METHODS:
-        raise InductionLabError(f"unknown ablation method {method!r}; use {', '.join(ABLATION_METHODS)}")
+    """Raise :class:`InductionLabError` unless ``method`` is a registered ablation method that
+    works from a head list (:func:`inductionlab.instrument.ablation_methods`; knockout needs edges)."""
+    from .instrument import ablation_methods
+
+    if method not in ablation_methods():
+        raise InductionLabError(f"unknown ablation method {method!r}; use {', '.join(ablation_methods())}")
 
 @dataclass
 class Trials:
@@ -121,7 +123,7 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
     Raises:
         InductionLabError: unknown method, head out of range (from :func:`~inductionlab.instrument.ablate`).
     """
-    from .instrument import ablate   # here, so the CLI can read ABLATION_METHODS without importing transformers
+    from .instrument import ablate   # here: importing this module does not import transformers
 
     model = loaded.model
     device = next(model.parameters()).device
