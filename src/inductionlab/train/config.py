@@ -27,6 +27,7 @@ from ..errors import InductionLabError
 # name -> (layers, hidden, MLP, query heads, KV heads). Paper sizes from the Bi-Induct paper
 # (0.13B and 1B); 0.5B is our interpolation (decision); cpu-* train in minutes on 2 CPU cores.
 PRESETS: dict[str, tuple[int, int, int, int, int]] = {
+    "cpu-micro": (2, 64, 128, 4, 4),   # positive control: forms induction heads in minutes on one core
     "cpu-tiny": (2, 128, 512, 4, 2),
     "cpu-small": (4, 256, 1024, 8, 2),
     "0.13b": (12, 768, 3072, 12, 3),
@@ -75,7 +76,7 @@ class TrainConfig:
 
     data: str = ""                       # directory written by `inductionlab corpus prepare` (TokenShards)
     out: str = ""                        # run directory (resumed when it holds the same run)
-    preset: str = "0.13b"                # cpu-tiny | cpu-small | 0.13b | 0.5b | 1b (PRESETS)
+    preset: str = "0.13b"                # cpu-micro | cpu-tiny | cpu-small | 0.13b | 0.5b | 1b (PRESETS)
     seq_len: int = 1024                  # context length (paper: 1024)
     tokens: int = 0                      # token budget; steps = tokens // tokens_per_update
     tokens_per_update: int = 65536       # 2^16 tokens per optimizer update (paper)
