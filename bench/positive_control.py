@@ -78,6 +78,7 @@ SETTINGS: dict[str, tuple[str, dict]] = {
     "pc-none": ("copy-heavy-lr3e-3-long preset, natural-only (variant none)", dict(PC, variant="none")),
     "pc-m0.5-anneal": ("copy-heavy-lr3e-3-long with the paper mix: m0 = 0.5 annealed to 0 over the budget",
                        dict(PC, m0=0.5, anneal_frac=1.0)),
+    "pc-m0.5-flat": ("copy-heavy-lr3e-3-long with m0 = 0.5 held constant (no anneal)", dict(PC, m0=0.5)),
     "control-m0.8": ("control, m0 = 0.8", dict(CONTROL, m0=0.8)),
     "copy-heavy": ("control, m0 = 1 without anneal (~75% snippets), 1.6 M tokens",
                    dict(CONTROL, m0=1.0, anneal_frac=1000.0, tokens=1_638_400)),
@@ -139,6 +140,33 @@ def copy_losses(run_dir: Path, vocab_size: int, special_ids, seed: int = 0) -> l
     return out
 
 
+def snippet_losses(run_dir: Path, sep_id: int, vocab_size: int, special_ids, lengths=(12, 16, 24, 40),
+                   n: int = 32, seed: int = 0) -> dict:
+    """Final checkpoint, on the training format ``S SEP S`` (S random, no BOS): mean loss on the first
+    and second copy and the best layer-1 head's attention from each second-copy token to the token
+    after its earlier occurrence, per span length L (40 lies beyond the trained 8-24)."""
+    from transformers import LlamaForCausalLM
+
+    from inductionlab.stimuli import ordinary_token_ids, random_sequences
+
+    d = max((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    model = LlamaForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    pool = ordinary_token_ids(vocab_size, tuple(special_ids) + (sep_id,))
+    out = {}
+    for L in lengths:
+        S = random_sequences(pool, n, L, seed)
+        ids = torch.cat([S, torch.full((n, 1), sep_id), S], 1)
+        with torch.inference_mode():
+            o = model(input_ids=ids, output_attentions=True)
+        nll = torch.nn.functional.cross_entropy(o.logits[:, :-1].reshape(-1, o.logits.shape[-1]),
+                                                ids[:, 1:].reshape(-1), reduction="none").view(n, -1)
+        q = torch.arange(L + 1, 2 * L)                   # holds S[j], j = 0..L-2 -> key j + 1
+        att = o.attentions[-1][:, :, q, q - L].mean((0, 2))
+        out[str(L)] = {"first_copy": float(nll[:, :L - 1].mean()), "second_copy": float(nll[:, L + 1:].mean()),
+                       "max_head_attention_to_next_of_earlier": float(att.max())}
+    return {"step": int(d.name.split("_")[1]), "by_L": out}
+
+
 def summarize_curve(curve: list[dict]) -> dict:
     last = curve[-1]
     emerg = next((c for c in curve if c["max_induction"] >= THRESHOLD), None)
@@ -163,12 +191,13 @@ def run_setting(name: str, force: bool = False) -> dict:
     res = train(cfg, data=data)
     wall = time.perf_counter() - t0
     curve = copy_losses(Path(cfg.out), data.vocab_size, data.special_ids)
-    rec = {"name": name, "description": desc, "setting": {**s, "span": list(s["span"])}, "config": cfg.to_dict(),
+    snip = snippet_losses(Path(cfg.out), data.sep_id, data.vocab_size, data.special_ids)
+    rec = {"snippet_probe": snip, "name": name, "description": desc, "setting": {**s, "span": list(s["span"])}, "config": cfg.to_dict(),
            "steps": res.steps, "tokens": res.tokens, "wall_s": wall,
            "train_s": res.record["results"]["train_time_s"], "tokens_per_s": res.tokens_per_s,
            "params": res.record["budget"], "stream": res.record.get("stream"),
            **summarize_curve(curve), "curve": curve, "versions": res.record["versions"],
-           "special_ids": list(data.special_ids), "vocab_size": data.vocab_size}
+           "special_ids": list(data.special_ids), "vocab_size": data.vocab_size, "sep_id": data.sep_id}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rec, indent=1))
     return rec
@@ -213,17 +242,19 @@ def calibration_replica(steps: int = 200, vocab: int = 64, seed: int = 0) -> dic
 def table(recs: list[dict]) -> str:
     head = (f"| setting | variant | tokens | updates | wall time | max induction T={PROBE_T} (last / best) | "
             f"emergence step (tokens), T={PROBE_T} | loss 1st / 2nd copy T={PROBE_T} | max induction T=50 (best) | "
-            "loss 1st / 2nd copy T=50 | held-out loss |\n"
-            "| --- | --- | ---: | ---: | ---: | --- | --- | --- | --- | --- | ---: |")
+            "loss 1st / 2nd copy T=50 | S SEP S L=16: loss 1st / 2nd, head attn | held-out loss |\n"
+            "| --- | --- | ---: | ---: | ---: | --- | --- | --- | --- | --- | --- | ---: |")
     rows = []
     for r in recs:
         f = r["final"]
+        p = r.get("snippet_probe", {}).get("by_L", {}).get("16")
+        sp = f"{p['first_copy']:.2f} / {p['second_copy']:.2f}, {p['max_head_attention_to_next_of_earlier']:.2f}" if p else "-"
         em = f"{r['emergence_step']} ({r['emergence_tokens'] / 1e6:.2f} M)" if r["emergence_step"] is not None else "none"
         rows.append(f"| {r['name']}: {r['description']} | {r['setting']['variant']} | {r['tokens'] / 1e6:.2f} M | "
                     f"{r['steps']} | {r['wall_s']:.0f} s | {f['max_induction']:.3f} / {r['best_max_induction']:.3f} | "
                     f"{em} | {f['first_copy_loss']:.2f} / {f['second_copy_loss']:.2f} | "
                     f"{f['max_induction_T50']:.3f} ({r['best_max_induction_T50']:.3f}) | "
-                    f"{f['first_copy_loss_T50']:.2f} / {f['second_copy_loss_T50']:.2f} | {f['heldout_loss']:.2f} |")
+                    f"{f['first_copy_loss_T50']:.2f} / {f['second_copy_loss_T50']:.2f} | {sp} | {f['heldout_loss']:.2f} |")
     return "\n".join([head, *rows])
 
 
@@ -244,12 +275,14 @@ def recurve(name: str) -> None:
                "wall_s": sum(r["step_time_s"] for r in steps if r["step"] <= last) * cfg.log_every,  # approx.
                "versions": versions()}
     run_dir = Path(rec["config"]["out"])
-    if "special_ids" not in rec:
+    if "sep_id" not in rec:
         from inductionlab.data.shards import TokenShards
         sh = TokenShards.open(rec["config"]["data"])
         rec["special_ids"] = [i for i in (sh.eos_id, sh.bos_id) if i is not None]
         rec["vocab_size"] = sh.vocab_size
+        rec["sep_id"] = sh.sep_id
     rec["curve"] = copy_losses(run_dir, rec["vocab_size"], rec["special_ids"])
+    rec["snippet_probe"] = snippet_losses(run_dir, rec["sep_id"], rec["vocab_size"], rec["special_ids"])
     rec.update(summarize_curve(rec["curve"]))
     path.write_text(json.dumps(rec, indent=1))
 
@@ -277,7 +310,8 @@ def main() -> None:
             raise SystemExit(f"error: unknown setting {n!r}; see --list")
     if a.recurve:
         for n in names:
-            if (RESULTS / "positive_control" / f"{n}.json").is_file():
+            if ((RESULTS / "positive_control" / f"{n}.json").is_file()
+                    or (Path(run_config(n, SETTINGS[n][1]).out) / "checkpoints").is_dir()):
                 recurve(n)
     elif not a.no_run:
         for n in names:
