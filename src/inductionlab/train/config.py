@@ -27,7 +27,7 @@ from ..errors import InductionLabError
 # name -> (layers, hidden, MLP, query heads, KV heads). Paper sizes from the Bi-Induct paper
 # (0.13B and 1B); 0.5B is our interpolation (decision); cpu-* train in minutes on 2 CPU cores.
 PRESETS: dict[str, tuple[int, int, int, int, int]] = {
-    "cpu-micro": (2, 64, 128, 4, 4),   # positive control: forms induction heads in minutes on one core
+    "cpu-micro": (2, 64, 128, 4, 4),   # CPU positive control (docs/positive_control.md)
     "cpu-tiny": (2, 128, 512, 4, 2),
     "cpu-small": (4, 256, 1024, 8, 2),
     "0.13b": (12, 768, 3072, 12, 3),
