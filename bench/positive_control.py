@@ -16,7 +16,10 @@ Per setting the table reports tokens, wall time (training + telemetry, one threa
 induction score over heads at the last checkpoint and the best over checkpoints, the emergence
 step (first checkpoint with max induction score >= 0.3), and the loss on the first vs the second
 copy of repeated random sequences ([S S], |S| = 50, 16 sequences, as in SPEC §3) at the last
-checkpoint, with the fixed-offset copy score and its control (telemetry.py).
+checkpoint -- at |S| = PROBE_T (inside the trained span lengths) and at |S| = 50 -- and, at the
+last checkpoint, the loss and the best last-layer head's attention on the training format S SEP S.
+``--calibration`` reruns CALIBRATION.md's toy and probes it at other copy lengths. Settings
+without a recorded result were not run (see docs/positive_control.md).
 
 Results: one JSON per setting in ``bench/results/positive_control/`` (resumable: a setting
 already there is skipped unless ``--force``), and the aggregate ``bench/results/positive_control.json``
