@@ -55,6 +55,36 @@ class Phase:
     conditions: str   # key into the study's condition sets, e.g. "ablation" or "single"
 
 
+def check_study_options(*, ks: Sequence[int] | None, n_draws: int, exclude_top_n: int | None, seed: int,
+                        score_seq_len: int, score_batch_size: int) -> None:
+    """The options every study shares (ablation and head scores), checked the same way in every
+    study's ``validate()`` (so ``analyze`` and ``study temporal`` give the same line for the same
+    mistake, from the CLI and from the API). Messages name the CLI flag; the config field is the
+    same name with underscores.
+
+    Raises:
+        InductionLabError: a k below 1 or repeated, fewer than 1 random draw, a negative
+            exclusion or seed, a head-score sequence shorter than 2 tokens or an empty batch.
+    """
+    if ks is not None:
+        if not ks or min(ks) < 1:
+            raise InductionLabError(f"--ks {','.join(map(str, ks)) or '(empty)'}: give at least one k, each >= 1 "
+                                    "(e.g. --ks 5,10,20)")
+        if len(set(ks)) != len(ks):
+            raise InductionLabError(f"--ks {','.join(map(str, ks))} repeats a k; give each k once")
+    if n_draws < 1:
+        raise InductionLabError(f"--n-draws {n_draws}: at least 1 random-head draw per k is needed (the control)")
+    if exclude_top_n is not None and exclude_top_n < 0:
+        raise InductionLabError(f"--exclude-top-n {exclude_top_n} must be >= 0 (or left unset for the default)")
+    if seed < 0:
+        raise InductionLabError(f"--seed {seed} must be >= 0")
+    if score_seq_len < 2:
+        raise InductionLabError(f"--score-seq-len {score_seq_len}: a head-score sequence needs at least 2 tokens "
+                                "per copy; use e.g. 50")
+    if score_batch_size < 1:
+        raise InductionLabError(f"--score-batch-size {score_batch_size} must be >= 1")
+
+
 def check_ks(ks: Sequence[int], n_total: int, exclude_top_n: int) -> None:
     """Every k must leave room for random draws outside the top N.
 
@@ -63,7 +93,8 @@ def check_ks(ks: Sequence[int], n_total: int, exclude_top_n: int) -> None:
     for k in ks:
         if not 1 <= k <= n_total - exclude_top_n:
             raise InductionLabError(f"k={k}: must be between 1 and the {n_total - exclude_top_n} heads left outside "
-                                    f"the top {exclude_top_n} for random draws; lower k or --exclude-top-n")
+                                    f"the top {exclude_top_n} (--exclude-top-n) of {n_total} for random draws; "
+                                    "lower k or --exclude-top-n")
 
 
 def head_scores_piece(run: ResumableRun, loaded, *, seq_len: int, batch_size: int, n_batches: int = 1, seed: int = 0,
