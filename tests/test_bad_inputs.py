@@ -104,7 +104,10 @@ SHARED_NUMERIC = [
     (["--ks", ","], "ks"), (["--ks", "99"], "k=99"), (["--ks", "5"], "k=5"),
     (["--exclude-top-n", "-1"], "--exclude-top-n"), (["--exclude-top-n", "8"], "exclude-top-n"),
     (["--exclude-top-n", "1000"], "exclude-top-n"),
-    (["--seed", "-1"], "--seed"),
+    (["--seed", "-1"], "--seed"), (["--seed", str(2 ** 70)], "--seed"),
+    (["--cue-position", "1"], "cue needs a word before and after"),
+    (["--cue-position", "30"], "cue needs a word before and after"),
+    (["--threads", str(2 ** 70)], "--threads"), (["--threads", str((os.cpu_count() or 1) + 1)], "--threads"),
     (["--threads", "0"], "--threads"), (["--threads", "-2"], "--threads"),
     (["--method", "bogus"], "invalid value for '--method'"), (["--dtype", "int8"], "invalid value for '--dtype'"),
     (["--list-length", "5000", "--cue-position", "10"], "word pool too small"),
@@ -184,6 +187,35 @@ def test_output_paths(tmp_path, model_dir, corpus, command, case):
     pattern = {"existing file": "is a directory" if is_plot else "is a file", "under a file": "is a file",
                "read-only": "cannot write", "not empty": "already exists"}[case]
     refused(_output_command(command, tmp_path, model_dir, corpus, out), pattern, tmp_path)
+
+
+# -- an output that is (or holds) an input: --overwrite would delete the user's model / corpus / run ------
+
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+@pytest.mark.parametrize("case", ["is the input", "holds the input"])
+def test_output_is_not_an_input(tmp_path, model_dir, corpus, command, case):
+    import shutil
+
+    work = tmp_path / "work"
+    inp = {"corpus prepare": tmp_path / "srcdir", "train": corpus, "telemetry": tmp_path / "run",
+           "curriculum preview --plot": corpus}.get(command, model_dir)
+    if command == "corpus prepare":
+        inp.mkdir()
+        (inp / "a.txt").write_text("\n\n".join(f"paragraph {i} with words" for i in range(50)))
+    if command == "telemetry":
+        inp.mkdir()
+        (inp / "run.json").write_text("{}")
+    if inp in (model_dir, corpus):                 # a copy: the shared fixture must survive a failure
+        inp = Path(shutil.copytree(inp, work / inp.name))
+    if command == "curriculum preview --plot":
+        out = inp / "manifest.json" if case == "is the input" else inp / "tokens_train.bin"
+        out = out if out.exists() else next(p for p in inp.iterdir() if p.is_file())
+    else:
+        out = inp if case == "is the input" else inp.parent
+    args = _output_command(command, tmp_path, inp, inp, out) + ["--overwrite"] * (not command.endswith("--plot"))
+    if command == "corpus prepare":
+        args[2] = inp
+    refused(args, "the input", tmp_path)
 
 
 # -- corrupt or mismatched model inputs -------------------------------------------------------------------

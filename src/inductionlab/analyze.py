@@ -24,7 +24,7 @@ from .models import LoadedModel, ran_identity
 from .protocol import check_method
 from .runs import ResumableRun, atomic_write_json, atomic_write_text, versions
 from .scores import HeadScores
-from .study import Phase, check_ks, check_study_options, head_scores_piece, run_phases
+from .study import Phase, check_ks, check_lag_headline, check_study_options, head_scores_piece, run_phases
 
 PHASES = (Phase("lag", "lag", "ablation"),)
 PROTOCOLS = {"lag": lag_probe}
@@ -68,6 +68,7 @@ class AnalyzeConfig:
         if self.score_batches < 1:
             raise InductionLabError(f"score_batches={self.score_batches} must be >= 1")
         self.protocol().validate()
+        check_lag_headline(self.lag)
 
 
 @dataclass
@@ -103,7 +104,8 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
     lag_cfg = cfg.protocol()
     lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2))   # pool and context, before any file
     params = {**asdict(cfg), "exclude_top_n": N, "lag": asdict(lag_cfg)}
-    run = ResumableRun(out, "analyze", params, overwrite=overwrite, on_checkpoint=on_checkpoint)
+    run = ResumableRun(out, "analyze", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
+                       inputs=[ident.get("path")])
     run.open()
     timings = {}
 

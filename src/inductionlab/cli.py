@@ -93,7 +93,7 @@ def analyze(**kw):
                         n_draws=kw["n_draws"], exclude_top_n=kw["exclude_top_n"], top=kw["top"],
                         score_seq_len=kw["score_seq_len"], score_batch_size=kw["score_batch_size"])
     cfg.validate()                                     # fail before the slow part
-    ResumableRun.check_out(out, overwrite)
+    ResumableRun.check_out(out, overwrite, inputs=[kw["model"]])
     if quiet:  # also silences the GGUF de-quantisation bar, which ignores transformers' logging switch
         import os
         os.environ["TQDM_DISABLE"] = "1"

@@ -72,14 +72,16 @@ def load_from_options(kw: dict):
         InductionLabError: a bad ``--device`` (``cuda`` without a CUDA device, ...;
             :func:`~inductionlab.models.check_device`, before any loading), ``--threads`` below 1,
             unknown or corrupt model."""
+    import os
+
     import torch
 
     from .models import check_device, load_model
 
     model, dtype, device = kw.pop("model"), kw.pop("dtype"), kw.pop("device")
     device_map, threads = kw.pop("device_map", None), kw.pop("threads", None)
-    if threads is not None and threads < 1:
-        raise InductionLabError(f"--threads {threads} must be at least 1")
+    if threads is not None and not 1 <= threads <= (os.cpu_count() or 1):
+        raise InductionLabError(f"--threads {threads}: use 1 to {os.cpu_count() or 1} (this machine's CPUs)")
     if threads:
         torch.set_num_threads(threads)
     if not device_map:

@@ -202,27 +202,28 @@ class ResumableRun:
             ``params`` with finished pieces is refused; with no finished piece it is taken over.
         overwrite: delete ``out`` in :meth:`open` and start afresh.
         on_checkpoint: optional callable(key) after each piece is written (tests interrupt here).
+        inputs: paths the run reads (the model); ``out`` may not be or contain one of them.
     """
 
     def __init__(self, out: str | os.PathLike, kind: str, params: dict, *, overwrite: bool = False,
-                 on_checkpoint: Callable[[str], None] | None = None, manifest: str = "study.json"):
-        self.out = Path(out)
+                 on_checkpoint: Callable[[str], None] | None = None, manifest: str = "study.json", inputs=()):
+        self.out, self.inputs = Path(out), tuple(inputs)
         self.dir = self.out / "checkpoints"
         self.kind, self.params = kind, json.loads(json.dumps(_jsonable(params)))
         self.overwrite, self.on_checkpoint, self.manifest = overwrite, on_checkpoint, self.out / manifest
         self.resumed = False
 
     @staticmethod
-    def check_out(out: str | os.PathLike, overwrite: bool = False, manifest: str = "study.json") -> None:
+    def check_out(out: str | os.PathLike, overwrite: bool = False, manifest: str = "study.json", inputs=()) -> None:
         """Cheap checks of an output directory before anything slow (model load) runs.
 
         Raises:
             InductionLabError: ``out`` is a file, lies under a file, its nearest existing folder is
-                not writable, or it holds files of something other than a resumable run (without
-                ``overwrite``)."""
+                not writable, is or contains one of ``inputs``, or it holds files of something other
+                than a resumable run (without ``overwrite``)."""
         from .outputs import check_output_dir
 
-        out = check_output_dir(out, "--out")       # a file, under a file, not writable (also as root)
+        out = check_output_dir(out, "--out", inputs)       # a file, under a file, not writable (also as root)
         if (not overwrite and out.is_dir() and not (out / manifest).exists()
                 and any(p.name != "checkpoints" for p in out.iterdir())):
             raise InductionLabError(f"output directory {out} already exists and is not a resumable run; "
@@ -237,7 +238,7 @@ class ResumableRun:
         """
         from .outputs import check_output_dir
 
-        check_output_dir(self.out, "out")
+        check_output_dir(self.out, "out", self.inputs)
         if self.overwrite and self.out.exists():
             shutil.rmtree(self.out)
         if self.manifest.exists():

@@ -76,13 +76,26 @@ def check_study_options(*, ks: Sequence[int] | None, n_draws: int, exclude_top_n
         raise InductionLabError(f"--n-draws {n_draws}: at least 1 random-head draw per k is needed (the control)")
     if exclude_top_n is not None and exclude_top_n < 0:
         raise InductionLabError(f"--exclude-top-n {exclude_top_n} must be >= 0 (or left unset for the default)")
-    if seed < 0:
-        raise InductionLabError(f"--seed {seed} must be >= 0")
+    if not 0 <= seed < 2 ** 63:
+        raise InductionLabError(f"--seed {seed} must be between 0 and 2**63 - 1 (torch's generator)")
     if score_seq_len < 2:
         raise InductionLabError(f"--score-seq-len {score_seq_len}: a head-score sequence needs at least 2 tokens "
                                 "per copy; use e.g. 50")
     if score_batch_size < 1:
         raise InductionLabError(f"--score-batch-size {score_batch_size} must be >= 1")
+
+
+def check_lag_headline(lag) -> None:
+    """A study's headline reads lag +1 and lag −1 of the lag probe: the cue needs a word on both
+    sides (cue at the first word: lag −1 would index the list's last word; at the last: no lag +1).
+
+    Raises:
+        InductionLabError: ``cue_position`` outside 2 .. list_length − 1."""
+    if lag.list_length >= 2 and 1 <= lag.cue_position <= lag.list_length and \
+            not 2 <= lag.cue_position <= lag.list_length - 1:
+        raise InductionLabError(f"--cue-position {lag.cue_position}: the headline reads lags -1 and +1, so the cue "
+                                f"needs a word before and after it; use 2 <= --cue-position <= {lag.list_length - 1} "
+                                f"(--list-length {lag.list_length})")
 
 
 def check_ks(ks: Sequence[int], n_total: int, exclude_top_n: int) -> None:

@@ -54,7 +54,7 @@ from .scores import HeadScores
 from .serial_recall import SerialRecallConfig, SerialRecallResult
 from .report import fmt_ci, row_ci
 from .stats import ci
-from .study import Phase, check_ks, check_study_options, head_scores_piece, run_phases
+from .study import Phase, check_ks, check_lag_headline, check_study_options, head_scores_piece, run_phases
 
 PAPER_KS = (10, 20, 50, 100)   # SPEC §4: the seed protocol's k list (models of ~1,000 heads)
 FALLBACK_FRACTIONS = (0.05, 0.1, 0.2, 0.35)
@@ -121,6 +121,7 @@ class TemporalStudyConfig:
             raise InductionLabError(f"--load-bearing-top {self.load_bearing_top} must be >= 0 (0 = no per-head map)")
         for c in self.protocols():
             c.validate()
+        check_lag_headline(self.lag)
         if self.load_bearing_permutations is not None and self.load_bearing_permutations < 2:
             raise InductionLabError(f"--load-bearing-permutations {self.load_bearing_permutations}: at least 2 "
                                     "trials are needed for a CI")
@@ -205,7 +206,7 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2))
     serial_recall.build_trials(loaded, replace(rec_cfg, n_trials=1))
     run = ResumableRun(out, "study-temporal", _params(loaded, cfg, ks, N, lag_cfg, rec_cfg), overwrite=overwrite,
-                       on_checkpoint=on_checkpoint)
+                       on_checkpoint=on_checkpoint, inputs=[loaded.identity.get("path")])
     resumed = run.open()
     timings: dict[str, float] = {}
 
