@@ -135,6 +135,25 @@ def test_numeric_options(tmp_path, model_dir, command, extra, pattern):
     refused(_args(command, model_dir, tmp_path / "out") + extra, pattern, tmp_path)
 
 
+# -- huge numbers: beyond a 64-bit integer, or a plan larger than the machine's memory ---------------------
+
+HUGE = [
+    ("train", ["--seed", str(2 ** 70)], "--seed .* 64-bit"),
+    ("train", ["--tokens", str(2 ** 70)], "--tokens .* 64-bit"),
+    ("train", ["--tokens", str(2 ** 62)], "plan needs .* GiB"),
+    ("curriculum preview", ["--total-tokens", str(10 ** 15)], "plan needs .* GiB"),
+]
+
+
+@pytest.mark.parametrize("command, extra, pattern", HUGE, ids=[f"{c}:{a[0]}={a[1]}" for c, a, _ in HUGE])
+def test_huge_numbers(tmp_path, corpus, command, extra, pattern):
+    if command == "train":
+        args = ["train", *tiny_flags(corpus, tmp_path / "out"), *extra]
+    else:
+        args = ["curriculum", "preview", corpus, "--seq-len", "64", "--batch-size", "2", *extra]
+    refused(args, pattern, tmp_path)
+
+
 # -- the config dataclasses check themselves: the API refuses what the CLI refuses ---------------------
 
 @pytest.mark.parametrize("config", [AnalyzeConfig, TemporalStudyConfig])

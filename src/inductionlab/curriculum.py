@@ -175,6 +175,15 @@ def check_token_ids(tokens: np.ndarray, vocab_size: int, what: str, chunk: int =
                                     "the shard is damaged or from another tokenizer: prepare the corpus again")
 
 
+def _physical_memory() -> int | None:
+    """Bytes of physical memory (None where the platform does not say)."""
+    import os
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 class BiInductStream:
     """Deterministic, resumable Bi-Induct batches over a natural token stream.
 
@@ -260,6 +269,13 @@ class BiInductStream:
             raise InductionLabError(f"token budget {total_tokens} is below one batch "
                                     f"({self.batch_size}x{self.seq_len} = "
                                     f"{self.batch_size * self.seq_len} tokens); raise total_tokens")
+        # the plan holds two int64 per window (snippet tokens, stream offset): it must fit in memory
+        windows = int(total_tokens) // self.seq_len
+        plan_bytes, mem = 16 * windows, _physical_memory()
+        if mem and plan_bytes > mem // 4:
+            raise InductionLabError(f"token budget {total_tokens:,} is {windows:,} windows of {self.seq_len} tokens; "
+                                    f"their plan needs {plan_bytes / 2**30:.1f} GiB, more than a quarter of this "
+                                    f"machine's {mem / 2**30:.0f} GiB: lower the token budget or raise the sequence length")
 
     # -- schedule ------------------------------------------------------------------------------
     def expected_fraction(self, t: int) -> float:
