@@ -113,6 +113,8 @@ SHARED_NUMERIC = [
     (["--list-length", "5000", "--cue-position", "10"], "word pool too small"),
     (["--list-length", "600", "--cue-position", "10"], "context"),
     (["--instruction", "the " * 600], "context"),
+    (["--n-permutations", str(10 ** 12)], "--n-permutations .* GiB"),
+    (["--score-batch-size", str(10 ** 12)], "--score-batch-size .* GiB"),
 ]
 ANALYZE_NUMERIC = [(["--top", "0"], "--top"), (["--top", "-1"], "--top"), (["--top", "99"], "--top 99")]
 TEMPORAL_NUMERIC = [
@@ -120,7 +122,7 @@ TEMPORAL_NUMERIC = [
     (["--recall-list-length", "1"], "recall"), (["--recall-list-length", "0"], "recall"),
     (["--shots", "-1"], "shots"), (["--recall-list-length", "3000"], "word pool too small"),
     (["--recall-list-length", "200"], "context"),
-    (["--load-bearing-top", "-1"], "load.bearing.top"),
+    (["--load-bearing-top", "-1"], "load.bearing.top"), (["--recall-trials", str(10 ** 12)], "--recall-trials .* GiB"),
     (["--load-bearing-permutations", "1"], "load.bearing.permutations"),
     (["--load-bearing-permutations", "0"], "load.bearing.permutations"),
     (["--load-bearing-permutations", "99"], "load.bearing.permutations"),

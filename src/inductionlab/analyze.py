@@ -24,7 +24,7 @@ from .models import LoadedModel, ran_identity
 from .protocol import check_method
 from .runs import ResumableRun, atomic_write_json, atomic_write_text, versions
 from .scores import HeadScores
-from .study import Phase, check_ks, check_lag_headline, check_study_options, head_scores_piece, run_phases
+from .study import Phase, check_ks, check_lag_headline, check_study_options, check_trials_fit, head_scores_piece, run_phases
 
 PHASES = (Phase("lag", "lag", "ablation"),)
 PROTOCOLS = {"lag": lag_probe}
@@ -69,6 +69,7 @@ class AnalyzeConfig:
             raise InductionLabError(f"score_batches={self.score_batches} must be >= 1")
         self.protocol().validate()
         check_lag_headline(self.lag)
+        check_trials_fit(self.lag.n_permutations, self.lag.list_length + 4, "--n-permutations")
 
 
 @dataclass

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from .errors import InductionLabError
+from .runs import physical_memory
 
 VARIANTS = ("none", "induction", "anti", "balanced")
 SPAN_SOURCES = ("natural", "random")
@@ -175,15 +176,6 @@ def check_token_ids(tokens: np.ndarray, vocab_size: int, what: str, chunk: int =
                                     "the shard is damaged or from another tokenizer: prepare the corpus again")
 
 
-def _physical_memory() -> int | None:
-    """Bytes of physical memory (None where the platform does not say)."""
-    import os
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 class BiInductStream:
     """Deterministic, resumable Bi-Induct batches over a natural token stream.
 
@@ -271,7 +263,7 @@ class BiInductStream:
                                     f"{self.batch_size * self.seq_len} tokens); raise total_tokens")
         # the plan holds two int64 per window (snippet tokens, stream offset): it must fit in memory
         windows = int(total_tokens) // self.seq_len
-        plan_bytes, mem = 16 * windows, _physical_memory()
+        plan_bytes, mem = 16 * windows, physical_memory()
         if mem and plan_bytes > mem // 4:
             raise InductionLabError(f"token budget {total_tokens:,} is {windows:,} windows of {self.seq_len} tokens; "
                                     f"their plan needs {plan_bytes / 2**30:.1f} GiB, more than a quarter of this "

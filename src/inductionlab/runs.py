@@ -43,6 +43,15 @@ def versions() -> dict[str, str]:
     return out
 
 
+def physical_memory() -> int | None:
+    """Bytes of physical memory (None where the platform does not say): the bound of up-front
+    size checks (a plan or a trial set that cannot fit is refused before any work)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def _jsonable(obj: Any) -> Any:
     """Convert numpy / torch scalars, tuples, paths and non-finite floats to JSON-safe values."""
     if isinstance(obj, dict):

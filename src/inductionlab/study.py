@@ -83,6 +83,7 @@ def check_study_options(*, ks: Sequence[int] | None, n_draws: int, exclude_top_n
                                 "per copy; use e.g. 50")
     if score_batch_size < 1:
         raise InductionLabError(f"--score-batch-size {score_batch_size} must be >= 1")
+    check_trials_fit(score_batch_size, 2 * score_seq_len + 1, "--score-batch-size")
 
 
 def check_lag_headline(lag) -> None:
@@ -96,6 +97,20 @@ def check_lag_headline(lag) -> None:
         raise InductionLabError(f"--cue-position {lag.cue_position}: the headline reads lags -1 and +1, so the cue "
                                 f"needs a word before and after it; use 2 <= --cue-position <= {lag.list_length - 1} "
                                 f"(--list-length {lag.list_length})")
+
+
+def check_trials_fit(n_trials: int, tokens_per_trial: int, option: str) -> None:
+    """A protocol's trials (token ids and list ids, int64) must fit in a quarter of memory.
+
+    Raises:
+        InductionLabError: ``n_trials`` x ``tokens_per_trial`` too large, naming ``option``."""
+    from .runs import physical_memory
+
+    need, mem = 16 * int(n_trials) * int(tokens_per_trial), physical_memory()
+    if mem and need > mem // 4:
+        raise InductionLabError(f"{option} {n_trials:,}: {n_trials:,} trials of ~{tokens_per_trial} tokens need "
+                                f"{need / 2**30:.1f} GiB, more than a quarter of this machine's {mem / 2**30:.0f} GiB; "
+                                f"lower {option}")
 
 
 def check_ks(ks: Sequence[int], n_total: int, exclude_top_n: int) -> None:

@@ -54,7 +54,7 @@ from .scores import HeadScores
 from .serial_recall import SerialRecallConfig, SerialRecallResult
 from .report import fmt_ci, row_ci
 from .stats import ci
-from .study import Phase, check_ks, check_lag_headline, check_study_options, head_scores_piece, run_phases
+from .study import Phase, check_ks, check_lag_headline, check_study_options, check_trials_fit, head_scores_piece, run_phases
 
 PAPER_KS = (10, 20, 50, 100)   # SPEC §4: the seed protocol's k list (models of ~1,000 heads)
 FALLBACK_FRACTIONS = (0.05, 0.1, 0.2, 0.35)
@@ -122,6 +122,9 @@ class TemporalStudyConfig:
         for c in self.protocols():
             c.validate()
         check_lag_headline(self.lag)
+        check_trials_fit(self.lag.n_permutations, self.lag.list_length + 4, "--n-permutations")
+        r = self.recall
+        check_trials_fit(r.n_trials, (r.n_shots + 1) * (2 * r.list_length + 4), "--recall-trials")
         if self.load_bearing_permutations is not None and self.load_bearing_permutations < 2:
             raise InductionLabError(f"--load-bearing-permutations {self.load_bearing_permutations}: at least 2 "
                                     "trials are needed for a CI")
