@@ -60,7 +60,7 @@ MODEL_COMMANDS = {
 
 
 def _snapshot(root: Path) -> list:
-    return sorted((str(p.relative_to(root)), p.is_dir() or p.stat().st_size) for p in root.rglob("*"))
+    return sorted((str(p.relative_to(root)), p.is_dir() or p.lstat().st_size) for p in root.rglob("*"))
 
 
 def refused(args, pattern: str, root: Path) -> str:
@@ -193,7 +193,7 @@ OUTPUT_COMMANDS = [*MODEL_COMMANDS, "corpus prepare", "train", "telemetry", "cur
 
 
 @pytest.mark.parametrize("command", OUTPUT_COMMANDS)
-@pytest.mark.parametrize("case", ["existing file", "under a file", "read-only", "not empty"])
+@pytest.mark.parametrize("case", ["existing file", "under a file", "read-only", "not empty", "dangling link"])
 def test_output_paths(tmp_path, model_dir, corpus, command, case):
     is_plot = command.endswith("--plot")
     if case == "not empty" and (is_plot or command == "train"):
@@ -203,10 +203,12 @@ def test_output_paths(tmp_path, model_dir, corpus, command, case):
     d = tmp_path / "full"
     d.mkdir()
     (d / "keep.txt").write_text("mine")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere" / "x")
     out = {"existing file": tmp_path if is_plot else f, "under a file": f / "out", "read-only": READ_ONLY,
-           "not empty": d}[case]
+           "not empty": d, "dangling link": link}[case]
     pattern = {"existing file": "is a directory" if is_plot else "is a file", "under a file": "is a file",
-               "read-only": "cannot write", "not empty": "already exists"}[case]
+               "read-only": "cannot write", "not empty": "already exists", "dangling link": "dangling"}[case]
     refused(_output_command(command, tmp_path, model_dir, corpus, out), pattern, tmp_path)
 
 
@@ -266,6 +268,9 @@ MODEL_CASES = {
     "a text file": (lambda t: _file(t / "model.txt", b"hi"), r"not a model directory"),
     "garbage config.json": (lambda t: _file(t / "bad" / "config.json", b"{nope").parent, r"could not load model"),
     "config without weights": (None, r"could not load model|no weights"),
+    "truncated weights": ("truncate", r"weights .* are corrupt or truncated"),
+    "empty weights": ("empty", r"weights .* are corrupt or truncated"),
+    "tokenizer past the vocabulary": ("small-vocab", r"token id \d+ but the model's vocabulary has 100"),
     "unknown name": (lambda t: "no-such-model-xyz", r"unknown model"),
     "missing path": (lambda t: t / "missing" / "dir", r"does not exist"),
 }
@@ -282,6 +287,23 @@ def test_bad_models(tmp_path, model_dir, command, case):
         d.mkdir()
         (d / "config.json").write_text((model_dir / "config.json").read_text())
         model = d
+    elif isinstance(make, str):               # a copy of the tiny model, then damaged
+        import shutil
+
+        model = Path(shutil.copytree(model_dir, inputs / make))
+        w = model / "model.safetensors"
+        if make == "small-vocab":             # a model of 100 ids under the 700-word tokenizer
+            from transformers import LlamaConfig, LlamaForCausalLM
+            cfg = LlamaConfig.from_pretrained(model_dir)
+            cfg.vocab_size = 100
+            LlamaForCausalLM(cfg).save_pretrained(model)
+            extra = {"analyze": ["--list-length", "200", "--cue-position", "100"],
+                     "study temporal": ["--recall-list-length", "40"]}.get(command, [])
+            work = tmp_path / "work"
+            work.mkdir()
+            refused(_args(command, model, work / "out") + extra, pattern, tmp_path)
+            return
+        w.write_bytes(w.read_bytes()[:5000] if make == "truncate" else b"")
     else:
         model = make(inputs)
     work = tmp_path / "work"

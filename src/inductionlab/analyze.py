@@ -24,7 +24,7 @@ from .models import LoadedModel, ran_identity
 from .protocol import check_method
 from .runs import ResumableRun, atomic_write_json, atomic_write_text, versions
 from .scores import HeadScores
-from .study import Phase, check_ks, check_lag_headline, check_study_options, check_trials_fit, head_scores_piece, run_phases
+from .study import Phase, check_ks, check_lag_headline, check_study_options, check_trial_ids, check_trials_fit, head_scores_piece, run_phases
 
 PHASES = (Phase("lag", "lag", "ablation"),)
 PROTOCOLS = {"lag": lag_probe}
@@ -103,7 +103,8 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
     if cfg.top > n_total:
         raise InductionLabError(f"--top {cfg.top} exceeds the model's {n_total} heads")
     lag_cfg = cfg.protocol()
-    lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2))   # pool and context, before any file
+    check_trial_ids(lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2)), loaded,   # pool, context,
+                    "lag probe")                                                             # ids: before any file
     params = {**asdict(cfg), "exclude_top_n": N, "lag": asdict(lag_cfg)}
     run = ResumableRun(out, "analyze", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
                        inputs=[ident.get("path")])
@@ -113,7 +114,8 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
     t = time.perf_counter()
     device = next(loaded.model.parameters()).device
     gen = torch.Generator().manual_seed(cfg.seed)
-    check_ids = torch.randint(100, min(ident["vocab_size"], 1000), (1, 16), generator=gen).to(device)
+    V = ident["vocab_size"]
+    check_ids = torch.randint(min(100, V // 2), min(V, 1000), (1, 16), generator=gen).to(device)
     check = self_check(loaded.model, check_ids, atol=1e-2 if ident.get("dtype") != "float32" else 1e-4)
     timings["self_check_s"] = time.perf_counter() - t
 

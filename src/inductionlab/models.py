@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from .errors import InductionLabError
 from .runs import sha256_file
@@ -220,12 +222,17 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32
             local_only = source == "hub"
             tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
             model = AutoModelForCausalLM.from_pretrained(path, local_files_only=local_only, **kw)
+    except (SafetensorError, EOFError, pickle.UnpicklingError) as e:
+        raise InductionLabError(f"the weights of model {spec!r} in {path} are corrupt or truncated "
+                                f"({str(e).splitlines()[0]}); save or copy the model again") from e
     except (OSError, ValueError) as e:
         if source == "hub":
             raise InductionLabError(
                 f"unknown model {spec!r}: not one of {', '.join(EMBEDDED)}, not a local directory or .gguf "
                 "file, and not in the Hugging Face cache (no network here)") from e
-        raise InductionLabError(f"could not load model {spec!r} from {path}: {str(e).splitlines()[0]}") from e
+        raise InductionLabError(f"could not load model {spec!r} from {path}: {str(e).splitlines()[0]} (check that it "
+                                "holds config.json, the weights and the tokenizer files, as written by "
+                                "save_pretrained of the model and of its tokenizer)") from e
     if not device_map:
         model.to(device)
     model.eval()

@@ -62,6 +62,9 @@ def check_output_dir(path: str | os.PathLike, option: str = "--out", inputs=()) 
             contains) an input path.
     """
     p = Path(path).expanduser()
+    if p.is_symlink() and not p.exists():
+        raise InductionLabError(f"{option} {p} is a dangling symbolic link (to {os.readlink(p)}); remove it or "
+                                "pass another path")
     _check_not_input(p, inputs, option, is_file=False)
     if p.exists() and not p.is_dir():
         raise InductionLabError(f"{option} {p} is a file, not a directory; pass a directory path")
@@ -77,6 +80,9 @@ def check_output_file(path: str | os.PathLike, option: str = "--out", inputs=())
             or it is an input or an existing file inside an input directory.
     """
     p = Path(path).expanduser()
+    if p.is_symlink() and not p.exists():
+        raise InductionLabError(f"{option} {p} is a dangling symbolic link (to {os.readlink(p)}); remove it or "
+                                "pass another path")
     _check_not_input(p, inputs, option, is_file=True)
     if p.is_dir():
         raise InductionLabError(f"{option} {p} is a directory; pass a file path")

@@ -113,6 +113,19 @@ def check_trials_fit(n_trials: int, tokens_per_trial: int, option: str) -> None:
                                 f"lower {option}")
 
 
+def check_trial_ids(trials, loaded, what: str) -> None:
+    """The token ids of a protocol's trials are rows of the model's embedding (a tokenizer that is
+    not the model's own gives ids past the vocabulary: an index error deep in the forward pass).
+
+    Raises:
+        InductionLabError: an id >= the model's vocabulary size."""
+    vocab = loaded.identity.get("vocab_size")
+    top = int(trials.tensors["ids"].max()) if trials.tensors["ids"].numel() else -1
+    if vocab and top >= vocab:
+        raise InductionLabError(f"the {what} uses token id {top} but the model's vocabulary has {vocab} ids: the "
+                                "tokenizer is not the model's own; load the model with its tokenizer")
+
+
 def check_ks(ks: Sequence[int], n_total: int, exclude_top_n: int) -> None:
     """Every k must leave room for random draws outside the top N.
 

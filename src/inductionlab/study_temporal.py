@@ -54,7 +54,7 @@ from .scores import HeadScores
 from .serial_recall import SerialRecallConfig, SerialRecallResult
 from .report import fmt_ci, row_ci
 from .stats import ci
-from .study import Phase, check_ks, check_lag_headline, check_study_options, check_trials_fit, head_scores_piece, run_phases
+from .study import Phase, check_ks, check_lag_headline, check_study_options, check_trial_ids, check_trials_fit, head_scores_piece, run_phases
 
 PAPER_KS = (10, 20, 50, 100)   # SPEC §4: the seed protocol's k list (models of ~1,000 heads)
 FALLBACK_FRACTIONS = (0.05, 0.1, 0.2, 0.35)
@@ -206,8 +206,8 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     ks, N, lag_cfg, rec_cfg = _resolve(loaded, cfg)
     lb_n = cfg.load_bearing_n
     # model-dependent checks (pool, context) before any file is written
-    lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2))
-    serial_recall.build_trials(loaded, replace(rec_cfg, n_trials=1))
+    check_trial_ids(lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2)), loaded, "lag probe")
+    check_trial_ids(serial_recall.build_trials(loaded, replace(rec_cfg, n_trials=1)), loaded, "serial recall")
     run = ResumableRun(out, "study-temporal", _params(loaded, cfg, ks, N, lag_cfg, rec_cfg), overwrite=overwrite,
                        on_checkpoint=on_checkpoint, inputs=[loaded.identity.get("path")])
     resumed = run.open()
