@@ -51,8 +51,9 @@ TEMPORAL_FAST = ["--permutations", "3", "--list-length", "30", "--cue-position",
                  "--score-seq-len", "8", "--score-batch-size", "2", "--recall-trials", "2", "--recall-list-length", "5",
                  "--shots", "1", "--load-bearing-top", "2", "--dtype", "float32", "--no-progress"]
 
-# name -> callable(model, out) -> arguments. Hooks: `evaluate` (helper F) and `study bi-induct` (helper G)
-# add their tiny fast runs here and then share every model-side case below.
+# name -> callable(model, out) -> arguments. Hook: a new command that loads a model (`evaluate`) adds its tiny
+# fast run here and then shares every output-path, model-input and device case below; one built from the
+# shared study options also joins STUDY_COMMANDS; one that writes without a model joins OUTPUT_COMMANDS.
 MODEL_COMMANDS = {
     "analyze": lambda model, out: ["analyze", "--model", model, "--out", out, *ANALYZE_FAST],
     "study temporal": lambda model, out: ["study", "temporal", "--model", model, "--out", out, *TEMPORAL_FAST],
@@ -127,7 +128,10 @@ TEMPORAL_NUMERIC = [
     (["--load-bearing-permutations", "0"], "load.bearing.permutations"),
     (["--load-bearing-permutations", "99"], "load.bearing.permutations"),
 ]
-NUMERIC = ([(c, a, m) for c in MODEL_COMMANDS for a, m in SHARED_NUMERIC]
+# the commands built from the shared study options (head scores, ablation, lag probe): a new study that
+# uses cli_options' groups joins here too
+STUDY_COMMANDS = ["analyze", "study temporal"]
+NUMERIC = ([(c, a, m) for c in STUDY_COMMANDS for a, m in SHARED_NUMERIC]
            + [("analyze", a, m) for a, m in ANALYZE_NUMERIC] + [("study temporal", a, m) for a, m in TEMPORAL_NUMERIC])
 
 
