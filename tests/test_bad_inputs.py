@@ -440,3 +440,22 @@ def test_stale_partial_folders_removed_on_next_run(tmp_path):
         (stage / "done.txt").write_text("ok")
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == sorted([alive.name, other.name, "out"])
+
+
+def test_resumed_run_removes_a_dead_writers_temporary_files(tmp_path):
+    """SIGKILL mid atomic write leaves ``.<name>.partial-<pid>-<host>-*.tmp``; the resumed run removes it."""
+    import socket
+
+    from inductionlab.runs import ResumableRun
+
+    run = ResumableRun(tmp_path / "out", "toy", {"a": 1})
+    assert run.open() is False
+    run.json("scores", lambda: {"x": 1})
+    host = socket.gethostname()
+    dead = run.dir / f".lag.npz.partial-{2 ** 22 + 7}-{host}-q1.tmp"
+    live = run.dir / f".lag.npz.partial-{os.getpid()}-{host}-q2.tmp"
+    for f in (dead, live):
+        f.write_bytes(b"half")
+    again = ResumableRun(tmp_path / "out", "toy", {"a": 1})
+    assert again.open() is True
+    assert not dead.exists() and live.exists() and run.done("scores", "json")

@@ -271,7 +271,8 @@ class ResumableRun:
 
     def _remove_stale_temporaries(self) -> None:
         """Temporary files of atomic writes left by a killed process (SIGKILL) in the run directory."""
-        for d in [self.out, *(p for p in self.dir.rglob("*") if p.is_dir())] if self.dir.is_dir() else [self.out]:
+        dirs = [self.out] + ([self.dir, *(p for p in self.dir.rglob("*") if p.is_dir())] if self.dir.is_dir() else [])
+        for d in dirs:
             remove_stale_partials(d)
 
     def _has_pieces(self) -> bool:
