@@ -26,7 +26,7 @@ def small(**kw):
 
 @pytest.mark.parametrize("bad,message", [
     (dict(ks=(5, 5)), "repeats a k"), (dict(n_draws=-1), "--n-draws -1"), (dict(score_seq_len=0), "score-seq-len"),
-    (dict(method="knock"), "unknown ablation method"), (dict(ks=()), "positive integers"),
+    (dict(method="knock"), "unknown ablation method"), (dict(ks=()), "give at least one k"),
 ])
 def test_config_validates_itself(tiny, tmp_path, bad, message):
     cfg = small()

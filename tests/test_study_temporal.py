@@ -225,10 +225,10 @@ def test_cli_end_to_end(tiny_dir, tmp_path):
     (["--cue-position", "600"], "outside a list of 30 words"),
     (["--recall-list-length", "3000"], "word pool too small"),
     (["--ks", "1,1"], "repeats a k"),
-    (["--n-draws", "0"], "n_draws=0"),
+    (["--n-draws", "0"], "--n-draws 0"),
     (["--batch-size", "0"], "batch size 0"),
-    (["--score-seq-len", "0"], "score_seq_len >= 2"),
-    (["--load-bearing-permutations", "99"], "exceeds n_permutations=6"),
+    (["--score-seq-len", "0"], "--score-seq-len 0"),
+    (["--load-bearing-permutations", "99"], "exceeds --n-permutations 6"),
 ])
 def test_cli_bad_input_one_line_nothing_written(tiny_dir, tmp_path, extra, message):
     from inductionlab.cli import main

@@ -20,11 +20,11 @@ from .ablation import ablation_conditions, default_exclude_top_n, top_k_heads
 from .errors import InductionLabError
 from .instrument import self_check
 from .lag_probe import LagProbeConfig, LagProbeResult
-from .models import LoadedModel
+from .models import LoadedModel, ran_identity
 from .protocol import check_method
 from .runs import ResumableRun, atomic_write_json, atomic_write_text, versions
 from .scores import HeadScores
-from .study import Phase, check_ks, head_scores_piece, run_phases
+from .study import Phase, check_ks, check_lag_headline, check_study_options, check_trial_ids, check_trials_fit, head_scores_piece, run_phases
 
 PHASES = (Phase("lag", "lag", "ablation"),)
 PROTOCOLS = {"lag": lag_probe}
@@ -61,18 +61,15 @@ class AnalyzeConfig:
                 the lag probe's own checks.
         """
         check_method(self.method)
-        if not self.ks or min(self.ks) < 1:
-            raise InductionLabError(f"--ks must be positive integers, got {list(self.ks)}")
-        if len(set(self.ks)) != len(self.ks):
-            raise InductionLabError(f"--ks {list(self.ks)} repeats a k; give each k once")
-        if self.n_draws < 1 or self.top < 1 or (self.exclude_top_n is not None and self.exclude_top_n < 0):
-            raise InductionLabError(f"--n-draws {self.n_draws} and --top {self.top} must be >= 1, --exclude-top-n "
-                                    f"{self.exclude_top_n} >= 0")
-        if self.score_seq_len < 2 or self.score_batch_size < 1 or self.score_batches < 1:
-            raise InductionLabError(f"head scores need --score-seq-len >= 2, --score-batch-size >= 1 and "
-                                    f"score_batches >= 1 (got {self.score_seq_len}, {self.score_batch_size}, "
-                                    f"{self.score_batches})")
+        check_study_options(ks=self.ks, n_draws=self.n_draws, exclude_top_n=self.exclude_top_n, seed=self.seed,
+                            score_seq_len=self.score_seq_len, score_batch_size=self.score_batch_size)
+        if self.top < 1:
+            raise InductionLabError(f"--top {self.top} must be >= 1")
+        if self.score_batches < 1:
+            raise InductionLabError(f"score_batches={self.score_batches} must be >= 1")
         self.protocol().validate()
+        check_lag_headline(self.lag)
+        check_trials_fit(self.lag.n_permutations, self.lag.list_length + 4, "--n-permutations")
 
 
 @dataclass
@@ -96,7 +93,7 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
     t0 = time.perf_counter()
     cfg.validate()
     out = Path(out)
-    ident = loaded.identity
+    ident = ran_identity(loaded)          # the dtype / device that run, not those asked for at load
     n_total = ident["n_layers"] * ident["n_heads"]
     N = default_exclude_top_n(n_total) if cfg.exclude_top_n is None else cfg.exclude_top_n
     for k in cfg.ks:
@@ -106,16 +103,19 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
     if cfg.top > n_total:
         raise InductionLabError(f"--top {cfg.top} exceeds the model's {n_total} heads")
     lag_cfg = cfg.protocol()
-    lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2))   # pool and context, before any file
+    check_trial_ids(lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2)), loaded,   # pool, context,
+                    "lag probe")                                                             # ids: before any file
     params = {**asdict(cfg), "exclude_top_n": N, "lag": asdict(lag_cfg)}
-    run = ResumableRun(out, "analyze", params, overwrite=overwrite, on_checkpoint=on_checkpoint)
+    run = ResumableRun(out, "analyze", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
+                       inputs=[ident.get("path")])
     run.open()
     timings = {}
 
     t = time.perf_counter()
     device = next(loaded.model.parameters()).device
     gen = torch.Generator().manual_seed(cfg.seed)
-    check_ids = torch.randint(100, min(ident["vocab_size"], 1000), (1, 16), generator=gen).to(device)
+    V = ident["vocab_size"]
+    check_ids = torch.randint(min(100, V // 2), min(V, 1000), (1, 16), generator=gen).to(device)
     check = self_check(loaded.model, check_ids, atol=1e-2 if ident.get("dtype") != "float32" else 1e-4)
     timings["self_check_s"] = time.perf_counter() - t
 

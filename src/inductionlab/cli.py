@@ -3,7 +3,10 @@ and writes run directories. User mistakes print one line and exit with status 2.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 
 import click
 
@@ -12,13 +15,41 @@ from .cli_options import (ablation_options, accelerator_options, head_score_opti
 from .errors import InductionLabError
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a job scheduler, torchrun stopping its workers), raised where the process
+    was, so every ``except BaseException`` / ``finally`` cleanup runs as for Ctrl-C: staging
+    folders and temporary files are removed, finished pieces stay."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """Turn SIGTERM into :class:`Terminated` while a command runs (main thread only; the previous
+    handler is restored afterwards, so an embedding program keeps its own)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class _Group(click.Group):
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with _sigterm_raises():
+                return super().invoke(ctx)
         except InductionLabError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
+        except Terminated:
+            click.echo("terminated", err=True)
+            sys.exit(128 + signal.SIGTERM)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
@@ -62,7 +93,7 @@ def analyze(**kw):
                         n_draws=kw["n_draws"], exclude_top_n=kw["exclude_top_n"], top=kw["top"],
                         score_seq_len=kw["score_seq_len"], score_batch_size=kw["score_batch_size"])
     cfg.validate()                                     # fail before the slow part
-    ResumableRun.check_out(out, overwrite)
+    ResumableRun.check_out(out, overwrite, inputs=[kw["model"]])
     if quiet:  # also silences the GGUF de-quantisation bar, which ignores transformers' logging switch
         import os
         os.environ["TQDM_DISABLE"] = "1"

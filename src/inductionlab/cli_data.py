@@ -183,7 +183,7 @@ def curriculum_preview(corpus_dir, seed, batch_size, seq_len, total_tokens, step
         if v < lo:
             raise InductionLabError(f"{name} must be >= {lo}, got {v}")
     if plot is not None:
-        check_output_file(plot, "--plot")
+        check_output_file(plot, "--plot", inputs=[corpus_dir])
     shards = TokenShards.open(corpus_dir)
     stream = BiInductStream.from_shards(shards, cfg, batch_size=batch_size, seq_len=seq_len,
                                         total_tokens=total_tokens)

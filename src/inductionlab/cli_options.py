@@ -69,19 +69,23 @@ def load_from_options(kw: dict):
     """Load the model named by :data:`model_options` and :data:`accelerator_options` (pops their keys).
 
     Raises:
-        InductionLabError: ``--device cuda`` without a CUDA device (before any loading), unknown model."""
+        InductionLabError: a bad ``--device`` (``cuda`` without a CUDA device, ...;
+            :func:`~inductionlab.models.check_device`, before any loading), ``--threads`` below 1,
+            unknown or corrupt model."""
+    import os
+
     import torch
 
-    from .models import load_model
+    from .models import check_device, load_model
 
     model, dtype, device = kw.pop("model"), kw.pop("dtype"), kw.pop("device")
     device_map, threads = kw.pop("device_map", None), kw.pop("threads", None)
-    if threads is not None and threads < 1:
-        raise InductionLabError(f"--threads {threads} must be at least 1")
+    if threads is not None and not 1 <= threads <= (os.cpu_count() or 1):
+        raise InductionLabError(f"--threads {threads}: use 1 to {os.cpu_count() or 1} (this machine's CPUs)")
     if threads:
         torch.set_num_threads(threads)
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InductionLabError("--device cuda requested but torch sees no CUDA device; use --device cpu")
+    if not device_map:
+        check_device(device)
     return load_model(model, dtype=dtype, device=device, device_map=device_map)
 
 

@@ -48,7 +48,7 @@ def temporal(**kw) -> None:
                               load_bearing_permutations=kw["load_bearing_permutations"],
                               score_seq_len=kw["score_seq_len"], score_batch_size=kw["score_batch_size"])
     cfg.validate()                                     # fail before the slow part
-    ResumableRun.check_out(out, overwrite)
+    ResumableRun.check_out(out, overwrite, inputs=[kw["model"]])
     t0 = time.perf_counter()
     loaded = load_from_options(kw)
     load_s = time.perf_counter() - t0

@@ -124,7 +124,7 @@ def telemetry_cmd(runs, out, overwrite, threshold):
         raise InductionLabError("several runs need --out DIR for the comparison plots")
     if len({Path(r).name for r in runs}) != len(runs):
         raise InductionLabError("run directories must have distinct names")
-    out = check_output_dir(Path(out) if out else Path(runs[0]) / "telemetry")
+    out = check_output_dir(Path(out) if out else Path(runs[0]) / "telemetry", inputs=runs)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise InductionLabError(f"output directory {out} already exists and is not empty; pass a new --out "
                                 "or --overwrite")

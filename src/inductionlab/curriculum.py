@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from .errors import InductionLabError
+from .runs import physical_memory
 
 VARIANTS = ("none", "induction", "anti", "balanced")
 SPAN_SOURCES = ("natural", "random")
@@ -260,6 +261,13 @@ class BiInductStream:
             raise InductionLabError(f"token budget {total_tokens} is below one batch "
                                     f"({self.batch_size}x{self.seq_len} = "
                                     f"{self.batch_size * self.seq_len} tokens); raise total_tokens")
+        # the plan holds two int64 per window (snippet tokens, stream offset): it must fit in memory
+        windows = int(total_tokens) // self.seq_len
+        plan_bytes, mem = 16 * windows, physical_memory()
+        if mem and plan_bytes > mem // 4:
+            raise InductionLabError(f"token budget {total_tokens:,} is {windows:,} windows of {self.seq_len} tokens; "
+                                    f"their plan needs {plan_bytes / 2**30:.1f} GiB, more than a quarter of this "
+                                    f"machine's {mem / 2**30:.0f} GiB: lower the token budget or raise the sequence length")
 
     # -- schedule ------------------------------------------------------------------------------
     def expected_fraction(self, t: int) -> float:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from .errors import InductionLabError
 from .runs import sha256_file
@@ -59,6 +62,15 @@ class LoadedModel:
         return self.identity["n_heads"]
 
 
+def ran_identity(loaded: LoadedModel) -> dict:
+    """``loaded.identity`` with ``dtype`` and ``device`` read from the model's parameters: what a
+    run really ran, even if the model was cast or moved after loading (a result records this)."""
+    p = next(loaded.model.parameters(), None)
+    if p is None:
+        return dict(loaded.identity)
+    return {**loaded.identity, "dtype": str(p.dtype).removeprefix("torch."), "device": str(p.device)}
+
+
 def attention_shape(config) -> dict:
     """Layers, query heads, KV heads and head_dim of a (text) config.
 
@@ -95,6 +107,44 @@ def _embedded_path(em: EmbeddedModel) -> Path:
     return path
 
 
+def check_device(device: str, option: str = "--device") -> torch.device:
+    """The one device check of every command and of :func:`load_model` (before anything loads).
+
+    Raises:
+        InductionLabError: not a device string, a CUDA device without CUDA (or past the last GPU),
+            MPS where torch has none, or a device type this project does not run on."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InductionLabError(f"{option} {device!r} is not a device; use cpu, cuda or cuda:N") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InductionLabError(f"{option} {device} requested but torch sees no CUDA device; use {option} cpu")
+        n = torch.cuda.device_count()
+        if d.index is not None and d.index >= n:
+            raise InductionLabError(f"{option} {device}: torch sees {n} CUDA device(s); use cuda:0..cuda:{n - 1}")
+    elif d.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise InductionLabError(f"{option} mps requested but torch has no MPS device here; use {option} cpu")
+    elif d.type != "cpu":
+        raise InductionLabError(f"{option} {device!r}: this project runs on cpu, cuda or mps")
+    return d
+
+
+def _check_gguf_header(path: Path, fix: str) -> None:
+    """The first bytes of a GGUF file are the magic ``GGUF`` (cheap; the full parse is the load)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head != b"GGUF":
+        what = "is empty" if not head else "is not a GGUF file (no GGUF magic)"
+        raise InductionLabError(f"GGUF file {path} {what}: corrupt or truncated; {fix}")
+
+
+def _gguf_fix(spec: str) -> str:
+    em = EMBEDDED.get(spec.lower())
+    return f"reinstall it with: {em.install}" if em else "download it again (compare its size / sha256)"
+
+
 def resolve(spec: str) -> tuple[str, Path | str, str | None, str]:
     """Resolve a model spec to (source, path_or_id, gguf_file, name)."""
     key = spec.lower()
@@ -106,6 +156,8 @@ def resolve(spec: str) -> tuple[str, Path | str, str | None, str]:
     if p.suffix == ".gguf":
         if not p.exists():
             raise InductionLabError(f"GGUF file {p} does not exist; check the path")
+        if not p.is_file():
+            raise InductionLabError(f"GGUF path {p} is not a file; pass a .gguf file")
         return "gguf", p, p.name, p.stem
     if p.exists():
         if not p.is_dir() or not (p / "config.json").exists():
@@ -136,7 +188,9 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32
 
     Raises:
         InductionLabError: unknown spec, missing package or file (the message names the install
-        command), a hub id absent from the local cache.
+        command), a hub id absent from the local cache, a bad or absent device
+        (:func:`check_device`), a GGUF file that is corrupt or truncated, a model directory whose
+        files do not load.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -144,27 +198,41 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32
         if dtype not in DTYPES:
             raise InductionLabError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
         dtype = DTYPES[dtype]
+    if not device_map:
+        check_device(device)
     source, path, gguf, name = resolve(spec)
+    if gguf:
+        _check_gguf_header(Path(path), _gguf_fix(spec))
     # SDPA explicitly: left unset, a GGUF load tries to fetch a hub attention kernel.
     kw: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation}
     if device_map:
         kw["device_map"] = device_map
     try:
         if gguf:
-            tok = AutoTokenizer.from_pretrained(Path(path).parent, gguf_file=gguf)
-            # dequantise in float32 (transformers' fast path), then cast
-            model = AutoModelForCausalLM.from_pretrained(Path(path).parent, gguf_file=gguf,
-                                                         **{**kw, "dtype": torch.float32}).to(dtype)
+            try:
+                tok = AutoTokenizer.from_pretrained(Path(path).parent, gguf_file=gguf)
+                # dequantise in float32 (transformers' fast path), then cast
+                model = AutoModelForCausalLM.from_pretrained(Path(path).parent, gguf_file=gguf,
+                                                             **{**kw, "dtype": torch.float32}).to(dtype)
+            except (OSError, ValueError, struct.error, EOFError, IndexError, KeyError) as e:
+                # the gguf reader fails on a short file with whatever its parse hits first
+                raise InductionLabError(f"GGUF file {path} is corrupt or truncated ({type(e).__name__}: "
+                                        f"{str(e).splitlines()[0] if str(e) else ''}); {_gguf_fix(spec)}") from e
         else:
             local_only = source == "hub"
             tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
             model = AutoModelForCausalLM.from_pretrained(path, local_files_only=local_only, **kw)
+    except (SafetensorError, EOFError, pickle.UnpicklingError) as e:
+        raise InductionLabError(f"the weights of model {spec!r} in {path} are corrupt or truncated "
+                                f"({str(e).splitlines()[0]}); save or copy the model again") from e
     except (OSError, ValueError) as e:
         if source == "hub":
             raise InductionLabError(
                 f"unknown model {spec!r}: not one of {', '.join(EMBEDDED)}, not a local directory or .gguf "
                 "file, and not in the Hugging Face cache (no network here)") from e
-        raise InductionLabError(f"could not load model {spec!r} from {path}: {str(e).splitlines()[0]}") from e
+        raise InductionLabError(f"could not load model {spec!r} from {path}: {str(e).splitlines()[0]} (check that it "
+                                "holds config.json, the weights and the tokenizer files, as written by "
+                                "save_pretrained of the model and of its tokenizer)") from e
     if not device_map:
         model.to(device)
     model.eval()

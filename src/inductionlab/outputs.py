@@ -4,6 +4,9 @@ knows it can write where it was told to (issue 11 §3).
     check_output_dir(path, "--out")     a directory to create or fill
     check_output_file(path, "--plot")   a file to create or replace
 
+Both take the command's ``inputs`` (model, corpus, source, run directories) and refuse an output
+that is one of them or holds one of them: with ``--overwrite`` it would be deleted.
+
 Both probe the nearest existing ancestor by creating (and removing) a temporary directory in it,
 so a read-only mount, a folder without write permission (as any user) and a full path through a
 file are all caught, with one line naming the option and the fix.
@@ -35,27 +38,52 @@ def _probe(parent: Path, path: Path, option: str) -> None:
                                 "pass a path in a writable directory") from None
 
 
-def check_output_dir(path: str | os.PathLike, option: str = "--out") -> Path:
-    """Raise unless ``path`` is (or can become) a writable directory.
+def _check_not_input(p: Path, inputs, option: str, *, is_file: bool) -> None:
+    rp = p.resolve()
+    for i in inputs or ():
+        if i is None or not Path(i).expanduser().exists():
+            continue                      # a model name, 'demo', a dataset id: not a path here
+        ip = Path(i).expanduser()
+        ri = ip.resolve()
+        clash = rp == ri or rp in ri.parents or (is_file and ri in rp.parents and rp.exists())
+        if clash:
+            how = "is" if rp == ri else ("contains" if rp in ri.parents else "is a file of")
+            raise InductionLabError(f"{option} {p} {how} the input {ip}; writing there would overwrite it, "
+                                    f"pass another {option}")
+
+
+def check_output_dir(path: str | os.PathLike, option: str = "--out", inputs=()) -> Path:
+    """Raise unless ``path`` is (or can become) a writable directory that is not one of the
+    command's ``inputs`` and does not hold one.
 
     Raises:
-        InductionLabError: ``path`` is an existing file, lies under a file, or its nearest
-            existing ancestor is not writable (read-only folder or file system).
+        InductionLabError: ``path`` is an existing file, lies under a file, its nearest
+            existing ancestor is not writable (read-only folder or file system), or it is (or
+            contains) an input path.
     """
     p = Path(path).expanduser()
+    if p.is_symlink() and not p.exists():
+        raise InductionLabError(f"{option} {p} is a dangling symbolic link (to {os.readlink(p)}); remove it or "
+                                "pass another path")
+    _check_not_input(p, inputs, option, is_file=False)
     if p.exists() and not p.is_dir():
         raise InductionLabError(f"{option} {p} is a file, not a directory; pass a directory path")
     _probe(p if p.is_dir() else _nearest_existing(p.parent), p, option)
     return p
 
 
-def check_output_file(path: str | os.PathLike, option: str = "--out") -> Path:
-    """Raise unless a file can be written at ``path``.
+def check_output_file(path: str | os.PathLike, option: str = "--out", inputs=()) -> Path:
+    """Raise unless a file can be written at ``path`` without replacing an input.
 
     Raises:
-        InductionLabError: ``path`` is a directory, lies under a file, or its folder is not writable.
+        InductionLabError: ``path`` is a directory, lies under a file, its folder is not writable,
+            or it is an input or an existing file inside an input directory.
     """
     p = Path(path).expanduser()
+    if p.is_symlink() and not p.exists():
+        raise InductionLabError(f"{option} {p} is a dangling symbolic link (to {os.readlink(p)}); remove it or "
+                                "pass another path")
+    _check_not_input(p, inputs, option, is_file=True)
     if p.is_dir():
         raise InductionLabError(f"{option} {p} is a directory; pass a file path")
     _probe(_nearest_existing(p.parent), p, option)

@@ -43,6 +43,15 @@ def versions() -> dict[str, str]:
     return out
 
 
+def physical_memory() -> int | None:
+    """Bytes of physical memory (None where the platform does not say): the bound of up-front
+    size checks (a plan or a trial set that cannot fit is refused before any work)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def _jsonable(obj: Any) -> Any:
     """Convert numpy / torch scalars, tuples, paths and non-finite floats to JSON-safe values."""
     if isinstance(obj, dict):
@@ -81,7 +90,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     The file gets ordinary permissions (0666 less the umask), not mkstemp's private 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_partial_prefix(path.name), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -111,9 +120,61 @@ def default_run_dir(kind: str) -> Path:
     return Path("runs") / f"{kind}-{timestamp()}"
 
 
+def _partial_prefix(name: str, pid: int | None = None) -> str:
+    """Prefix of a staging folder for the output ``name``: ``.<name>.partial-<pid>-<host>-``, so a
+    later run can tell a dead process's leftovers from a live one's."""
+    import socket
+
+    return f".{name}.partial-{os.getpid() if pid is None else pid}-{socket.gethostname()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # exists, another user's
+        return True
+    return True
+
+
+def remove_stale_partials(parent: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Delete the staging folders and temporary files ``.<name>.partial-<pid>-<this host>-*`` in
+    ``parent`` (all names when ``name`` is None) whose process is dead (a run killed by SIGKILL or
+    a power cut; SIGINT and SIGTERM clean up themselves). Those of live processes, of other hosts
+    and of other outputs are left alone.
+
+    Returns:
+        The paths removed."""
+    import re
+    import socket
+
+    parent, host = Path(parent), socket.gethostname()
+    removed: list[Path] = []
+    if not parent.is_dir():
+        return removed
+    pattern = re.compile(r"^\.(?P<name>.+)\.partial-(?P<pid>\d+)-(?P<rest>.*)$")
+    for p in parent.glob(f".{name}.partial-*" if name else ".*.partial-*"):
+        m = pattern.match(p.name)
+        if (m is None or (name and m["name"] != name) or not m["rest"].startswith(f"{host}-")
+                or int(m["pid"]) == os.getpid() or _pid_alive(int(m["pid"]))):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        removed.append(p)
+    return removed
+
+
 @contextlib.contextmanager
 def staged_run_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Yield a staging directory; move it to ``out`` only if the block succeeds.
+
+    The staging folder ``.<out name>.partial-<pid>-<host>-*`` sits next to ``out``; it is deleted
+    when the block raises (SIGINT and SIGTERM included: the CLI turns SIGTERM into an exception),
+    and stale ones left by dead processes are deleted first (:func:`remove_stale_partials`).
 
     Raises:
         InductionLabError: ``out`` exists and is not empty (and ``overwrite`` is false).
@@ -123,7 +184,8 @@ def staged_run_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterator[
         raise InductionLabError(f"output directory {out} already exists and is not empty; "
                                 "pass a new --out or --overwrite")
     out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    remove_stale_partials(out.parent, out.name)
+    stage = Path(tempfile.mkdtemp(prefix=_partial_prefix(out.name), dir=out.parent))
     try:
         yield stage
     except BaseException:
@@ -149,34 +211,28 @@ class ResumableRun:
             ``params`` with finished pieces is refused; with no finished piece it is taken over.
         overwrite: delete ``out`` in :meth:`open` and start afresh.
         on_checkpoint: optional callable(key) after each piece is written (tests interrupt here).
+        inputs: paths the run reads (the model); ``out`` may not be or contain one of them.
     """
 
     def __init__(self, out: str | os.PathLike, kind: str, params: dict, *, overwrite: bool = False,
-                 on_checkpoint: Callable[[str], None] | None = None, manifest: str = "study.json"):
-        self.out = Path(out)
+                 on_checkpoint: Callable[[str], None] | None = None, manifest: str = "study.json", inputs=()):
+        self.out, self.inputs = Path(out), tuple(inputs)
         self.dir = self.out / "checkpoints"
         self.kind, self.params = kind, json.loads(json.dumps(_jsonable(params)))
         self.overwrite, self.on_checkpoint, self.manifest = overwrite, on_checkpoint, self.out / manifest
         self.resumed = False
 
     @staticmethod
-    def check_out(out: str | os.PathLike, overwrite: bool = False, manifest: str = "study.json") -> None:
+    def check_out(out: str | os.PathLike, overwrite: bool = False, manifest: str = "study.json", inputs=()) -> None:
         """Cheap checks of an output directory before anything slow (model load) runs.
 
         Raises:
             InductionLabError: ``out`` is a file, lies under a file, its nearest existing folder is
-                not writable, or it holds files of something other than a resumable run (without
-                ``overwrite``)."""
-        out = Path(out)
-        if out.exists() and not out.is_dir():
-            raise InductionLabError(f"--out {out} is a file; give a directory")
-        parent = out
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir():
-            raise InductionLabError(f"--out {out} lies under the file {parent}; give a directory")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise InductionLabError(f"cannot write under {parent}; give a writable --out")
+                not writable, is or contains one of ``inputs``, or it holds files of something other
+                than a resumable run (without ``overwrite``)."""
+        from .outputs import check_output_dir
+
+        out = check_output_dir(out, "--out", inputs)       # a file, under a file, not writable (also as root)
         if (not overwrite and out.is_dir() and not (out / manifest).exists()
                 and any(p.name != "checkpoints" for p in out.iterdir())):
             raise InductionLabError(f"output directory {out} already exists and is not a resumable run; "
@@ -189,6 +245,9 @@ class ResumableRun:
             InductionLabError: ``out`` holds a run with other params and finished pieces, a corrupt
                 manifest, or files of something else.
         """
+        from .outputs import check_output_dir
+
+        check_output_dir(self.out, "out", self.inputs)
         if self.overwrite and self.out.exists():
             shutil.rmtree(self.out)
         if self.manifest.exists():
@@ -197,6 +256,7 @@ class ResumableRun:
             except (OSError, ValueError, KeyError) as e:
                 raise InductionLabError(f"{self.manifest} is corrupt ({e}); use a new --out or --overwrite") from e
             if old == self.params:
+                self._remove_stale_temporaries()
                 self.resumed = True
                 return True
             if self._has_pieces():
@@ -208,6 +268,12 @@ class ResumableRun:
                                     "use a new --out or --overwrite")
         atomic_write_json(self.manifest, {"kind": self.kind, "params": self.params})
         return False
+
+    def _remove_stale_temporaries(self) -> None:
+        """Temporary files of atomic writes left by a killed process (SIGKILL) in the run directory."""
+        dirs = [self.out] + ([self.dir, *(p for p in self.dir.rglob("*") if p.is_dir())] if self.dir.is_dir() else [])
+        for d in dirs:
+            remove_stale_partials(d)
 
     def _has_pieces(self) -> bool:
         return self.dir.exists() and any(p.is_file() for p in self.dir.rglob("*"))

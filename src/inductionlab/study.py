@@ -55,6 +55,77 @@ class Phase:
     conditions: str   # key into the study's condition sets, e.g. "ablation" or "single"
 
 
+def check_study_options(*, ks: Sequence[int] | None, n_draws: int, exclude_top_n: int | None, seed: int,
+                        score_seq_len: int, score_batch_size: int) -> None:
+    """The options every study shares (ablation and head scores), checked the same way in every
+    study's ``validate()`` (so ``analyze`` and ``study temporal`` give the same line for the same
+    mistake, from the CLI and from the API). Messages name the CLI flag; the config field is the
+    same name with underscores.
+
+    Raises:
+        InductionLabError: a k below 1 or repeated, fewer than 1 random draw, a negative
+            exclusion or seed, a head-score sequence shorter than 2 tokens or an empty batch.
+    """
+    if ks is not None:
+        if not ks or min(ks) < 1:
+            raise InductionLabError(f"--ks {','.join(map(str, ks)) or '(empty)'}: give at least one k, each >= 1 "
+                                    "(e.g. --ks 5,10,20)")
+        if len(set(ks)) != len(ks):
+            raise InductionLabError(f"--ks {','.join(map(str, ks))} repeats a k; give each k once")
+    if n_draws < 1:
+        raise InductionLabError(f"--n-draws {n_draws}: at least 1 random-head draw per k is needed (the control)")
+    if exclude_top_n is not None and exclude_top_n < 0:
+        raise InductionLabError(f"--exclude-top-n {exclude_top_n} must be >= 0 (or left unset for the default)")
+    if not 0 <= seed < 2 ** 63:
+        raise InductionLabError(f"--seed {seed} must be between 0 and 2**63 - 1 (torch's generator)")
+    if score_seq_len < 2:
+        raise InductionLabError(f"--score-seq-len {score_seq_len}: a head-score sequence needs at least 2 tokens "
+                                "per copy; use e.g. 50")
+    if score_batch_size < 1:
+        raise InductionLabError(f"--score-batch-size {score_batch_size} must be >= 1")
+    check_trials_fit(score_batch_size, 2 * score_seq_len + 1, "--score-batch-size")
+
+
+def check_lag_headline(lag) -> None:
+    """A study's headline reads lag +1 and lag −1 of the lag probe: the cue needs a word on both
+    sides (cue at the first word: lag −1 would index the list's last word; at the last: no lag +1).
+
+    Raises:
+        InductionLabError: ``cue_position`` outside 2 .. list_length − 1."""
+    if lag.list_length >= 2 and 1 <= lag.cue_position <= lag.list_length and \
+            not 2 <= lag.cue_position <= lag.list_length - 1:
+        raise InductionLabError(f"--cue-position {lag.cue_position}: the headline reads lags -1 and +1, so the cue "
+                                f"needs a word before and after it; use 2 <= --cue-position <= {lag.list_length - 1} "
+                                f"(--list-length {lag.list_length})")
+
+
+def check_trials_fit(n_trials: int, tokens_per_trial: int, option: str) -> None:
+    """A protocol's trials (token ids and list ids, int64) must fit in a quarter of memory.
+
+    Raises:
+        InductionLabError: ``n_trials`` x ``tokens_per_trial`` too large, naming ``option``."""
+    from .runs import physical_memory
+
+    need, mem = 16 * int(n_trials) * int(tokens_per_trial), physical_memory()
+    if mem and need > mem // 4:
+        raise InductionLabError(f"{option} {n_trials:,}: {n_trials:,} trials of ~{tokens_per_trial} tokens need "
+                                f"{need / 2**30:.1f} GiB, more than a quarter of this machine's {mem / 2**30:.0f} GiB; "
+                                f"lower {option}")
+
+
+def check_trial_ids(trials, loaded, what: str) -> None:
+    """The token ids of a protocol's trials are rows of the model's embedding (a tokenizer that is
+    not the model's own gives ids past the vocabulary: an index error deep in the forward pass).
+
+    Raises:
+        InductionLabError: an id >= the model's vocabulary size."""
+    vocab = loaded.identity.get("vocab_size")
+    top = int(trials.tensors["ids"].max()) if trials.tensors["ids"].numel() else -1
+    if vocab and top >= vocab:
+        raise InductionLabError(f"the {what} uses token id {top} but the model's vocabulary has {vocab} ids: the "
+                                "tokenizer is not the model's own; load the model with its tokenizer")
+
+
 def check_ks(ks: Sequence[int], n_total: int, exclude_top_n: int) -> None:
     """Every k must leave room for random draws outside the top N.
 
@@ -63,7 +134,8 @@ def check_ks(ks: Sequence[int], n_total: int, exclude_top_n: int) -> None:
     for k in ks:
         if not 1 <= k <= n_total - exclude_top_n:
             raise InductionLabError(f"k={k}: must be between 1 and the {n_total - exclude_top_n} heads left outside "
-                                    f"the top {exclude_top_n} for random draws; lower k or --exclude-top-n")
+                                    f"the top {exclude_top_n} (--exclude-top-n) of {n_total} for random draws; "
+                                    "lower k or --exclude-top-n")
 
 
 def head_scores_piece(run: ResumableRun, loaded, *, seq_len: int, batch_size: int, n_batches: int = 1, seed: int = 0,

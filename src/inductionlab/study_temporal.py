@@ -47,14 +47,14 @@ from .crp import lag_probe_crp
 from .errors import InductionLabError
 from .lag_probe import LagProbeConfig, LagProbeResult
 from .load_bearing import concentration, load_bearing_table, single_head_conditions
-from .models import LoadedModel
+from .models import LoadedModel, ran_identity
 from .protocol import auto_batch_size, check_method
 from .runs import ResumableRun, atomic_write_json, versions
 from .scores import HeadScores
 from .serial_recall import SerialRecallConfig, SerialRecallResult
 from .report import fmt_ci, row_ci
 from .stats import ci
-from .study import Phase, check_ks, head_scores_piece, run_phases
+from .study import Phase, check_ks, check_lag_headline, check_study_options, check_trial_ids, check_trials_fit, head_scores_piece, run_phases
 
 PAPER_KS = (10, 20, 50, 100)   # SPEC §4: the seed protocol's k list (models of ~1,000 heads)
 FALLBACK_FRACTIONS = (0.05, 0.1, 0.2, 0.35)
@@ -115,26 +115,23 @@ class TemporalStudyConfig:
                 checks, more load-bearing trials than lag-probe trials.
         """
         check_method(self.method)
-        if self.ks is not None and (not self.ks or min(self.ks) < 1):
-            raise InductionLabError(f"ks={self.ks}: give at least one k, each >= 1")
-        if self.ks is not None and len(set(self.ks)) != len(self.ks):
-            raise InductionLabError(f"ks={self.ks} repeats a k; give each k once")
-        if self.n_draws < 1 or self.load_bearing_top < 0:
-            raise InductionLabError(f"n_draws={self.n_draws} must be >= 1 (random controls) and load_bearing_top="
-                                    f"{self.load_bearing_top} >= 0")
-        if self.exclude_top_n is not None and self.exclude_top_n < 0:
-            raise InductionLabError(f"exclude_top_n={self.exclude_top_n} must be >= 0")
-        if self.score_seq_len < 2 or self.score_batch_size < 1:
-            raise InductionLabError(f"head scores need score_seq_len >= 2 and score_batch_size >= 1 "
-                                    f"(got {self.score_seq_len}, {self.score_batch_size})")
+        check_study_options(ks=self.ks, n_draws=self.n_draws, exclude_top_n=self.exclude_top_n, seed=self.seed,
+                            score_seq_len=self.score_seq_len, score_batch_size=self.score_batch_size)
+        if self.load_bearing_top < 0:
+            raise InductionLabError(f"--load-bearing-top {self.load_bearing_top} must be >= 0 (0 = no per-head map)")
         for c in self.protocols():
             c.validate()
+        check_lag_headline(self.lag)
+        check_trials_fit(self.lag.n_permutations, self.lag.list_length + 4, "--n-permutations")
+        r = self.recall
+        check_trials_fit(r.n_trials, (r.n_shots + 1) * (2 * r.list_length + 4), "--recall-trials")
         if self.load_bearing_permutations is not None and self.load_bearing_permutations < 2:
-            raise InductionLabError(f"load_bearing_permutations={self.load_bearing_permutations}: at least 2 "
+            raise InductionLabError(f"--load-bearing-permutations {self.load_bearing_permutations}: at least 2 "
                                     "trials are needed for a CI")
         if self.load_bearing_n > self.lag.n_permutations:
-            raise InductionLabError(f"load_bearing_permutations={self.load_bearing_n} exceeds n_permutations="
-                                    f"{self.lag.n_permutations}; the per-head map reuses the first trials of the lag probe")
+            raise InductionLabError(f"--load-bearing-permutations {self.load_bearing_n} exceeds --n-permutations "
+                                    f"{self.lag.n_permutations}; the per-head map reuses the first trials of the lag "
+                                    "probe: lower it or raise --n-permutations")
 
 
 PHASES = (Phase("lag", "lag", "ablation"), Phase("recall", "recall", "ablation"),
@@ -182,7 +179,7 @@ def _params(loaded, cfg, ks, N, lag_cfg, rec_cfg) -> dict:
     config["lag"], config["recall"] = drop(asdict(lag_cfg)), drop(asdict(rec_cfg))   # with the study's seed, method
     return {"config": config, "ks": ks, "exclude_top_n": N, "lag_probe": drop(asdict(lag_cfg)),
             "serial_recall": drop(asdict(rec_cfg)), "load_bearing_permutations": cfg.load_bearing_n,
-            "model": {k: v for k, v in loaded.identity.items() if k != "device"}}
+            "model": {k: v for k, v in ran_identity(loaded).items() if k != "device"}}
 
 
 def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str | Path, *, progress: bool = True,
@@ -209,10 +206,10 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     ks, N, lag_cfg, rec_cfg = _resolve(loaded, cfg)
     lb_n = cfg.load_bearing_n
     # model-dependent checks (pool, context) before any file is written
-    lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2))
-    serial_recall.build_trials(loaded, replace(rec_cfg, n_trials=1))
+    check_trial_ids(lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2)), loaded, "lag probe")
+    check_trial_ids(serial_recall.build_trials(loaded, replace(rec_cfg, n_trials=1)), loaded, "serial recall")
     run = ResumableRun(out, "study-temporal", _params(loaded, cfg, ks, N, lag_cfg, rec_cfg), overwrite=overwrite,
-                       on_checkpoint=on_checkpoint)
+                       on_checkpoint=on_checkpoint, inputs=[loaded.identity.get("path")])
     resumed = run.open()
     timings: dict[str, float] = {}
 

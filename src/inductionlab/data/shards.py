@@ -203,7 +203,7 @@ def prepare_corpus(source: str | os.PathLike, out_dir: str | os.PathLike, *,
         raise InductionLabError(f"seed must be >= 0, got {seed}")
     if tokenizer == "bpe":
         check_bpe_vocab_size(vocab_size)
-    out_dir = check_output_dir(out_dir)
+    out_dir = check_output_dir(out_dir, inputs=[x for x in (source, tokenizer) if isinstance(x, (str, os.PathLike))])
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
         raise InductionLabError(f"output directory {out_dir} already exists and is not empty; "
                                 "pass a new --out or --overwrite")

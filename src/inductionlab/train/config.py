@@ -169,6 +169,10 @@ class TrainConfig:
                      "eval_tokens", "seed", "grad_clip", "weight_decay", "min_lr_ratio", "warmup_frac"):
             if getattr(self, name) < 0:
                 raise InductionLabError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type == "int" and isinstance(v, int) and v >= 2 ** 63:
+                raise InductionLabError(f"--{_flag(f.name)} {v} does not fit a 64-bit integer; pass a smaller value")
         if self.seq_len < 2:
             raise InductionLabError(f"--seq-len must be at least 2 (got {self.seq_len})")
         if self.lr <= 0 or self.eps <= 0:

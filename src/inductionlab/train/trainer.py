@@ -240,7 +240,7 @@ def _build(cfg: TrainConfig, data: TrainData, dist: D.Dist, resume_dir: Path | N
 def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist, overwrite: bool) -> TrainResult:
     # ---- check: config, output path, data; nothing written yet --------------------------------
     cfg.validate(dist.world_size)
-    run_dir = check_output_dir(cfg.out)
+    run_dir = check_output_dir(cfg.out, inputs=[cfg.data])
     data = data or open_data(cfg)
     check_data(cfg, data)
     if cfg.deterministic:
