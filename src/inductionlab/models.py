@@ -170,7 +170,8 @@ def resolve(spec: str) -> tuple[str, Path | str, str | None, str]:
         if p.is_dir() and not (p / "config.json").exists() and (p / "run.json").is_file():
             p = final_checkpoint(p)
             return "checkpoint", p, None, f"{p.parent.parent.name}/{p.name}"
-        if p.is_dir() and (p / "config.json").exists() and _training_run_of(p) is not None:
+        if p.is_dir() and (p / "config.json").exists() and (_training_run_of(p) is not None
+                                                             or (p / "meta.json").is_file()):
             return "checkpoint", p, None, f"{p.parent.parent.name}/{p.name}"
         if not p.is_dir() or not (p / "config.json").exists():
             raise InductionLabError(f"{p} is not a model directory (no config.json); pass a directory "
