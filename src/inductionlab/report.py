@@ -347,6 +347,9 @@ def evaluate_report(res) -> str:
                 con = g[g.kind == "induction-random"].to_dict("records")
                 if not ind:
                     continue
+                if not ind[0]["intact"] > 0:     # a relative change of a non-positive benefit means nothing
+                    lines.append(f"| {labels[m]} | {v} | {ind[0]['intact']:.3f} | n/a (intact mean ≤ 0) | — | — |")
+                    continue
                 lines.append(f"| {labels[m]} | {v} | {ind[0]['intact']:.3f} | {_pct_ci(ind[0])} | "
                              f"{_pct_ci(rnd[0]) if rnd else '—'} | {_pct_ci(con[0]) if con else '—'} |")
     lines += ["", "Papers' reference (Bi-Induct): natural-only models lose −22.6% (0.13B) / −19.5% (1B) of their ICL "
