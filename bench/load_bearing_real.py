@@ -1,4 +1,5 @@
-"""Load-bearing test on a real model (by hand; `inductionlab evaluate` runs the full study): ablate the top-2%-per-layer induction heads vs
+"""Load-bearing test on a real model (by hand; `inductionlab evaluate` runs the full study): ablate the
+top-2%-per-layer induction heads vs
 matched random heads (same count per layer, excluding the chosen ones, seeded draws) and report
 the relative drop of 10-shot probe HITS@1 and of the induction-loss benefit, with paired CIs.
 Usage: python bench/load_bearing_real.py [MODEL] [N_PROMPTS_PER_TASK] [N_DRAWS]"""
@@ -30,7 +31,8 @@ print("concentration", score_concentration(ind), flush=True)
 chosen = per_layer_top_p(ind, 0.02)
 
 
-conds = {"intact": None, "induction": chosen, **{f"random-d{d}": matched_random_heads((L, H), chosen, seed=0, draw=d) for d in range(n_draws)}}
+conds = {"intact": None, "induction": chosen,
+         **{f"random-d{d}": matched_random_heads((L, H), chosen, seed=0, draw=d) for d in range(n_draws)}}
 prompts = make_all_prompts(build_tasks(), lm.tokenizer, shots=(10,), n_prompts=n, seed=0, permuted=False)
 hits, ben = {}, {}
 for name, heads in conds.items():

@@ -206,7 +206,8 @@ def test_load_bearing_conditions_per_layer_and_matched_draws():
     ind30 = by["induction-per-layer-30pct"][1].heads
     for l in range(5):
         assert sorted(h for ll, h in ind30 if ll == l) == sorted(np.argsort(-scores[l])[:3].tolist())
-    for v, ind in (("per-layer-2pct", by["induction-per-layer-2pct"][1]), ("per-layer-30pct", by["induction-per-layer-30pct"][1])):
+    for v in ("per-layer-2pct", "per-layer-30pct"):
+        ind = by[f"induction-{v}"][1]
         draws = [by[f"random-{v}-d{d}"][1].heads for d in range(3)]
         for heads in draws:
             assert [sum(1 for l, _ in heads if l == x) for x in range(5)] == \

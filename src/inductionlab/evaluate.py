@@ -88,7 +88,8 @@ class ProbeConfig:
                 raise InductionLabError(f"unknown ICL task(s) {', '.join(map(repr, bad)) or '(none given)'}; use "
                                         f"some of: {', '.join(TASK_NAMES)}")
         if not self.shots or min(self.shots) < 0 or len(set(self.shots)) != len(self.shots):
-            raise InductionLabError(f"shots {list(self.shots)}: give distinct numbers of demonstrations >= 0, e.g. 0,1,10")
+            raise InductionLabError(f"shots {list(self.shots)}: give distinct numbers of demonstrations >= 0, "
+                                    "e.g. 0,1,10")
         if self.n_prompts < 2 or self.batch_size < 1:
             raise InductionLabError(f"prompts per task {self.n_prompts} must be >= 2 (a CI needs two) and batch size "
                                     f"{self.batch_size} >= 1")
@@ -220,7 +221,8 @@ def parse_variant(name: str) -> tuple[str, float | int]:
     return "top", int(m["k"])
 
 
-def load_bearing_conditions(induction: np.ndarray, cfg: LoadBearingConfig, seed: int = 0) -> list[tuple[str, Condition]]:
+def load_bearing_conditions(induction: np.ndarray, cfg: LoadBearingConfig,
+                            seed: int = 0) -> list[tuple[str, Condition]]:
     """``(variant, condition)`` pairs: per variant the induction heads, then ``cfg.n_draws`` random draws.
 
     * ``per-layer-<p>pct``: ``induction-<variant>`` = :func:`~inductionlab.ablation.per_layer_top_p`;
@@ -540,8 +542,8 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
         "notes": notes,
         "resumed": resumed,
     }
-    res = EvaluateResult(loaded, cfg, hs, conditions, variants, probe_rows, hits, icl, icl_summary, ppl, drops, conc, lm,
-                         notes, record, timings)
+    res = EvaluateResult(loaded, cfg, hs, conditions, variants, probe_rows, hits, icl, icl_summary, ppl, drops, conc,
+                         lm, notes, record, timings)
     t = time.perf_counter()
     report.write_evaluate_outputs(out, res)
     timings["write_s"] = time.perf_counter() - t

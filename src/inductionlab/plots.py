@@ -194,7 +194,7 @@ def hits_by_task(hits: pd.DataFrame, arms: list[tuple[str, dict]], path, title: 
         if len(d):
             sel.append((label, d.set_index("task").reindex(tasks)))
     width = 0.8 / max(1, len(sel))
-    fig, ax = plt.subplots(figsize=(max(7.0, 0.75 * len(tasks) * max(1, len(sel)) ** 0.5 + 3), 4.2))
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.95 * len(tasks) + 2), 4.6))
     cmap = plt.get_cmap("tab10")
     x = np.arange(len(tasks))
     for i, (label, d) in enumerate(sel):
@@ -221,7 +221,8 @@ def drop_bars(drops: pd.DataFrame, labels: dict[str, str], path, title: str = ""
         return
     fig, axes = plt.subplots(1, len(measures), figsize=(4.2 * len(measures), 3.8), squeeze=False)
     for ax, m in zip(axes[0], measures):
-        d = drops[(drops.measure == m) & (((drops.kind == "induction")) | ((drops.kind == "random") & (drops.draw == "pooled")))]
+        shown = (drops.kind == "induction") | ((drops.kind == "random") & (drops.draw == "pooled"))
+        d = drops[(drops.measure == m) & shown]
         variants = list(dict.fromkeys(d.variant))
         x = np.arange(len(variants))
         for i, (kind, color) in enumerate((("induction", "tab:red"), ("random", "tab:grey"))):

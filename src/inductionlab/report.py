@@ -403,8 +403,10 @@ def write_evaluate_outputs(out: Path, res) -> None:
     plots.hits_by_task(res.hits, arms, figs / "hits_by_task.png", title=f"{name}: function-style ICL probes, HITS@1 "
                        "(95% CI)")
     plots.head_heatmaps(hs.scores, figs / "head_scores.png", title=name)
-    if len(res.drops):
-        plots.drop_bars(res.drops, _eval_labels(lb.shots), figs / "drops.png",
+    positive = set(res.drops[(res.drops.kind == "induction") & (res.drops.intact > 0)].measure) if len(res.drops) else ()
+    labels = {m: lab for m, lab in _eval_labels(lb.shots).items() if m in positive}   # relative to ≤ 0 means nothing
+    if labels:
+        plots.drop_bars(res.drops, labels, figs / "drops.png",
                         title=f"{name}: relative change under ablation ({lb.method}), 95% CI")
     atomic_write_json(out / "results.json", res.record)
     atomic_write_text(out / "report.md", evaluate_report(res))
