@@ -57,6 +57,8 @@ def _names(value: str | None) -> tuple[str, ...] | None:
 @click.option("--icl-sequences", type=int, default=16, show_default=True, help="Held-out windows for the ICL score.")
 @click.option("--icl-late", type=int, default=500, show_default=True, help="Late token (Olsson et al.: 500).")
 @click.option("--icl-early", type=int, default=50, show_default=True, help="Early token (Olsson et al.: 50).")
+@click.option("--icl-window", type=int, default=1, show_default=True,
+              help="Tokens averaged at each position (1 = Olsson et al.; more = less noise per window).")
 @click.option("--perplexity-tokens", type=int, default=32768, show_default=True,
               help="Held-out tokens for the perplexity guard (0 = the whole split).")
 @click.option("--lm-eval-tasks", default=None,
@@ -83,7 +85,8 @@ def evaluate(**kw) -> None:
     cfg = EvaluateConfig(
         probes=ProbeConfig(tasks=_names(kw["tasks"]), shots=shots, n_prompts=kw["n_prompts"],
                            permutation_control=not kw["no_permutation_control"], batch_size=kw["batch_size"]),
-        icl=ICLScoreConfig(late=kw["icl_late"], early=kw["icl_early"], n_sequences=kw["icl_sequences"]),
+        icl=ICLScoreConfig(late=kw["icl_late"], early=kw["icl_early"], n_sequences=kw["icl_sequences"],
+                           window=kw["icl_window"]),
         perplexity=PerplexityConfig(max_tokens=None if ppl_tokens == 0 else ppl_tokens),
         load_bearing=LoadBearingConfig(ablate=_names(kw["ablate"]) or (), n_draws=kw["n_draws"], method=kw["method"],
                                        shots=kw["ablation_shots"]),

@@ -336,6 +336,15 @@ def _windows(cfg: EvaluateConfig, loaded: LoadedModel, shards, bos_id):
     return heldout_windows(shards.heldout, shards.eos_id, cfg.icl.n_sequences, length, seed=cfg.seed, bos_id=bos_id)
 
 
+LOGITS_BYTES = 1 << 30   # full-sequence passes (ICL score, perplexity) keep float32 logits under ~1 GiB per batch
+
+
+def _fit_batch(requested: int, tokens: int, vocab: int) -> int:
+    """``requested`` sequences per forward, lowered so that float32 logits ``[b, tokens, vocab]`` stay
+    under :data:`LOGITS_BYTES` (Gemma's 262k vocabulary: one 1,024-token window is 1 GiB)."""
+    return max(1, min(int(requested), LOGITS_BYTES // max(1, tokens * vocab * 4)))
+
+
 def _params(loaded: LoadedModel, cfg: EvaluateConfig, shards) -> dict:
     """What defines the result (batch sizes change nothing but speed: left out)."""
     config = asdict(cfg)
@@ -382,13 +391,16 @@ def _icl_measures(loaded, cfg: EvaluateConfig, windows, heads, reference) -> dic
     """ICL score (when windows) and induction loss, per-sequence arrays kept (JSON-able)."""
     bos = loaded.tokenizer.bos_token_id if cfg.probes.bos else None
     out = {"icl": None}
+    vocab = loaded.identity.get("vocab_size", 1)
     if windows is not None:
+        bs = _fit_batch(cfg.icl.batch_size, windows.shape[1], vocab)
         out["icl"] = icl_score(loaded.model, windows, late=cfg.icl.late, early=cfg.icl.early, window=cfg.icl.window,
-                               batch_size=cfg.icl.batch_size, heads=heads, method=cfg.load_bearing.method,
+                               batch_size=bs, heads=heads, method=cfg.load_bearing.method,
                                reference_ids=reference)
     out["induction"] = induction_loss(loaded.model, tokenizer=loaded.tokenizer, seq_len=cfg.induction.seq_len,
                                       n=cfg.induction.n_sequences, seed=cfg.seed, bos_id=bos,
-                                      batch_size=cfg.induction.batch_size, heads=heads,
+                                      batch_size=_fit_batch(cfg.induction.batch_size, 2 * cfg.induction.seq_len + 1,
+                                                            vocab), heads=heads,
                                       method=cfg.load_bearing.method, reference_ids=reference)
     return out
 
@@ -483,9 +495,11 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
         from .perplexity import heldout_perplexity
 
         t = time.perf_counter()
+        window = cfg.perplexity.context or min(int(ctx or 1024), 1024)   # heldout_perplexity's default
+        bs = _fit_batch(cfg.perplexity.batch_size, window, ident.get("vocab_size", 1))
         ppl = run.json("perplexity", lambda: heldout_perplexity(
             loaded.model, shard_obj, tokenizer=tok, context=cfg.perplexity.context,
-            max_tokens=cfg.perplexity.max_tokens, batch_size=cfg.perplexity.batch_size))
+            max_tokens=cfg.perplexity.max_tokens, batch_size=bs))
         timings["perplexity_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
