@@ -626,7 +626,7 @@ def icl_table(icl: dict, conditions: Sequence[Condition], variants: dict[str, st
     if intact.get("icl") is not None:
         s = intact["icl"]
         r.update(icl_score=s["score"], icl_score_ci_low=s["ci_low"], icl_score_ci_high=s["ci_high"],
-                 loss_late=s["loss_late"], loss_early=s["loss_early"], late=s["late"], early=s["early"])
+                 loss_late=s["loss_late"], loss_early=s["loss_early"], late=s["late"], early=s["early"], window=s["window"])
         _put(r, "icl_benefit", s["per_sequence"]["benefit"])
     ind = intact["induction"]
     r.update(first_copy=ind["first_copy"], second_copy=ind["second_copy"])

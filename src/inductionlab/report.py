@@ -307,7 +307,9 @@ def evaluate_report(res) -> str:
     lines += ["## ICL score, induction loss, perplexity", ""]
     i0 = res.icl_summary.iloc[0]
     if "icl_score" in res.icl_summary and not pd.isna(i0.get("icl_score")):
-        lines.append(f"ICL score (loss at token {int(i0.late)} − loss at token {int(i0.early)}, natural held-out text, "
+        w = int(i0.get("window", 1))
+        avg = f", each averaged over the {w} tokens ending there" if w > 1 else ""
+        lines.append(f"ICL score (loss at token {int(i0.late)} − loss at token {int(i0.early)}{avg}, natural held-out text, "
                      f"{cfg.icl.n_sequences} windows): {row_ci(i0, 'icl_score')} nats (late {i0.loss_late:.3f}, early "
                      f"{i0.loss_early:.3f}); negative = later tokens predicted better thanks to the context.")
     else:
