@@ -57,6 +57,7 @@ TEMPORAL_FAST = ["--permutations", "3", "--list-length", "30", "--cue-position",
 MODEL_COMMANDS = {
     "analyze": lambda model, out: ["analyze", "--model", model, "--out", out, *ANALYZE_FAST],
     "study temporal": lambda model, out: ["study", "temporal", "--model", model, "--out", out, *TEMPORAL_FAST],
+    "evaluate": lambda model, out: ["evaluate", model, "--out", out, "--prompts", "2", "--quiet"],
 }
 
 
@@ -284,6 +285,9 @@ MODEL_CASES = {
 @pytest.mark.parametrize("case", list(MODEL_CASES))
 def test_bad_models(tmp_path, model_dir, command, case):
     make, pattern = MODEL_CASES[case]
+    if command == "evaluate" and case == "tokenizer past the vocabulary":
+        # the 700-word test tokenizer has too few items for the ICL tasks: that one-line error comes first
+        pattern = rf"(?:{pattern})|only \d+ items"
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     if make is None:                          # a real config.json, no weights

@@ -101,7 +101,7 @@ def evaluate(**kw) -> None:
                                 "corpus prepare SOURCE --tokenizer MODEL --out DIR")
     out = Path(kw.pop("out") or Path("runs") / f"evaluate-{Path(kw['model'].rstrip('/')).name}-{timestamp()}")
     overwrite, quiet = kw.pop("overwrite"), kw.pop("quiet")
-    ResumableRun.check_out(out, overwrite)
+    ResumableRun.check_out(out, overwrite, inputs=[kw["model"], *([shards] if shards else [])])
     if quiet:  # also silences the GGUF de-quantisation bar, which ignores transformers' logging switch
         import os
         os.environ["TQDM_DISABLE"] = "1"

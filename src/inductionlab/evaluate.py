@@ -457,6 +457,10 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
                                n_prompts=cfg.probes.n_prompts, seed=cfg.seed, permuted=cfg.probes.permutation_control,
                                bos_id=bos)
     ident = loaded.identity
+    top = max((max(p.input_ids + [p.target_id]) for p in prompts), default=-1)
+    if ident.get("vocab_size") and top >= ident["vocab_size"]:
+        raise InductionLabError(f"the probes use token id {top} but the model's vocabulary has {ident['vocab_size']} "
+                                "ids: the tokenizer is not the model's own; load the model with its tokenizer")
     ctx = model_context(loaded.model)
     for what, T, opt in (("head scores", cfg.score_seq_len, "score_seq_len (--score-seq-len)"),
                          ("induction loss", cfg.induction.seq_len, "induction.seq_len")):
