@@ -22,13 +22,7 @@ from typing import Callable
 import click
 
 from .errors import InductionLabError
-from .models import DEFAULT_MODEL
-
-
-def _ablation_methods() -> tuple[str, ...]:
-    from .instrument import ablation_methods   # the registry is the one list of methods
-
-    return ablation_methods()
+from .names import DEFAULT_MODEL, ablation_method_names as _ablation_methods  # no torch: --help stays fast
 
 
 def _stack(*decorators: Callable) -> Callable:

@@ -17,7 +17,7 @@ import torch
 from .errors import InductionLabError
 from .runs import sha256_file
 
-DEFAULT_MODEL = "smollm2-135m"
+from .names import DEFAULT_MODEL  # noqa: E402  (declared without torch, for the CLI)
 
 
 @dataclass(frozen=True)
