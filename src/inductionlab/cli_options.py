@@ -132,6 +132,8 @@ lag_probe_options = _stack(
     click.option("--resample-words", is_flag=True, help="Draw a new word set per trial instead of permuting a fixed set."),
     click.option("--batch-size", type=int, default=None,
                  help="Trials per forward pass [default: from free GPU memory; 8 on CPU]."),
+    click.option("--far-lag", type=int, default=20, show_default=True,
+                 help="Word-prior-corrected curve: a word's baseline is its mean probability where it sits at |lag| > this."),
 )
 
 
@@ -142,7 +144,8 @@ def lag_probe_config(kw: dict):
     return LagProbeConfig(n_permutations=kw.pop("n_permutations"), list_length=kw.pop("list_length"),
                           cue_position=kw.pop("cue_position"), separator=kw.pop("separator").replace("\\n", "\n"),
                           instruction=kw.pop("instruction"), bos=not kw.pop("no_bos"),
-                          resample_words=kw.pop("resample_words"), batch_size=kw["batch_size"])
+                          resample_words=kw.pop("resample_words"), batch_size=kw["batch_size"],
+                          far_lag=kw.pop("far_lag"))
 
 
 recall_options = _stack(
