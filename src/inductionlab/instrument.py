@@ -236,6 +236,15 @@ class _Slot:
     layer: int
 
 
+def _is_plain_causal(mask: torch.Tensor) -> bool:
+    """Whether an additive mask ``[B, 1, Q, Q]`` is exactly the causal one (0 on and below the
+    diagonal, the dtype's minimum above)."""
+    Q = mask.shape[-1]
+    upper = torch.ones(Q, Q, dtype=torch.bool, device=mask.device).triu(1)
+    neg = torch.finfo(mask.dtype).min
+    return bool(((mask == 0) == ~upper).all()) and bool((mask.masked_select(upper) == neg).all()) if Q > 1 else bool((mask == 0).all())
+
+
 # PyTorch's fused CPU attention, which also returns the row log-sum-exp ([B, H, Q], float32)
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -440,6 +449,8 @@ class Instrumentation:
         scale = kwargs.get("scaling")
         scale = D ** -0.5 if scale is None else float(scale)
         mask = None if attention_mask is None else attention_mask[..., :K].to(query.dtype)
+        if mask is not None and Q == K and mask.shape[1] == 1 and _is_plain_causal(mask):
+            mask = None                    # no padding, window or edit: the kernel skips the masked blocks
         causal = mask is None and Q == K and Q > 1
         if mask is None and not causal and Q > 1:              # no mask and Q != K: bottom-right causal
             mask = torch.zeros(Q, K, dtype=query.dtype, device=query.device).masked_fill(
