@@ -340,6 +340,7 @@ def main() -> None:
     ap.add_argument("--tl-python", default=None)
     ap.add_argument("--hf-dir", default="/tmp/smollm2-135m-hf")
     ap.add_argument("--tscale", default="128,256,512,1024,2048")
+    ap.add_argument("--eager-max-t", type=int, default=1100, help="skip eager in tscale above this T (memory)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.worker:
@@ -427,8 +428,9 @@ def main() -> None:
     if "tscale" in only:
         rows_all = {}
         for n in [int(x) for x in args.tscale.split(",")]:
-            cont = [("bare", "bare"), ("reduction path", "reduction"), ("compute_head_scores(induction)", "scores_induction"),
-                    ("eager output_attentions", "eager")]
+            cont = [("bare", "bare"), ("reduction path", "reduction"), ("compute_head_scores(induction)", "scores_induction")]
+            if 2 * n + 1 <= args.eager_max_t:     # eager keeps L × [1, H, T, T] fp32: 18 GB at T = 4097
+                cont.append(("eager output_attentions", "eager"))
             rows = {c[0]: {} for c in cont}
             for _ in range(max(1, args.rounds - 1)):
                 for label, name in cont:
