@@ -130,7 +130,8 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
                               {"lag": lag_cfg.n_permutations}, progress=progress)
     lag = LagProbeResult({n: a["probs"] for n, a in parts["lag"].items()},
                          {n: a["list_mass"] for n, a in parts["lag"].items()},
-                         {n: a["argmax_lag"] for n, a in parts["lag"].items()}, conditions, lag_cfg, words["lag"])
+                         {n: a["argmax_lag"] for n, a in parts["lag"].items()}, conditions, lag_cfg, words["lag"],
+                         list_ids=lag_probe.list_ids_of(parts["lag"]))
     timings["lag_probe_s"] = time.perf_counter() - t
 
     top = top_k_heads(hs["induction"], cfg.top)

@@ -62,10 +62,15 @@ def main() -> None:
     import os
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers.utils import logging as hf_logging
+    # our own progress bars show the phases; set through the environment so that --help and option
+    # parsing never import transformers (read when it is first imported)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:     # already imported (in-process callers): set it directly
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()      # our own progress bars show the phases
-    hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
 
 
 @main.command()

@@ -12,7 +12,6 @@ import click
 import numpy as np
 
 from .curriculum import SPAN_SOURCES, VARIANTS, BiInductStream, Batch, CurriculumConfig
-from .data.shards import TokenShards, prepare_corpus
 from .errors import InductionLabError
 from .cli_options import run_dir_options
 from .outputs import check_output_file
@@ -42,6 +41,8 @@ def corpus_prepare(source, out, tokenizer, vocab_size, heldout_fraction, seed, t
                    max_documents, chunk_chars, no_shuffle, overwrite) -> None:
     """Tokenise SOURCE ('demo', a .txt/.jsonl/.parquet file or directory, or a saved Hugging
     Face dataset) into memory-mapped shards with an MD5 held-out split."""
+    from .data.shards import TokenShards, prepare_corpus   # lazy: tokenizers, numpy
+
     shards = prepare_corpus(source, out, tokenizer=tokenizer, vocab_size=vocab_size,
                             heldout_fraction=heldout_fraction, seed=seed, text_field=text_field,
                             max_documents=max_documents, chunk_chars=chunk_chars,
@@ -54,6 +55,8 @@ def corpus_prepare(source, out, tokenizer, vocab_size, heldout_fraction, seed, t
 @click.option("--verify", is_flag=True, help="Also check the token files' sha256.")
 def corpus_info(path, verify) -> None:
     """Summarise a prepared corpus directory."""
+    from .data.shards import TokenShards, prepare_corpus   # lazy: tokenizers, numpy
+
     shards = TokenShards.open(path)
     if verify:
         shards.verify()
@@ -62,7 +65,7 @@ def corpus_info(path, verify) -> None:
         click.echo("sha256: ok")
 
 
-def _print_info(s: TokenShards) -> None:
+def _print_info(s: "TokenShards") -> None:
     m = s.manifest
     t = m["tokenizer"]
     src = m.get("source", {}).get("spec", "?") if isinstance(m.get("source"), dict) else "?"
@@ -184,6 +187,8 @@ def curriculum_preview(corpus_dir, seed, batch_size, seq_len, total_tokens, step
             raise InductionLabError(f"{name} must be >= {lo}, got {v}")
     if plot is not None:
         check_output_file(plot, "--plot", inputs=[corpus_dir])
+    from .data.shards import TokenShards, prepare_corpus   # lazy: tokenizers, numpy
+
     shards = TokenShards.open(corpus_dir)
     stream = BiInductStream.from_shards(shards, cfg, batch_size=batch_size, seq_len=seq_len,
                                         total_tokens=total_tokens)

@@ -22,13 +22,7 @@ from typing import Callable
 import click
 
 from .errors import InductionLabError
-from .models import DEFAULT_MODEL
-
-
-def _ablation_methods() -> tuple[str, ...]:
-    from .instrument import ablation_methods   # the registry is the one list of methods
-
-    return ablation_methods()
+from .names import DEFAULT_MODEL, ablation_method_names as _ablation_methods  # no torch: --help stays fast
 
 
 def _stack(*decorators: Callable) -> Callable:
@@ -142,6 +136,8 @@ lag_probe_options = _stack(
     click.option("--resample-words", is_flag=True, help="Draw a new word set per trial instead of permuting a fixed set."),
     click.option("--batch-size", type=int, default=None,
                  help="Trials per forward pass [default: from free GPU memory; 8 on CPU]."),
+    click.option("--far-lag", type=int, default=20, show_default=True,
+                 help="Word-prior-corrected curve: a word's baseline is its mean probability where it sits at |lag| > this."),
 )
 
 
@@ -152,7 +148,8 @@ def lag_probe_config(kw: dict):
     return LagProbeConfig(n_permutations=kw.pop("n_permutations"), list_length=kw.pop("list_length"),
                           cue_position=kw.pop("cue_position"), separator=kw.pop("separator").replace("\\n", "\n"),
                           instruction=kw.pop("instruction"), bos=not kw.pop("no_bos"),
-                          resample_words=kw.pop("resample_words"), batch_size=kw["batch_size"])
+                          resample_words=kw.pop("resample_words"), batch_size=kw["batch_size"],
+                          far_lag=kw.pop("far_lag"))
 
 
 recall_options = _stack(

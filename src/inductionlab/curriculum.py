@@ -41,10 +41,12 @@ copy's direction differs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from .errors import InductionLabError
 from .runs import physical_memory
@@ -392,6 +394,8 @@ class BiInductStream:
         n_total = int(B * T - synth.sum())
         idx = (off + np.arange(n_total)) % len(self.tokens)
         ids[~mask] = np.asarray(self.tokens[idx], dtype=np.int64)
+        import torch   # lazy: the CLI's options read this module
+
         return Batch(step=step, input_ids=torch.from_numpy(ids), synthetic_mask=torch.from_numpy(mask),
                      tokens_before=step * self.tokens_per_batch,
                      synthetic_fraction=float(synth.sum()) / self.tokens_per_batch,

@@ -12,7 +12,11 @@ attention call we
    forward, not a re-implementation,
 3. reduce the attention probabilities in place to the statistics an analysis asked for
    (``reductions``: the probability on one target key per query, shape ``[B, H, Q]``), never
-   keeping ``[B, H, T, T]`` patterns unless ``keep_patterns=True``,
+   keeping ``[B, H, T, T]`` patterns unless ``keep_patterns=True``. With reductions alone (CPU,
+   no softcapping) no pattern is built at all: SDPA's fused CPU flash kernel computes the
+   output and the row log-sum-exp, and each target probability is
+   ``exp(scale·q·k_target + mask_target − lse)`` — O(T) memory per row, equal to the eager
+   pattern's value within 1e-6 in fp32 (tests/test_fused_reductions.py),
 4. apply ``zero`` / ``mean`` interventions on the per-head attention output (the input of
    ``o_proj``, split with ``config.head_dim``), so only the named query head changes.
 
@@ -51,6 +55,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .errors import InductionLabError
 from .models import attention_shape
+from .names import ABLATION_METHOD_NEEDS, check_registry
 
 FUNCTION_NAME = "inductionlab"
 
@@ -163,6 +168,8 @@ ABLATION_METHODS: dict[str, AblationMethod] = {m.name: m for m in (
     AblationMethod("knockout", "named query→key edges masked before the softmax (Wang et al. 2022)",
                    cut=_knockout_cut, needs="edges"),
 )}
+check_registry("ablation method", ABLATION_METHODS, ABLATION_METHOD_NEEDS)
+assert all(m.needs == ABLATION_METHOD_NEEDS[n] for n, m in ABLATION_METHODS.items()), "names.ABLATION_METHOD_NEEDS disagrees"
 METHODS = tuple(ABLATION_METHODS)  # the built-in names (kept for callers of 0.x); read ABLATION_METHODS
 
 
@@ -228,6 +235,18 @@ class _Slot:
     inst: "Instrumentation"
     layer: int
 
+
+def _is_plain_causal(mask: torch.Tensor) -> bool:
+    """Whether an additive mask ``[B, 1, Q, Q]`` is exactly the causal one (0 on and below the
+    diagonal, the dtype's minimum above)."""
+    Q = mask.shape[-1]
+    upper = torch.ones(Q, Q, dtype=torch.bool, device=mask.device).triu(1)
+    neg = torch.finfo(mask.dtype).min
+    return bool(((mask == 0) == ~upper).all()) and bool((mask.masked_select(upper) == neg).all()) if Q > 1 else bool((mask == 0).all())
+
+
+# PyTorch's fused CPU attention, which also returns the row log-sum-exp ([B, H, Q], float32)
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 _ACTIVE: dict[int, _Slot] = {}  # id(attention module) -> slot, only while a context is open
 
@@ -325,7 +344,11 @@ class Instrumentation:
         self.head_output_sum: torch.Tensor | None = None
         self.head_output_count = 0
         self.need_probs = bool(reductions) or keep_patterns if need_probs is None else need_probs
+        # reductions alone: the attention from the fused kernel (SDPA's CPU flash attention) and the
+        # target probability from its log-sum-exp; no [B, H, Q, K] pattern is built
+        self.fused_reductions = bool(reductions) and not keep_patterns and need_probs is None
         self.calls = 0
+        self.fused_calls = 0     # attention calls that ran the fused kernel (reductions from its log-sum-exp)
         self._forward_pos: tuple[torch.Tensor, int, int] | None = None   # (abs [B, Ktot], past, T)
         self._pos_cache: dict[tuple[int, int, int], Positions] = {}
         self._signature = None
@@ -387,7 +410,12 @@ class Instrumentation:
     def _reduce(self, weights: torch.Tensor, targets: torch.Tensor, pos: Positions) -> tuple[torch.Tensor, torch.Tensor]:
         """Probability on each query's target key: ``([B, H, Q] mass, [B, Q] absolute query index or -1)``."""
         B, H, Q, K = weights.shape
-        dev = weights.device
+        slot, qa = self._target_slots(targets, pos, B, Q, K, weights.device)
+        mass = weights.gather(-1, slot.clamp(min=0)[:, None, :, None].expand(B, H, Q, 1)).squeeze(-1).float()
+        return mass * (slot >= 0)[:, None, :], qa
+
+    def _target_slots(self, targets: torch.Tensor, pos: Positions, B: int, Q: int, K: int, dev):
+        """``([B, Q] key slot of each query's target or -1, [B, Q] absolute query index or -1)``."""
         t = targets.to(dev)
         if t.dim() == 1:
             t = t.unsqueeze(0).expand(B, -1)
@@ -403,9 +431,49 @@ class Instrumentation:
         inv.scatter_(1, torch.where(ka >= 0, ka, A - 1), torch.arange(K, device=dev).expand(B, K).contiguous())
         inv[:, A - 1] = -1
         slot = torch.where(ta >= 0, inv.gather(1, ta.clamp(min=0)), torch.full_like(ta, -1))
-        mass = weights.gather(-1, slot.clamp(min=0)[:, None, :, None].expand(B, H, Q, 1)).squeeze(-1).float()
-        mass = mass * (slot >= 0)[:, None, :]
-        return mass, torch.where(q_ok, qa, torch.full_like(qa, -1))
+        return slot, torch.where(q_ok, qa, torch.full_like(qa, -1))
+
+    def _fused_ok(self, module, query, kwargs) -> bool:
+        return (self.fused_reductions and _FLASH_CPU is not None and query.device.type == "cpu"
+                and self._orig_impl != "eager" and kwargs.get("softcap") is None and kwargs.get("s_aux") is None
+                and not module.training)
+
+    def _fused_attention(self, module, query, key, value, attention_mask, kwargs):
+        """SDPA's CPU flash kernel on the (edited) additive mask: ``(out [B, Q, H, D], lse [B, H, Q])``
+        plus what is needed to read target probabilities from the log-sum-exp (:meth:`_mass_from_lse`)."""
+        B, H, Q, D = query.shape
+        K = key.shape[-2]
+        if key.shape[1] != H:                                    # GQA: each query head reads its KV head
+            key = key.repeat_interleave(H // key.shape[1], dim=1)
+            value = value.repeat_interleave(H // value.shape[1], dim=1)
+        scale = kwargs.get("scaling")
+        scale = D ** -0.5 if scale is None else float(scale)
+        mask = None if attention_mask is None else attention_mask[..., :K].to(query.dtype)
+        if mask is not None and Q == K and mask.shape[1] == 1 and _is_plain_causal(mask):
+            mask = None                    # no padding, window or edit: the kernel skips the masked blocks
+        causal = mask is None and Q == K and Q > 1
+        if mask is None and not causal and Q > 1:              # no mask and Q != K: bottom-right causal
+            mask = torch.zeros(Q, K, dtype=query.dtype, device=query.device).masked_fill(
+                torch.ones(Q, K, dtype=torch.bool, device=query.device).triu(K - Q + 1), torch.finfo(query.dtype).min)
+        out, lse = _FLASH_CPU(query, key, value, 0.0, causal, attn_mask=mask, scale=scale)
+        return out.transpose(1, 2), (query, key, mask, scale, lse)
+
+    @staticmethod
+    def _mass_from_lse(ctx, slot: torch.Tensor) -> torch.Tensor:
+        """``[B, H, Q]`` probability of each query's target slot: ``exp(scale·q·k_t + mask_t − lse)``."""
+        query, key, mask, scale, lse = ctx
+        B, H, Q, D = query.shape
+        k_t = key.gather(2, slot.clamp(min=0)[:, None, :, None].expand(B, H, Q, D))       # [B, H, Q, D]
+        logit = (query.float() * k_t.float()).sum(-1) * scale
+        if mask is not None:
+            m = mask if mask.dim() == 4 else mask[None, None]
+            m = m.expand(B, m.shape[1], Q, m.shape[-1])
+            logit = logit + m.gather(-1, slot.clamp(min=0)[:, None, :, None].expand(B, m.shape[1], Q, 1)).squeeze(-1).float()
+        else:                                                   # causal: keys after the query are masked
+            K = key.shape[-2]
+            q_slot = torch.arange(K - Q, K, device=slot.device)
+            logit = logit.masked_fill((slot > q_slot)[:, None, :], float("-inf"))
+        return torch.exp(logit - lse.float()) * (slot >= 0)[:, None, :]
 
     # -- the attention call -------------------------------------------------------------
     def _base(self, module, kwargs):
@@ -440,8 +508,15 @@ class Instrumentation:
                 new[:, iv.head] = new[:, iv.head].masked_fill(cut, neg)
                 row_dead[:, iv.head] |= ~(new[:, iv.head] > neg / 2).any(-1)
             attention_mask = new
-        out, weights = self._base(module, kwargs)(module, query, key, value, attention_mask, **kwargs)
-        # out: [B, Q, H, D]; weights: [B, H, Q, K] or None
+        fused = None
+        if self._fused_ok(module, query, kwargs):
+            out, fused = self._fused_attention(module, query, key, value, attention_mask, kwargs)
+            weights = None
+            self.fused_calls += 1
+        else:
+            out, weights = self._base(module, kwargs)(module, query, key, value, attention_mask, **kwargs)
+        # out: [B, Q, H, D]; weights: [B, H, Q, K] or None (fused: the log-sum-exp instead)
+        zeroed = []
         edits = [(i, iv, m) for i, iv, m in ivs if m.replace is not None]
         if edits or (row_dead is not None and row_dead.any()):
             out = out.clone()
@@ -456,8 +531,10 @@ class Instrumentation:
                 if not torch.equal(out[:, :, iv.head], new_val):
                     self.effect[i] = True
                 out[:, :, iv.head] = new_val
-                if weights is not None and m.zero_pattern:
-                    weights[:, iv.head] = 0.0
+                if m.zero_pattern:
+                    zeroed.append(iv.head)
+                    if weights is not None:
+                        weights[:, iv.head] = 0.0
         if self.capture_head_means:
             real = (pos.query >= 0).to(out.dtype)                     # [B, Q]: padding queries excluded
             s = (out.detach() * real[:, :, None, None]).float().sum(dim=(0, 1))  # [H, D]
@@ -467,10 +544,19 @@ class Instrumentation:
             if layer == 0:
                 self.head_output_count += int((pos.query >= 0).sum().item())
         if self.reduction_targets:
-            if weights is None:
+            if weights is None and fused is None:
                 raise UnsupportedArchitecture("the attention function returned no probabilities")
             for name, targets in self.reduction_targets.items():
-                mass, qa = self._reduce(weights.detach(), targets, pos)      # [B, H, Q], [B, Q]
+                if fused is None:
+                    mass, qa = self._reduce(weights.detach(), targets, pos)      # [B, H, Q], [B, Q]
+                else:
+                    slot, qa = self._target_slots(targets, pos, B, Q, K, query.device)
+                    with torch.no_grad():
+                        mass = self._mass_from_lse(fused, slot)
+                    if row_dead is not None:
+                        mass = mass.masked_fill(row_dead, 0.0)
+                    if zeroed:
+                        mass[:, zeroed] = 0.0
                 Qt = targets.shape[-1]
                 if name not in self.reduced or self.reduced[name].shape[1] != B:
                     self.reduced[name] = torch.zeros(self.shape["n_layers"], B, self.shape["n_heads"], Qt)

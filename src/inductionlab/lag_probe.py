@@ -10,6 +10,13 @@ Every condition sees the same trials (paired design).
 Reported per condition: mean raw probability per lag with a 95% CI over trials (normal
 approximation, mean ± 1.96·sd/√n), the same renormalised over the list tokens, the list mass
 (total probability on list tokens), and the arg-max response's lag (for the psifr-style CRP).
+
+**Word-prior-corrected curve** (:func:`log_enrichment`): a frequent word is likely anywhere, so
+one word per lag and trial makes the raw curve noisy. Within each condition, each word's
+baseline is its mean probability over the trials where it sits far from the cue
+(|lag| > ``far_lag``, default 20); the per-trial log-enrichment at lag k is
+``log p(word at lag k) − log baseline(word)`` (nats; 0 = no more likely than its prior), with the
+same CI over trials; reported next to the raw curve, never instead of it.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ class LagProbeConfig:
     instruction: str = ""           # optional text after BOS, before the list
     bos: bool = True
     method: str = "zero"            # ablation method: zero | mean | sink
+    far_lag: int = 20               # word-prior baseline: trials where the word sits at |lag| > far_lag
 
     def validate(self) -> None:
         """Check the options that need no model (called before any model is loaded).
@@ -58,6 +66,8 @@ class LagProbeConfig:
             raise InductionLabError(f"n_permutations={self.n_permutations}: at least 2 trials are needed for a CI")
         if self.batch_size is not None and self.batch_size < 1:
             raise InductionLabError(f"batch size {self.batch_size} must be at least 1")
+        if self.far_lag < 0:
+            raise InductionLabError(f"far lag {self.far_lag} must be at least 0 (the default is 20)")
         check_method(self.method)
 
 
@@ -93,6 +103,37 @@ def make_stimulus(tokenizer, separator: str = " ", instruction: str = "", bos: b
     return Stimulus(prefix, sep_ids, word_prefix)
 
 
+def log_enrichment(probs: np.ndarray, list_ids: np.ndarray, lags: np.ndarray, far_lag: int = 20,
+                   floor: float = 1e-30) -> np.ndarray:
+    """Word-prior-corrected lag probe: per trial and list position, ``log p − log baseline(word)``.
+
+    Args:
+        probs: ``[n_trials, list_length]`` probability of each list position's word (one condition).
+        list_ids: ``[n_trials, list_length]`` the word (token id) at each list position.
+        lags: ``[list_length]`` lag of each list position.
+        far_lag: a word's baseline is its mean probability over the (trial, position) pairs where
+            it sits at ``|lag| > far_lag``; a word never that far uses all its positions.
+        floor: probabilities are clamped below at ``floor`` before the log.
+
+    Returns:
+        float64 ``[n_trials, list_length]`` log-enrichment in nats.
+    """
+    p = np.asarray(probs, dtype=np.float64)
+    ids = np.asarray(list_ids)
+    if p.shape != ids.shape or p.shape[1] != len(lags):
+        raise ValueError(f"probs {p.shape}, list_ids {ids.shape} and lags ({len(lags)}) do not match")
+    uniq, inv = np.unique(ids, return_inverse=True)
+    inv = inv.reshape(ids.shape)
+    far = np.broadcast_to(np.abs(np.asarray(lags))[None, :] > far_lag, p.shape)
+    n = len(uniq)
+    s_far = np.bincount(inv[far], weights=p[far], minlength=n)
+    c_far = np.bincount(inv[far], minlength=n)
+    s_all = np.bincount(inv.ravel(), weights=p.ravel(), minlength=n)
+    c_all = np.bincount(inv.ravel(), minlength=n)
+    base = np.where(c_far > 0, s_far / np.maximum(c_far, 1), s_all / np.maximum(c_all, 1))
+    return np.log(np.maximum(p, floor)) - np.log(np.maximum(base[inv], floor))
+
+
 @dataclass
 class LagProbeResult:
     """Results of :func:`run_lag_probe`.
@@ -104,6 +145,8 @@ class LagProbeResult:
         argmax_lag: condition name -> ``[n_trials]`` lag of the arg-max token (NaN if it is not a list word).
         conditions: the :class:`Condition` list, in run order.
         config: the :class:`LagProbeConfig` used; words: the word set (fixed mode).
+        list_ids: ``[n_trials, list_length]`` word at each list position (same in every
+            condition); None (e.g. a run from before it was stored): no corrected curve.
     """
     probs: dict[str, np.ndarray]
     list_mass: dict[str, np.ndarray]
@@ -111,6 +154,39 @@ class LagProbeResult:
     conditions: list[Condition]
     config: LagProbeConfig
     words: list[str] = field(default_factory=list)
+    list_ids: np.ndarray | None = None
+
+    @property
+    def has_corrected(self) -> bool:
+        return self.list_ids is not None
+
+    def enrichment(self) -> dict[str, np.ndarray]:
+        """condition name -> ``[n_trials, list_length]`` log-enrichment (:func:`log_enrichment`,
+        baseline within the condition). Raises InductionLabError without ``list_ids``."""
+        if self.list_ids is None:
+            raise InductionLabError("this lag-probe result has no list_ids; re-run to get the corrected curve")
+        if not hasattr(self, "_enrichment"):
+            far = getattr(self.config, "far_lag", 20)
+            self._enrichment = {n: log_enrichment(p, self.list_ids, self.lags, far) for n, p in self.probs.items()}
+        return self._enrichment
+
+    def corrected_curves(self) -> list[tuple[str, str, int, str, np.ndarray]]:
+        """As :meth:`curves`, for the log-enrichment (pooled random-k: per-trial mean over draws)."""
+        e = self.enrichment()
+        out = [(c.name, c.kind, c.k, str(c.draw), e[c.name]) for c in self.conditions]
+        for k, names in draws_by_k(self.conditions).items():
+            out.append((f"random-{k}", "random", k, "pooled", pooled(e, names)))
+        return out
+
+    def corrected_summary(self) -> pd.DataFrame:
+        """Tidy table: one row per (condition, lag): ``mean`` log-enrichment (nats) and its 95% CI
+        (``ci_low``, ``ci_high``), ``measure == "log_enrichment"``; pooled ``random-k`` rows included."""
+        rows = []
+        for name, kind, k, draw, e in self.corrected_curves():
+            m, half = mean_ci(e)
+            rows.append(pd.DataFrame({"condition": name, "kind": kind, "k": k, "draw": draw, "measure": "log_enrichment",
+                                      "lag": self.lags, "mean": m, "ci_low": m - half, "ci_high": m + half}))
+        return pd.concat(rows, ignore_index=True)
 
     @property
     def lags(self) -> np.ndarray:
@@ -147,39 +223,49 @@ class LagProbeResult:
     def headline(self) -> pd.DataFrame:
         """One row per condition plus pooled ``random-k`` rows (per-trial mean over draws)."""
         rows = []
+        e = self.enrichment() if self.has_corrected else None
         for c in self.conditions:
-            rows.append(self._headline_row(c.name, c.kind, c.k, str(c.draw), self.probs[c.name], self.list_mass[c.name]))
+            rows.append(self._headline_row(c.name, c.kind, c.k, str(c.draw), self.probs[c.name], self.list_mass[c.name],
+                                           None if e is None else e[c.name]))
         for k, names in draws_by_k(self.conditions).items():
             rows.append(self._headline_row(f"random-{k}", "random", k, f"mean of {len(names)}",
-                                           pooled(self.probs, names), pooled(self.list_mass, names)))
+                                           pooled(self.probs, names), pooled(self.list_mass, names),
+                                           None if e is None else pooled(e, names)))
         return pd.DataFrame(rows)
 
-    def contrasts(self, lag: int = 1) -> pd.DataFrame:
+    def contrasts(self, lag: int = 1, corrected: bool = False) -> pd.DataFrame:
         """Paired per-trial contrast at one lag for each k: random-k (mean of draws) − induction-k,
-        with a 95% CI over trials (same trials in every condition)."""
+        with a 95% CI over trials (same trials in every condition). ``corrected``: on the
+        log-enrichment (nats) instead of the raw probability."""
         rows = []
         col = self._col(lag)
+        table = self.enrichment() if corrected else self.probs
         random = draws_by_k(self.conditions)
         for k, ind in draws_by_k(self.conditions, "induction").items():
             if k not in random:
                 continue
-            pi = self.probs[ind[0]][:, col].astype(np.float64)
-            pr = pooled(self.probs, random[k])[:, col].astype(np.float64)
+            pi = table[ind[0]][:, col].astype(np.float64)
+            pr = pooled(table, random[k])[:, col].astype(np.float64)
             m, half = mean_ci(pr - pi)
             rows.append({"k": k, "lag": lag, "induction": pi.mean(), "random": pr.mean(),
                          "random_minus_induction": float(m), "ci_low": float(m - half), "ci_high": float(m + half)})
         return pd.DataFrame(rows)
 
-    def _headline_row(self, name, kind, k, draw, p, mass) -> dict:
+    def _headline_row(self, name, kind, k, draw, p, mass, e=None) -> dict:
         p = p.astype(np.float64)
         out = {"condition": name, "kind": kind, "k": k, "draw": draw}
         for lag, key in ((1, "lag_plus1"), (-1, "lag_minus1"), (0, "lag0")):
             put_ci(out, key, p[:, self._col(lag)])
-        return put_ci(out, "list_mass", mass)
+        put_ci(out, "list_mass", mass)
+        if e is not None:
+            for lag, key in ((1, "lag_plus1_log_enrichment"), (-1, "lag_minus1_log_enrichment")):
+                put_ci(out, key, e[:, self._col(lag)])
+        return out
 
     def to_json(self) -> dict:
         """The ``lag_probe`` block of results.json."""
         conds = []
+        e = self.enrichment() if self.has_corrected else None
         for c in self.conditions:
             p = self.probs[c.name].astype(np.float64)
             m, half = mean_ci(p)
@@ -190,9 +276,20 @@ class LagProbeResult:
                           "lags": {int(l): float(v) for l, v in zip(self.lags, m)},
                           "ci95": {int(l): [float(v - e), float(v + e)] for l, v, e in zip(self.lags, m, half)},
                           "argmax_in_list": float(np.mean(~np.isnan(self.argmax_lag[c.name])))})
-        return {"config": asdict(self.config), "words": self.words, "conditions": conds,
-                "headline": self.headline().to_dict(orient="records"),
-                "contrasts_lag_plus1": self.contrasts(1).to_dict(orient="records")}
+            if e is not None:
+                em, eh = mean_ci(e[c.name])
+                conds[-1]["log_enrichment"] = {
+                    "lags": {int(l): float(v) for l, v in zip(self.lags, em)},
+                    "ci95": {int(l): [float(v - x), float(v + x)] for l, v, x in zip(self.lags, em, eh)}}
+        out = {"config": asdict(self.config), "words": self.words, "conditions": conds,
+               "headline": self.headline().to_dict(orient="records"),
+               "contrasts_lag_plus1": self.contrasts(1).to_dict(orient="records")}
+        if e is not None:
+            out["log_enrichment_definition"] = (
+                f"log p(word at lag) − log baseline(word), nats; baseline = the word's mean probability over "
+                f"trials where it sits at |lag| > {getattr(self.config, 'far_lag', 20)}, within the condition")
+            out["contrasts_lag_plus1_log_enrichment"] = self.contrasts(1, corrected=True).to_dict(orient="records")
+        return out
 
 
 def build_trials(loaded: LoadedModel, cfg: LagProbeConfig) -> Trials:
@@ -242,7 +339,7 @@ def measure_batch(model, batch: dict[str, torch.Tensor], cfg: LagProbeConfig) ->
     hit = lst == p.argmax(1, keepdim=True)
     col = hit.float().argmax(1).double() + 1 - cfg.cue_position
     col[~hit.any(1)] = float("nan")
-    return {"probs": pl, "list_mass": pl.sum(1).double(), "argmax_lag": col}
+    return {"probs": pl, "list_mass": pl.sum(1).double(), "argmax_lag": col, "list_ids": lst.cpu()}
 
 
 def run_lag_probe(loaded: LoadedModel, conditions: list[Condition], cfg: LagProbeConfig | None = None,
@@ -262,4 +359,14 @@ def run_lag_probe(loaded: LoadedModel, conditions: list[Condition], cfg: LagProb
     data = run_conditions(loaded, conditions, trials, method=cfg.method,
                           batch_size=cfg.batch_size, measure_batch=partial(measure_batch, cfg=cfg), progress=progress)
     return LagProbeResult({n: d["probs"] for n, d in data.items()}, {n: d["list_mass"] for n, d in data.items()},
-                          {n: d["argmax_lag"] for n, d in data.items()}, list(conditions), cfg, trials.words)
+                          {n: d["argmax_lag"] for n, d in data.items()}, list(conditions), cfg, trials.words,
+                          list_ids=list_ids_of(data))
+
+
+def list_ids_of(parts: dict) -> np.ndarray | None:
+    """The ``[n_trials, list_length]`` word ids from a run's per-condition measures (the same in
+    every condition); None when they were not stored (runs from before they were)."""
+    for d in parts.values():
+        if "list_ids" in d:
+            return np.asarray(d["list_ids"])
+    return None

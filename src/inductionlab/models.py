@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from .errors import InductionLabError
 from .runs import sha256_file
 
-DEFAULT_MODEL = "smollm2-135m"
+from .names import DEFAULT_MODEL  # noqa: E402  (declared without torch, for the CLI)
 
 
 @dataclass(frozen=True)

@@ -61,13 +61,16 @@ def _style(name: str, ks: list[int]) -> dict:
 
 
 def lag_curves(summary: pd.DataFrame, path: str | Path, lags=range(-10, 11), conditions=None,
-               column: str = "mean", title: str = "", chance: float | None = None) -> None:
+               column: str = "mean", title: str = "", chance: float | None = None,
+               ylabel: str | None = None, zero_line: bool = False) -> None:
     """Mean next-token probability by lag per condition, with the 95% CI as a band.
 
     ``summary``: tidy table from :meth:`LagProbeResult.summary` (columns condition, lag,
     mean, ci_low, ci_high, ...). ``column`` = ``mean`` (raw) or ``mean_renorm``. Lag 0 (the
     cue repeated) is drawn as its own point. ``chance``: a horizontal reference line (e.g. the
-    list mass spread evenly over the list).
+    list mass spread evenly over the list). The word-prior-corrected curve:
+    :meth:`LagProbeResult.corrected_summary` with ``ylabel`` set and ``zero_line=True`` (0 nats
+    = as likely as the word's own baseline).
     """
     lo_col, hi_col = ("ci_low", "ci_high") if column == "mean" else ("ci_low_renorm", "ci_high_renorm")
     df = summary[summary["lag"].isin(list(lags))]
@@ -86,9 +89,11 @@ def lag_curves(summary: pd.DataFrame, path: str | Path, lags=range(-10, 11), con
         ax.plot(z["lag"], z[column], marker="x", ms=5, color=st["color"], ls="none")
     if chance is not None:
         ax.axhline(chance, color="grey", lw=0.8, ls=":", label="list mass / list length")
+    if zero_line:
+        ax.axhline(0.0, color="grey", lw=0.8, ls=":", label="word's own baseline")
     ax.set_xticks(list(lags) if len(lags) <= 25 else None)
     ax.set_xlabel("lag (0 = the cue repeated, marked x)")
-    ax.set_ylabel("p(next token = word at lag)" + (" (renormalised)" if column != "mean" else ""))
+    ax.set_ylabel(ylabel or ("p(next token = word at lag)" + (" (renormalised)" if column != "mean" else "")))
     ax.legend(fontsize=7, ncol=2)
     if title:
         ax.set_title(title)

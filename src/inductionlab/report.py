@@ -42,6 +42,36 @@ def row_ci(row, name: str, fmt=fmt_ci) -> str:
     return fmt(get(name), get(f"{name}_ci_low"), get(f"{name}_ci_high"))
 
 
+ENRICH_LABEL = "log p(word at lag) − log baseline(word), nats"
+
+
+def corrected_lines(lag) -> list[str]:
+    """Report lines of the word-prior-corrected lag +1 (log-enrichment), per condition and as the
+    paired random − induction contrast; none when the result has no word ids."""
+    if not lag.has_corrected:
+        return []
+    far = getattr(lag.config, "far_lag", 20)
+    hl = lag.headline()
+    lines = ["", f"Word-prior-corrected lag +1: log-enrichment = log p(word at lag +1) − log baseline(word), "
+             f"baseline = the word's mean probability over the trials where it sits at |lag| > {far} "
+             "(same condition); 0 = no more likely than its prior; nats, 95% CIs over trials.", "",
+             "| condition | raw lag +1 | log-enrichment lag +1 | log-enrichment lag −1 |", "|---|---|---|---|"]
+    for _, r in hl.iterrows():
+        if r["kind"] == "random" and "mean" not in str(r["draw"]):
+            continue
+        lines.append(f"| {r['condition']} | {row_ci(r, 'lag_plus1', fmt_ci4)} | "
+                     f"{r['lag_plus1_log_enrichment']:+.3f} [{r['lag_plus1_log_enrichment_ci_low']:+.3f}, "
+                     f"{r['lag_plus1_log_enrichment_ci_high']:+.3f}] | "
+                     f"{r['lag_minus1_log_enrichment']:+.3f} [{r['lag_minus1_log_enrichment_ci_low']:+.3f}, "
+                     f"{r['lag_minus1_log_enrichment_ci_high']:+.3f}] |")
+    con = lag.contrasts(1, corrected=True)
+    if len(con):
+        lines += ["", "| k | random − induction, log-enrichment lag +1 [95% CI] |", "|---|---|"]
+        for _, r in con.iterrows():
+            lines.append(f"| {int(r['k'])} | {r['random_minus_induction']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] |")
+    return lines
+
+
 def analyze_report(res) -> str:
     """A short Markdown report of the main job (:func:`inductionlab.analyze.analyze`)."""
     idn, cfg = res.record["model"], res.record["params"]
@@ -87,13 +117,15 @@ def analyze_report(res) -> str:
     for _, r in res.lag.contrasts(1).iterrows():
         lines.append(f"| {int(r['k'])} | {r['induction']:.4f} | {r['random']:.4f} | "
                      f"{r['random_minus_induction']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] |")
+    lines += corrected_lines(res.lag)
     lines += ["",
               "Random rows pool the draws (per-trial mean over draws); per-draw rows are in `lag_headline.csv`.", "",
               "## Timings", ""]
     lines += [f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in res.timings.items()]
     lines += ["", "Files: `results.json` (everything, incl. parameters and versions), `head_scores.csv`, "
               "`lag_curves.csv`, `lag_headline.csv`, `lag_trials.npz`, `head_scores.png`, `lag_curve.png`, "
-              "`lag_curve_renorm.png`.", ""]
+              "`lag_curve_renorm.png`" + (", `lag_curves_corrected.csv`, `lag_curve_corrected.png`"
+                                          if res.lag.has_corrected else "") + ".", ""]
     return "\n".join(lines)
 
 
@@ -141,6 +173,9 @@ def temporal_report(study, measures: dict[str, str]) -> str:
                      f"{row_ci(r, 'random_minus_induction')} |")
     lines += ["", "![ablation vs k](plots/ablation_vs_k.png)", ""]
     lines += [f"![lag curves k={k}](plots/lag_curves_k{k}.png)" for k in ks]
+    if lag.has_corrected:
+        lines += ["", "## Word-prior-corrected lag curve"] + corrected_lines(lag) + [""]
+        lines += [f"![corrected lag curves k={k}](plots/lag_curves_corrected_k{k}.png)" for k in ks]
     lines += ["", "## Serial recall", "",
               "Teacher-forced accuracy per position, the renormalised transition lag curve and the psifr-style CRP of the "
               "greedy recalls are in `tables/recall_positions.csv`, `tables/recall_transition_curve.csv` and "
@@ -202,6 +237,11 @@ def write_analyze_outputs(d: Path, res) -> None:
                      chance=float(intact["list_mass"]) / lc.list_length)
     plots.lag_curves(summary, d / "lag_curve_renorm.png", conditions=shown, column="mean_renorm",
                      title=f"{name}: lag probe, renormalised over the list\n{sub}", chance=1 / lc.list_length)
+    if res.lag.has_corrected:
+        corrected = res.lag.corrected_summary()
+        atomic_write_text(d / "lag_curves_corrected.csv", corrected.to_csv(index=False))
+        plots.lag_curves(corrected, d / "lag_curve_corrected.png", conditions=shown, ylabel=ENRICH_LABEL, zero_line=True,
+                         title=f"{name}: lag probe, word-prior corrected\n{sub}")
 
 
 def write_temporal_outputs(out: Path, study, measures: dict[str, str]) -> None:
@@ -220,6 +260,9 @@ def write_temporal_outputs(out: Path, study, measures: dict[str, str]) -> None:
                       for l in range(L) for h in range(H)]), "head_scores.csv")
     summary = lag.summary()
     csv(summary, "lag_curves.csv")
+    if lag.has_corrected:
+        corrected = lag.corrected_summary()
+        csv(corrected, "lag_curves_corrected.csv")
     csv(lag.headline(), "lag_headline.csv")
     crp = lag_probe_crp(lag)
     csv(crp, "lag_crp_argmax.csv")
@@ -237,6 +280,10 @@ def write_temporal_outputs(out: Path, study, measures: dict[str, str]) -> None:
     for k in ks:
         plots.lag_curves(summary, figs / f"lag_curves_k{k}.png", conditions=["intact", f"induction-{k}", f"random-{k}"],
                          title=f"{name}: lag probe, k = {k} heads ablated ({method})")
+        if lag.has_corrected:
+            plots.lag_curves(corrected, figs / f"lag_curves_corrected_k{k}.png",
+                             conditions=["intact", f"induction-{k}", f"random-{k}"], ylabel=ENRICH_LABEL, zero_line=True,
+                             title=f"{name}: lag probe, word-prior corrected, k = {k} ({method})")
     kmax = ks[-1]
     plots.ablation_vs_k(head, {m: measures[m] for m in ("lag_plus1", "recall_accuracy", "recall_lag_plus1")},
                         figs / "ablation_vs_k.png", title=f"{name}: induction vs random ablation ({method})")

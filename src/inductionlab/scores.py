@@ -43,6 +43,7 @@ import torch
 from .errors import InductionLabError
 from .instrument import gather_targets, instrument, unwrap_model
 from .models import attention_shape
+from .names import SCORE_NAMES as _SCORE_NAMES
 from .stimuli import ordinary_token_ids, random_sequences
 
 
@@ -187,7 +188,8 @@ SCORES: dict[str, ScoreSpec] = {s.name: s for s in (
 )}
 
 #: The scores `analyze` and `compute_head_scores` compute by default (SPEC §3).
-SCORE_NAMES = ("induction", "anti_induction", "previous_token", "duplicate_token", "sink")
+SCORE_NAMES = _SCORE_NAMES   # declared in names.py (no torch: the CLI reads it)
+assert set(SCORE_NAMES) <= set(SCORES), "names.SCORE_NAMES names a score missing from SCORES"
 
 
 def score_names() -> tuple[str, ...]:

@@ -227,7 +227,8 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
 
     lag_parts = parts["lag"]
     lag = LagProbeResult({n: a["probs"] for n, a in lag_parts.items()}, {n: a["list_mass"] for n, a in lag_parts.items()},
-                         {n: a["argmax_lag"] for n, a in lag_parts.items()}, conditions, lag_cfg, words["lag"])
+                         {n: a["argmax_lag"] for n, a in lag_parts.items()}, conditions, lag_cfg, words["lag"],
+                         list_ids=lag_probe.list_ids_of(lag_parts))
     recall = SerialRecallResult(parts["recall"], conditions, rec_cfg, words["recall"])
     lb_table = conc = None
     if singles:

@@ -14,11 +14,20 @@ FSDP2), ``metrics`` (JSONL/CSV, TensorBoard, progress), ``trainer`` (the loop).
 
 from __future__ import annotations
 
-from .config import PRESETS, TrainConfig, config_from_dict, load_config, model_config
-from .flops import Budget, budget, check_iso_flops, param_counts
-from .schedule import build_scheduler, lr_factor
-from .telemetry import run_summary
-from .trainer import TrainData, TrainResult, check_data, open_data, train
+import importlib
+
+_EXPORTS = {"PRESETS": "config", "TrainConfig": "config", "config_from_dict": "config", "load_config": "config",
+            "model_config": "config", "Budget": "flops", "budget": "flops", "check_iso_flops": "flops",
+            "param_counts": "flops", "build_scheduler": "schedule", "lr_factor": "schedule",
+            "run_summary": "telemetry", "TrainData": "trainer", "TrainResult": "trainer", "check_data": "trainer",
+            "open_data": "trainer", "train": "trainer"}
+
+
+def __getattr__(name):  # lazy, so the CLI's options (train.config) do not import torch
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'inductionlab.train' has no attribute {name!r}")
+
 
 __all__ = ["PRESETS", "TrainConfig", "config_from_dict", "load_config", "model_config", "Budget", "budget",
            "check_iso_flops", "param_counts", "build_scheduler", "lr_factor", "TrainData", "TrainResult",

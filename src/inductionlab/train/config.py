@@ -19,10 +19,12 @@ import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import LlamaConfig
 
 import yaml
-from transformers import LlamaConfig
 
 from ..curriculum import CurriculumConfig
 from ..errors import InductionLabError
@@ -57,6 +59,8 @@ def model_config(preset: str, vocab_size: int, *, max_position_embeddings: int =
         raise InductionLabError(f"unknown model preset {preset!r}; use one of {', '.join(PRESETS)}")
     if not isinstance(vocab_size, int) or vocab_size < 2:
         raise InductionLabError(f"vocab_size must be at least 2 (got {vocab_size}); check the tokenizer")
+    from transformers import LlamaConfig   # lazy: the CLI's options read this module
+
     layers, hidden, mlp, heads, kv = PRESETS[preset]
     return LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,

@@ -1,0 +1,31 @@
+"""Names the command line must know before anything heavy is imported: the default model, the
+ablation methods and the head scores. Plain data, no torch or transformers, so ``inductionlab
+--help`` and option parsing stay fast.
+
+These are the one list of names: :data:`inductionlab.instrument.ABLATION_METHODS` is checked
+against :data:`ABLATION_METHOD_NEEDS` at import (add a method: its name here, its function and
+entry there), and :data:`inductionlab.scores.SCORE_NAMES` (the default scores) is this tuple.
+"""
+
+from __future__ import annotations
+
+DEFAULT_MODEL = "smollm2-135m"
+
+#: Ablation method name -> what it needs beyond a head list (None, ``"value"``: the head's mean
+#: output, ``"edges"``: knockout edges, only through ``instrument()``).
+ABLATION_METHOD_NEEDS: dict[str, str | None] = {"zero": None, "mean": "value", "sink": None, "knockout": "edges"}
+
+#: The head scores computed by default, in the order they are reported (each a key of scores.SCORES).
+SCORE_NAMES: tuple[str, ...] = ("induction", "anti_induction", "previous_token", "duplicate_token", "sink")
+
+
+def ablation_method_names(*, with_edges: bool = False) -> tuple[str, ...]:
+    """Ablation methods usable with a head list alone; ``with_edges=True`` adds knockout-style ones."""
+    return tuple(n for n, need in ABLATION_METHOD_NEEDS.items() if with_edges or need != "edges")
+
+
+def check_registry(kind: str, registry: dict, names) -> None:
+    """Raise ImportError if ``registry``'s keys are not exactly ``names`` (same order)."""
+    if tuple(registry) != tuple(names):
+        raise ImportError(f"{kind} registry {tuple(registry)} differs from inductionlab.names {tuple(names)}; "
+                          "add the name in both places")
