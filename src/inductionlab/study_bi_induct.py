@@ -88,7 +88,9 @@ STUDY_PRESETS: dict[str, StudyPreset] = {
         curriculum=dict(span_source="random", span_length=16, span_length_range=(8, 24), m0=1.0),
         anneal_frac=1000.0, tokens=8_192_000, seeds=2,
         data_hint="inductionlab corpus prepare demo --out data/demo-512 --vocab-size 512",
-        eval=dict(_EVAL_DEFAULT, n_prompts=16, icl_windows=64, ppl_tokens=32768)),
+        # tasks whose 10-shot prompts fit 128 tokens of the BPE-512 tokenizer (longer ones are skipped)
+        eval=dict(_EVAL_DEFAULT, tasks=("first_letter", "last_letter", "next_letter", "prev_letter"),
+                  n_prompts=32, icl_windows=64, ppl_tokens=32768)),
     # CI: the whole study in about a minute on one thread.
     "tiny": StudyPreset(
         "tiny", "CI smoke test: cpu-micro, 64-token context, 8 updates of 512 tokens",
@@ -247,13 +249,19 @@ class BiInductStudyConfig:
         sh = TokenShards.open(self.shards)
         return {"preset": self.preset, "shards": str(Path(self.shards).resolve()),
                 "corpus_sha256": sh.manifest.get("corpus_sha256"), "tokens": self.tokens, "seeds": self.n_seeds,
-                "variants": list(self.variants), "evaluate_config": self.eval_config(),
+                "variants": list(self.variants),
                 "train_overrides": self.train_overrides,
                 "train_config": {k: v for k, v in self.train_config("none", 0, "x").run_identity().items()
                                  if k not in ("seed", "data")}}
 
     def eval_config(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.recipe.eval.items()}
+
+    def eval_key(self) -> str:
+        """Piece folder of the evaluations: ``eval-<hash of the evaluation config>``, so a changed
+        evaluation recipe re-evaluates the finished checkpoints without retraining them."""
+        import hashlib
+        return "eval-" + hashlib.sha256(json.dumps(self.eval_config(), sort_keys=True).encode()).hexdigest()[:10]
 
 
 # ---- phase 1: plan (iso-FLOPs) ----------------------------------------------------------------------
@@ -425,7 +433,9 @@ def random_heads_per_layer(chosen: Sequence[tuple[int, int]], shape: tuple[int, 
 def evaluate_checkpoint(ckpt: Path, shards: str, ev: dict, induction_scores, *, seed: int = 0) -> dict:
     """Evaluate one trained checkpoint with the evaluation pieces (SPEC §8).
 
-    Probes: HITS@1/@3 on the first answer token at ``ev["shots"]`` (function_probes); ICL score
+    Probes: HITS@1/@3 on the first answer token at ``ev["shots"]`` (function_probes; a task's
+    group of prompts at one shot count is scored only when all its prompts fit the model's
+    context, else it is listed in ``probes_skipped``: decision); ICL score
     (Olsson et al.) on held-out windows; perplexity guard (held-out split); load-bearing test:
     top ``ablation_top_frac`` induction heads per layer (by ``induction_scores``, ``[L, H]``) vs
     matched random heads (``ablation_draws`` draws), relative change of the per-window ICL benefit.
@@ -456,10 +466,13 @@ def evaluate_checkpoint(ckpt: Path, shards: str, ev: dict, induction_scores, *, 
         except InductionLabError as e:
             skipped[t] = str(e)
             continue
-        too_long = [p for p in ps if len(p.input_ids) > ctx]
-        if too_long:
-            skipped[t] = f"{len(too_long)} of {len(ps)} prompts longer than the {ctx}-token context (dropped)"
-        prompts += [p for p in ps if len(p.input_ids) <= ctx]
+        for k in ev["shots"]:                 # a (task, shots) group is scored only if every prompt fits
+            group = [p for p in ps if p.shots == k]
+            n_long = sum(len(p.input_ids) > ctx for p in group)
+            if n_long:
+                skipped[f"{t}/{k}-shot"] = f"{n_long} of {len(group)} prompts longer than the {ctx}-token context"
+            else:
+                prompts += group
     probes = []
     if prompts:
         rows = run_probes(model, prompts, tokenizer=tok, batch_size=bs)
@@ -604,8 +617,10 @@ def verdict_b(t: pd.DataFrame) -> dict:
 
 def verdict_c(t: pd.DataFrame) -> dict:
     col = "hits1_10shot"
-    if col not in t or t[col].isna().all():
+    if col not in t:
         return _verdict("C", "not testable at this scale", "no probe results (evaluation not run)")
+    if t[col].isna().all():
+        return _verdict("C", "not testable at this scale", "no 10-shot probe prompt fits the model's context")
     vs = [v for v in BI_INDUCT if v in set(t["variant"])]
     diffs = {v: _paired(t, v, "none", col)[1] for v in vs}
     best = float(t[col].max())
@@ -714,7 +729,7 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite:
                     log(f"evaluate {n}")
                 return evaluate_checkpoint(final_checkpoint(out / "runs" / n), cfg.shards, cfg.eval_config(),
                                            pieces[n]["final_scores"]["induction"], seed=s)
-            evals[n] = run.json(f"eval/{n}", compute)
+            evals[n] = run.json(f"{cfg.eval_key()}/{n}", compute)
         timings["evaluate_s"] = time.perf_counter() - t
     threshold = float(cfg.train_config("none", 0, "x").induction_threshold)
     table = runs_table(pieces, evals)
