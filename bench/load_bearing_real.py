@@ -1,4 +1,4 @@
-"""Load-bearing test on a real model (by hand): ablate the top-2%-per-layer induction heads vs
+"""Load-bearing test on a real model (by hand; `inductionlab evaluate` runs the full study): ablate the top-2%-per-layer induction heads vs
 matched random heads (same count per layer, excluding the chosen ones, seeded draws) and report
 the relative drop of 10-shot probe HITS@1 and of the induction-loss benefit, with paired CIs.
 Usage: python bench/load_bearing_real.py [MODEL] [N_PROMPTS_PER_TASK] [N_DRAWS]"""
@@ -10,14 +10,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from inductionlab.ablation import per_layer_top_p, random_heads  # noqa: E402
+from inductionlab.ablation import matched_random_heads, per_layer_top_p  # noqa: E402
 from inductionlab.function_probes import run_probes  # noqa: E402
 from inductionlab.icl_score import induction_loss  # noqa: E402
 from inductionlab.icl_tasks import build_tasks, make_all_prompts  # noqa: E402
 from inductionlab.load_bearing_eval import relative_change, relative_contrast, score_concentration  # noqa: E402
 from inductionlab.models import load_model  # noqa: E402
 from inductionlab.scores import compute_head_scores  # noqa: E402
-from inductionlab.stimuli import seed_for  # noqa: E402
 
 torch.set_num_threads(1)
 spec = sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m"
@@ -31,16 +30,7 @@ print("concentration", score_concentration(ind), flush=True)
 chosen = per_layer_top_p(ind, 0.02)
 
 
-def matched_random(draw):  # per layer, as many heads as chosen there, never a chosen one
-    out = []
-    for layer in range(L):
-        k = sum(1 for l, _ in chosen if l == layer)
-        excl = [(l, h) for l, h in chosen if l == layer] + [(x, y) for x in range(L) for y in range(H) if x != layer]
-        out += random_heads((L, H), k, excl, seed_for(0, layer, draw))
-    return out
-
-
-conds = {"intact": None, "induction": chosen, **{f"random-d{d}": matched_random(d) for d in range(n_draws)}}
+conds = {"intact": None, "induction": chosen, **{f"random-d{d}": matched_random_heads((L, H), chosen, seed=0, draw=d) for d in range(n_draws)}}
 prompts = make_all_prompts(build_tasks(), lm.tokenizer, shots=(10,), n_prompts=n, seed=0, permuted=False)
 hits, ben = {}, {}
 for name, heads in conds.items():

@@ -92,9 +92,9 @@ def _print_headline(res, out, load_s: float) -> None:
 # Sub-commands live next to the API they wrap and are registered here, explicitly (no import cycle:
 # the sub-command modules never import this one).
 def _register() -> None:
-    from . import cli_data, cli_study, cli_train
+    from . import cli_data, cli_evaluate, cli_study, cli_train
 
-    for module in (cli_data, cli_train, cli_study):
+    for module in (cli_data, cli_train, cli_study, cli_evaluate):
         for command in module.COMMANDS:
             main.add_command(command)
 

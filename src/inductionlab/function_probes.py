@@ -21,7 +21,8 @@ import torch
 
 from .protocol import pad_left
 from .icl_tasks import Prompt
-from .load_bearing_eval import Z95, ablation_context
+from .load_bearing_eval import ablation_context
+from .stats import Z95
 
 KS = (1, 3)
 

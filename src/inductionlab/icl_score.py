@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from .errors import InductionLabError
-from .load_bearing_eval import ablation_context, mean_ci
+from .load_bearing_eval import ablation_context
+from .stats import ci
 
 
 def icl_positions(context: int, late: int = 500, early: int = 50) -> tuple[int, int]:
@@ -147,7 +148,7 @@ def icl_score(model, sequences: torch.Tensor, *, late: int = 500, early: int = 5
         raise InductionLabError(f"window must be >= 1 token, got {window}")
     w = min(int(window), et)
     ll, le = nll[:, lt - w:lt].mean(1), nll[:, et - w:et].mean(1)
-    m, lo, hi = mean_ci(ll - le)
+    m, lo, hi = ci(ll - le)
     return {"late": lt, "early": et, "window": w, "n": int(len(ll)), "score": m, "ci_low": lo, "ci_high": hi,
             "loss_late": float(ll.mean()), "loss_early": float(le.mean()),
             "per_sequence": {"loss_late": ll, "loss_early": le, "benefit": le - ll}}
@@ -183,7 +184,7 @@ def induction_loss(model, *, tokenizer=None, vocab_size: int | None = None, seq_
                        method=method, reference_ids=reference_ids)
     first = nll[:, p0:p0 + T - 1].mean(1)
     second = nll[:, p0 + T - 1:].mean(1)
-    m, lo, hi = mean_ci(first - second)
+    m, lo, hi = ci(first - second)
     return {"seq_len": T, "n": int(S.shape[0]), "first_copy": float(first.mean()), "second_copy": float(second.mean()),
             "benefit": m, "benefit_ci_low": lo, "benefit_ci_high": hi,
             "per_sequence": {"first_copy": first, "second_copy": second, "benefit": first - second}}

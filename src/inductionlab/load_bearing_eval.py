@@ -31,23 +31,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import InductionLabError
-
-Z95 = 1.959963984540054
-
-
-def mean_ci(values) -> tuple[float, float, float]:
-    """Mean and normal-approximation 95% CI (mean ± 1.96·sd/√n, sd with ddof 1) of a 1-D array.
-
-    Returns ``(mean, low, high)``; low/high are NaN for fewer than 2 values."""
-    v = np.asarray(values, np.float64).reshape(-1)
-    if v.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    m = float(v.mean())
-    if v.size < 2:
-        return m, float("nan"), float("nan")
-    half = Z95 * float(v.std(ddof=1)) / math.sqrt(v.size)
-    return m, m - half, m + half
-
+from .stats import Z95
 
 def ablation_context(model, heads: Iterable[tuple[int, int]] | None, method: str = "zero", reference_ids=None):
     """:func:`inductionlab.instrument.ablate` over ``heads``, or a no-op context when ``heads`` is None
@@ -201,5 +185,5 @@ def gini(values) -> float:
     return float(2.0 * np.sum(np.arange(1, n + 1) * x) / (n * tot) - (n + 1) / n)
 
 
-__all__ = ["Z95", "ablation_context", "mean_ci", "relative_change", "relative_contrast", "headline", "drops_table",
+__all__ = ["ablation_context", "relative_change", "relative_contrast", "headline", "drops_table",
            "score_concentration", "gini"]

