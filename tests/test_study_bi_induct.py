@@ -4,7 +4,6 @@ budget mismatch refused, SIGKILL then resume), and the decision rules on hand-bu
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -17,8 +16,8 @@ import pandas as pd
 import pytest
 
 from inductionlab.errors import InductionLabError
-from inductionlab.study_bi_induct import (ANTI_NEAR_ZERO, INDUCTION_EFFECT, BiInductStudyConfig, random_heads_per_layer,
-                                          run_bi_induct_study, top_heads_per_layer, verdicts)
+from inductionlab.study_bi_induct import (ANTI_NEAR_ZERO, INDUCTION_EFFECT, BiInductStudyConfig, run_bi_induct_study,
+                                          verdicts)
 from test_train_helpers import make_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,14 +198,3 @@ def test_rule_c_bi_induct_better_on_probes():
     assert _by(verdicts(t, 0.3))["C"] == "not reproduced"
     t = _table(hits1_10shot=lambda v, s: 0.3 + 0.01 * s)
     assert _by(verdicts(t, 0.3))["C"] == "reproduced"
-
-
-def test_top_and_random_heads_per_layer():
-    scores = np.array([[0.1, 0.9, 0.2, 0.0], [0.5, 0.1, 0.7, 0.3]])
-    top = top_heads_per_layer(scores, 0.02)                   # ceil(0.02 * 4) = 1 head per layer
-    assert top == [(0, 1), (1, 2)]
-    assert top_heads_per_layer(scores, 0.5) == [(0, 1), (0, 2), (1, 2), (1, 0)]
-    draws = random_heads_per_layer(top, scores.shape, 20, seed=0)
-    for d in draws:
-        assert sorted(l for l, _ in d) == [0, 1] and not set(d) & set(top)
-    assert len({tuple(d) for d in draws}) > 1 and math.isclose(len(draws), 20)

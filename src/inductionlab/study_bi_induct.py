@@ -74,7 +74,7 @@ _EVAL_DEFAULT = dict(tasks=("copy", "capitalize", "uppercase", "first_letter", "
                             "list_first", "list_last"),
                      shots=(1, 10), n_prompts=32, n_words=400, icl_windows=32, icl_late=500, icl_early=50,
                      ppl_tokens=65536, ablation_top_frac=0.02, ablation_draws=3, ablation_method="zero",
-                     batch_size=16)
+                     batch_size=16, score_seq_len=50)
 
 STUDY_PRESETS: dict[str, StudyPreset] = {
     # docs/positive_control.md (issue 10, item 1): the one CPU recipe measured to form an induction head.
@@ -90,7 +90,7 @@ STUDY_PRESETS: dict[str, StudyPreset] = {
         data_hint="inductionlab corpus prepare demo --out data/demo-512 --vocab-size 512",
         # tasks whose 10-shot prompts fit 128 tokens of the BPE-512 tokenizer (longer ones are skipped)
         eval=dict(_EVAL_DEFAULT, tasks=("first_letter", "last_letter", "next_letter", "prev_letter"),
-                  n_prompts=32, icl_windows=64, ppl_tokens=32768)),
+                  n_prompts=32, icl_windows=64, ppl_tokens=32768, score_seq_len=16)),
     # CI: the whole study in about a minute on one thread.
     "tiny": StudyPreset(
         "tiny", "CI smoke test: cpu-micro, 64-token context, 8 updates of 512 tokens",
@@ -100,7 +100,7 @@ STUDY_PRESETS: dict[str, StudyPreset] = {
         curriculum=dict(span_source="random", span_length=8, span_length_range=(4, 12), m0=1.0),
         anneal_frac=1000.0, tokens=4096, seeds=2, data_hint="any prepared corpus (tests build one)",
         eval=dict(_EVAL_DEFAULT, tasks=("copy", "first_letter"), shots=(1, 10), n_prompts=4, n_words=200,
-                  icl_windows=8, ppl_tokens=2048, ablation_draws=2, batch_size=8)),
+                  icl_windows=8, ppl_tokens=2048, ablation_draws=2, batch_size=8, score_seq_len=8)),
     # The paper's smallest size and recipe (SPEC §7): budget = 20 tokens per parameter (decision, Chinchilla).
     "0.13b": StudyPreset(
         "0.13b", "paper scale: 12 x 768, GQA 12/3, context 1024, 2^16 tokens/update, m0 = 0.5 annealed, natural "
@@ -240,8 +240,13 @@ class BiInductStudyConfig:
                            progress=False, tensorboard=False, **kw)
 
     def runs(self) -> list[tuple[str, str, int]]:
-        """(name, variant, seed) of every run, seed-major so each seed's variants finish together."""
-        return [(f"{v}-s{s}", v, s) for s in range(self.n_seeds) for v in self.variants]
+        """(name, variant, seed) of every run in training order: every seed of the primary
+        comparison (none, induction) first, then the other variants seed by seed — so a study
+        stopped part-way already holds the main contrast with its seed CI (decision)."""
+        first = [v for v in self.variants if v in ("none", "induction")]
+        rest = [v for v in self.variants if v not in first]
+        return ([(f"{v}-s{s}", v, s) for s in range(self.n_seeds) for v in first]
+                + [(f"{v}-s{s}", v, s) for s in range(self.n_seeds) for v in rest])
 
     def params(self) -> dict:
         """What defines the results (everything but jobs / nproc)."""
@@ -404,109 +409,75 @@ def final_checkpoint(run_dir: Path) -> Path:
     return max(c, key=lambda p: int(p.name[5:]))
 
 
-# ---- phase 3: evaluation (one function; swap for `inductionlab evaluate` when merged) ---------------
+# ---- phase 3: evaluation (`inductionlab evaluate` on every final checkpoint) -----------------------
 
-def top_heads_per_layer(scores: np.ndarray, frac: float) -> list[tuple[int, int]]:
-    """The top ``ceil(frac · n_heads)`` heads of each layer by score (SPEC §8: top 2% per layer).
-    ``scores``: ``[n_layers, n_heads]``."""
-    scores = np.asarray(scores, float)
-    k = max(1, math.ceil(frac * scores.shape[1]))
-    return [(l, int(h)) for l in range(scores.shape[0]) for h in np.argsort(-scores[l], kind="stable")[:k]]
-
-
-def random_heads_per_layer(chosen: Sequence[tuple[int, int]], shape: tuple[int, int], draws: int,
-                           seed: int = 0) -> list[list[tuple[int, int]]]:
-    """``draws`` sets of random heads matching ``chosen``'s count per layer, excluding the chosen ones."""
-    rng = np.random.default_rng(seed)
-    L, H = shape
-    out = []
-    for _ in range(draws):
-        heads = []
-        for l in range(L):
-            k = sum(1 for ll, _ in chosen if ll == l)
-            pool = [h for h in range(H) if (l, h) not in set(chosen)]
-            heads += [(l, int(h)) for h in rng.choice(pool, size=min(k, len(pool)), replace=False)]
-        out.append(heads)
-    return out
+def evaluation_config(ev: dict, seed: int = 0):
+    """The :class:`~inductionlab.evaluate.EvaluateConfig` of a preset's evaluation recipe ``ev``:
+    probes at ``ev["shots"]`` (with the label-permutation control), ICL score, induction loss and
+    head scores at ``score_seq_len`` (inside the trained copy distances), perplexity guard, and the
+    load-bearing test ``per-layer-2pct`` (top 2% induction heads per layer, at least one) vs
+    matched random heads, probes under ablation at 10 shots."""
+    from .evaluate import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LoadBearingConfig, PerplexityConfig,
+                           ProbeConfig)
+    pct = f"per-layer-{100 * ev['ablation_top_frac']:g}pct"
+    return EvaluateConfig(
+        probes=ProbeConfig(tasks=tuple(ev["tasks"]), shots=tuple(ev["shots"]), n_prompts=ev["n_prompts"],
+                           batch_size=ev["batch_size"]),
+        icl=ICLScoreConfig(late=ev["icl_late"], early=ev["icl_early"], n_sequences=ev["icl_windows"],
+                           batch_size=ev["batch_size"]),
+        induction=InductionLossConfig(seq_len=ev["score_seq_len"], n_sequences=16, batch_size=ev["batch_size"]),
+        perplexity=PerplexityConfig(max_tokens=ev["ppl_tokens"], batch_size=ev["batch_size"]),
+        load_bearing=LoadBearingConfig(ablate=(pct,), n_draws=ev["ablation_draws"], method=ev["ablation_method"],
+                                       shots=max(ev["shots"])),
+        seed=seed, score_seq_len=ev["score_seq_len"], score_batch_size=16)
 
 
-def evaluate_checkpoint(ckpt: Path, shards: str, ev: dict, induction_scores, *, seed: int = 0) -> dict:
-    """Evaluate one trained checkpoint with the evaluation pieces (SPEC §8).
+def evaluate_checkpoint(ckpt: Path, shards: str, ev: dict, out: Path, *, seed: int = 0) -> dict:
+    """``inductionlab evaluate`` (:func:`inductionlab.evaluate.run_evaluate`) of one trained
+    checkpoint into ``out`` (resumable there), condensed to what the study compares: macro
+    HITS@1/@3 per shots of the intact model, the ICL score, the perplexity guard, and the relative
+    changes of the ICL benefit (and of HITS@1, the induction benefit) under the top-2%-per-layer
+    ablation vs matched random heads. Returns a JSON-able dict."""
+    from .evaluate import run_evaluate
+    from .models import load_model
 
-    Probes: HITS@1/@3 on the first answer token at ``ev["shots"]`` (function_probes; a task's
-    group of prompts at one shot count is scored only when all its prompts fit the model's
-    context, else it is listed in ``probes_skipped``: decision); ICL score
-    (Olsson et al.) on held-out windows; perplexity guard (held-out split); load-bearing test:
-    top ``ablation_top_frac`` induction heads per layer (by ``induction_scores``, ``[L, H]``) vs
-    matched random heads (``ablation_draws`` draws), relative change of the per-window ICL benefit.
+    ecfg = evaluation_config(ev, seed)
+    loaded = load_model(str(ckpt))
+    res = run_evaluate(loaded, ecfg, out, shards=shards, progress=False)
+    h = res.hits
+    macro = h[(h["condition"] == "intact") & (h["task"] == "macro")]
+    icl = res.icl_summary.set_index("condition").loc["intact"]
+    pct = ecfg.load_bearing.ablate[0]
+    d = res.drops[res.drops["variant"] == pct] if len(res.drops) else res.drops
 
-    Returns a JSON-able dict (``probes``: macro rows; ``icl``; ``perplexity``; ``ablation``)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaForCausalLM
+    def drop(measure: str, kind: str) -> dict:
+        r = d[(d["measure"] == measure) & (d["kind"] == kind) & (d["draw"].astype(str).isin(["0", "pooled"]))]
+        if kind == "random":
+            r = r[r["draw"].astype(str) == "pooled"]
+        return {k: (None if pd.isna(v) else v) for k, v in r.iloc[0][["relative", "ci_low", "ci_high"]].items()} \
+            if len(r) else {"relative": None, "ci_low": None, "ci_high": None}
 
-    from .data.shards import TokenShards
-    from .function_probes import run_probes, summarize_hits
-    from .icl_score import heldout_windows, icl_score
-    from .icl_tasks import build_task, make_prompts
-    from .load_bearing_eval import relative_change, relative_contrast
-    from .perplexity import heldout_perplexity
-
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager").eval()
-    tok = AutoTokenizer.from_pretrained(ckpt)
-    sh = TokenShards.open(shards)
-    ctx = int(model.config.max_position_embeddings)
-    bs = int(ev["batch_size"])
-    # probes
-    prompts, skipped = [], {}
-    for t in ev["tasks"]:
-        try:
-            ps = make_prompts(build_task(t, n_words=ev["n_words"]), tok, shots=tuple(ev["shots"]),
-                              n_prompts=ev["n_prompts"], seed=seed, permuted=False)
-        except InductionLabError as e:
-            skipped[t] = str(e)
-            continue
-        for k in ev["shots"]:                 # a (task, shots) group is scored only if every prompt fits
-            group = [p for p in ps if p.shots == k]
-            n_long = sum(len(p.input_ids) > ctx for p in group)
-            if n_long:
-                skipped[f"{t}/{k}-shot"] = f"{n_long} of {len(group)} prompts longer than the {ctx}-token context"
-            else:
-                prompts += group
-    probes = []
-    if prompts:
-        rows = run_probes(model, prompts, tokenizer=tok, batch_size=bs)
-        summ = summarize_hits(rows)
-        probes = summ[summ["task"] == "macro"].to_dict(orient="records")
-        per_task = summ[summ["task"] != "macro"].to_dict(orient="records")
-    else:
-        per_task = []
-    # ICL score + load-bearing
-    win = heldout_windows(sh.heldout, sh.eos_id, ev["icl_windows"], ctx, seed=seed)
-    icl_kw = dict(late=ev["icl_late"], early=ev["icl_early"], batch_size=bs)
-    intact = icl_score(model, win, **icl_kw)
-    grid = np.asarray(induction_scores, float)
-    chosen = top_heads_per_layer(grid, ev["ablation_top_frac"])
-    rand = random_heads_per_layer(chosen, grid.shape, ev["ablation_draws"], seed=seed)
-    ind = icl_score(model, win, heads=chosen, method=ev["ablation_method"], **icl_kw)
-    rnd = [icl_score(model, win, heads=h, method=ev["ablation_method"], **icl_kw) for h in rand]
-    b_i = intact["per_sequence"]["benefit"]
-    b_ind = ind["per_sequence"]["benefit"]
-    b_rnd = np.stack([r["per_sequence"]["benefit"] for r in rnd])
-    ablation = {"heads": chosen, "random_heads": rand, "method": ev["ablation_method"],
-                "induction": relative_change(b_i, b_ind), "random": relative_change(b_i, b_rnd),
-                "contrast": relative_contrast(b_i, b_ind, b_rnd)}
-    ppl = heldout_perplexity(model, sh, tokenizer=tok, context=ctx, max_tokens=ev["ppl_tokens"], batch_size=bs)
-    icl = {k: v for k, v in intact.items() if k != "per_sequence"}
-    icl["benefit"] = -intact["score"]
-    return {"checkpoint": str(ckpt), "probes": probes, "probes_per_task": per_task, "probes_skipped": skipped,
-            "n_prompts": len(prompts), "icl": icl, "perplexity": {k: ppl[k] for k in
-                                                                  ("perplexity", "nll_per_token", "n_scored",
-                                                                   "context")},
-            "ablation": ablation}
+    ablation = {"variant": pct, "method": ecfg.load_bearing.method,
+                "heads": [c.heads for c in res.conditions if c.kind == "induction"][0],
+                **{m: {"induction": drop(m, "induction"), "random": drop(m, "random"),
+                       "contrast": drop(m, "induction-random")}
+                   for m in ("icl_benefit", f"hits1_{ecfg.load_bearing.shots}shot", "induction_benefit")}}
+    return {"checkpoint": str(ckpt), "evaluate_dir": str(out),
+            "probes": macro[["shots", "control", "n", "hits1", "hits1_ci_low", "hits1_ci_high", "hits3",
+                             "hits3_ci_low", "hits3_ci_high"]].to_dict(orient="records"),
+            "icl": {"score": float(icl["icl_score"]), "ci_low": float(icl["icl_score_ci_low"]),
+                    "ci_high": float(icl["icl_score_ci_high"]), "benefit": float(icl["icl_benefit"]),
+                    "late": int(icl["late"]), "early": int(icl["early"]),
+                    "induction_benefit": float(icl["induction_benefit"])},
+            "perplexity": {k: res.perplexity[k] for k in ("perplexity", "nll_per_token", "n_scored", "context")},
+            "ablation": ablation, "notes": res.notes}
 
 
 # ---- tables and verdicts (pure functions over the pieces) ---------------------------------------
+
+def _f(x) -> float:
+    return float("nan") if x is None else float(x)
+
 
 def runs_table(pieces: dict[str, dict], evals: dict[str, dict]) -> pd.DataFrame:
     """One row per run: variant, seed, emergence, final and peak scores, perplexities, probes, drops."""
@@ -536,9 +507,11 @@ def runs_table(pieces: dict[str, dict], evals: dict[str, dict]) -> pd.DataFrame:
                 row[f"hits3_{k}shot"] = m.get("hits3", np.nan)
             row.update(icl_score=e["icl"]["score"], icl_benefit=e["icl"]["benefit"],
                        ppl=e["perplexity"]["perplexity"],
-                       drop_induction=e["ablation"]["induction"]["relative"],
-                       drop_random=e["ablation"]["random"]["relative"],
-                       drop_contrast=e["ablation"]["contrast"]["contrast"])
+                       drop_induction=_f(e["ablation"]["icl_benefit"]["induction"]["relative"]),
+                       drop_random=_f(e["ablation"]["icl_benefit"]["random"]["relative"]),
+                       drop_contrast=_f(e["ablation"]["icl_benefit"]["contrast"]["relative"]),
+                       drop_contrast_ci_low=_f(e["ablation"]["icl_benefit"]["contrast"]["ci_low"]),
+                       drop_contrast_ci_high=_f(e["ablation"]["icl_benefit"]["contrast"]["ci_high"]))
         rows.append(row)
     return pd.DataFrame(rows).sort_values(["variant", "seed"], key=lambda c: c.map(
         {v: i for i, v in enumerate(VARIANTS)}) if c.name == "variant" else c).reset_index(drop=True)
@@ -728,7 +701,7 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite:
                 if progress:
                     log(f"evaluate {n}")
                 return evaluate_checkpoint(final_checkpoint(out / "runs" / n), cfg.shards, cfg.eval_config(),
-                                           pieces[n]["final_scores"]["induction"], seed=s)
+                                           out / "evaluate" / cfg.eval_key() / n, seed=s)
             evals[n] = run.json(f"{cfg.eval_key()}/{n}", compute)
         timings["evaluate_s"] = time.perf_counter() - t
     threshold = float(cfg.train_config("none", 0, "x").induction_threshold)
@@ -765,5 +738,5 @@ def gpu_estimate(cfg: BiInductStudyConfig, flops_per_s: float = 400e12, mfu: flo
 
 
 __all__ = ["VARIANTS", "STUDY_PRESETS", "StudyPreset", "BiInductStudyConfig", "BiInductStudy", "RULES", "CLAIMS",
-           "run_bi_induct_study", "plan_budgets", "evaluate_checkpoint", "verdicts", "runs_table", "gpu_estimate",
+           "run_bi_induct_study", "plan_budgets", "evaluate_checkpoint", "evaluation_config", "verdicts", "runs_table", "gpu_estimate",
            "train_command"]
