@@ -75,10 +75,13 @@ def temporal(**kw) -> None:
 @click.option("--variants", default=",".join(("none", "induction", "anti", "balanced")), show_default=True,
               help="Comma-separated curriculum variants (none is the baseline and required).")
 @click.option("--no-evaluate", is_flag=True, help="Train and aggregate telemetry only.")
+@click.option("--partial", is_flag=True,
+              help="Train nothing: aggregate, evaluate and report the runs finished so far (missing runs listed).")
 @click.option("--estimate", is_flag=True, help="Print the budget and the expected GPU hours, then exit.")
 @run_dir_options("study-bi-induct-<preset>")
 @quiet_option
-def bi_induct(preset, shards, budget, seeds, jobs, nproc, variants, no_evaluate, estimate, out, overwrite, quiet):
+def bi_induct(preset, shards, budget, seeds, jobs, nproc, variants, no_evaluate, partial, estimate, out, overwrite,
+              quiet):
     """Bi-Induct at matched compute: train none / induction / anti / balanced at identical tokens,
     steps and FLOPs (seeds each), aggregate telemetry, evaluate every final checkpoint (probes,
     ICL score, perplexity, top-2% vs random ablation) and decide each claim of the paper by rules
@@ -100,7 +103,7 @@ def bi_induct(preset, shards, budget, seeds, jobs, nproc, variants, no_evaluate,
                    f"(at {e['assumed_flops_per_s'] / 1e12:.0f} TFLOP/s, {e['assumed_mfu']:.0%} MFU)")
         return
     out = Path(out or Path("runs") / f"study-bi-induct-{preset}-{timestamp()}")
-    res = run_bi_induct_study(cfg, out, overwrite=overwrite, progress=not quiet, log=click.echo)
+    res = run_bi_induct_study(cfg, out, overwrite=overwrite, progress=not quiet, partial=partial, log=click.echo)
     click.echo(f"study {res.timings['total_s']:.0f} s (training {res.timings.get('train_s', 0):.0f} s)")
     for v in res.verdicts:
         click.echo(f"({v['claim']}{'/' + v['variant'] if v.get('variant') else ''}) {v['verdict']}: {v['text']} — "

@@ -284,6 +284,8 @@ def bi_induct_report(study) -> str:
          f"{b['n_params']:,} parameters, {b['steps']} updates × {b['tokens_per_update']} tokens = {b['tokens']:,} "
          f"tokens, {b['flops']:.3e} training FLOPs (6·N·D + attention) — **identical across runs (asserted)**. "
          f"Summed training time {rec['train_time_s_total']:.0f} s; this call {rec['timings']['total_s']:.0f} s wall.",
+         *([f"", f"**Partial study**: runs not finished yet and left out: {', '.join(rec['missing_runs'])}."]
+           if rec.get("missing_runs") else []),
          "", "## Verdicts", "",
          "Decision rules (stated in `inductionlab.study_bi_induct.RULES` before the data):", ""]
     for k, r in rec["rules"].items():
