@@ -260,6 +260,8 @@ def write_temporal_outputs(out: Path, study, measures: dict[str, str]) -> None:
 def _num(x, d: int = 3) -> str:
     if x is None or (isinstance(x, float) and not np.isfinite(x)):
         return "-"
+    if isinstance(x, float) and x.is_integer() and abs(x) >= 1000:
+        return f"{int(x):,}"
     return f"{x:.{d}f}" if isinstance(x, float) else str(x)
 
 
@@ -309,8 +311,8 @@ def bi_induct_report(study) -> str:
         L += ["## Function-style ICL probes (HITS@k on the first answer token) and ICL score", ""]
         cols = ["run", "hits1_1shot", "hits3_1shot", "hits1_10shot", "hits3_10shot", "icl_score", "icl_benefit"]
         L += [_md(t[[c for c in cols if c in t]]), "",
-              "Macro average over the tasks that fit the tokenizer and context (see results.json "
-              "`evaluations.<run>.probes_skipped`). ICL score = loss(late) − loss(early) in nats (Olsson et al.; "
+              "Macro average over the preset's tasks, intact prompts (per-task tables and the label-permutation "
+              "control in each run's `evaluate/<key>/<run>/`). ICL score = loss(late) − loss(early) in nats (Olsson et al.; "
               "negative = learns in context).", "",
               "## Load-bearing test: top-2% induction heads per layer vs matched random heads", ""]
         tt = t.assign(**{c: 100 * t[c] for c in ("drop_induction", "drop_random", "drop_contrast")})
