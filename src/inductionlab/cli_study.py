@@ -59,4 +59,56 @@ def temporal(**kw) -> None:
     click.echo(f"report: {out / 'report.md'}")
 
 
+@study.command("bi-induct")
+@click.option("--preset", type=click.Choice(["cpu-control", "tiny", "0.13b"]), default="cpu-control", show_default=True,
+              help="Study recipe: cpu-control (the CPU positive control, ~5 min per run on one thread), tiny (CI), "
+                   "0.13b (paper size, GPUs).")
+@click.option("--shards", type=click.Path(file_okay=False), default=None,
+              help="Prepared corpus (`inductionlab corpus prepare`) [default: data/demo-512 for cpu-control].")
+@click.option("--budget", type=float, default=None,
+              help="Training tokens per run (rounded down to whole updates) [default: the preset's].")
+@click.option("--seeds", type=int, default=None, help="Seeds per variant [default: the preset's].")
+@click.option("--jobs", type=int, default=1, show_default=True,
+              help="Training runs at a time (subprocesses with one torch thread each).")
+@click.option("--nproc", type=int, default=1, show_default=True,
+              help="Processes per run: > 1 runs each training under torchrun --nproc_per_node=N (GPUs).")
+@click.option("--variants", default=",".join(("none", "induction", "anti", "balanced")), show_default=True,
+              help="Comma-separated curriculum variants (none is the baseline and required).")
+@click.option("--no-evaluate", is_flag=True, help="Train and aggregate telemetry only.")
+@click.option("--partial", is_flag=True,
+              help="Train nothing: aggregate, evaluate and report the runs finished so far (missing runs listed).")
+@click.option("--estimate", is_flag=True, help="Print the budget and the expected GPU hours, then exit.")
+@run_dir_options("study-bi-induct-<preset>")
+@quiet_option
+def bi_induct(preset, shards, budget, seeds, jobs, nproc, variants, no_evaluate, partial, estimate, out, overwrite,
+              quiet):
+    """Bi-Induct at matched compute: train none / induction / anti / balanced at identical tokens,
+    steps and FLOPs (seeds each), aggregate telemetry, evaluate every final checkpoint (probes,
+    ICL score, perplexity, top-2% vs random ablation) and decide each claim of the paper by rules
+    stated before the data. Each run is resumable; an existing study with the same options in
+    --out is resumed (finished runs reused)."""
+    from .study_bi_induct import BiInductStudyConfig, gpu_estimate, run_bi_induct_study
+
+    if shards is None:
+        shards = "data/demo-512" if preset == "cpu-control" else ""
+    cfg = BiInductStudyConfig(preset=preset, shards=shards, budget=None if budget is None else int(budget),
+                              seeds=seeds, jobs=jobs, nproc=nproc,
+                              variants=tuple(v.strip() for v in variants.split(",") if v.strip()),
+                              evaluate=not no_evaluate)
+    cfg.validate()
+    if estimate:
+        e = gpu_estimate(cfg)
+        click.echo(f"{e['runs']} runs x {e['tokens_per_run']:,} tokens, {e['flops_per_run']:.3e} FLOPs per run; "
+                   f"~{e['gpu_hours_per_run']:.2f} GPU-hours per run, ~{e['gpu_hours_total']:.1f} in all "
+                   f"(at {e['assumed_flops_per_s'] / 1e12:.0f} TFLOP/s, {e['assumed_mfu']:.0%} MFU)")
+        return
+    out = Path(out or Path("runs") / f"study-bi-induct-{preset}-{timestamp()}")
+    res = run_bi_induct_study(cfg, out, overwrite=overwrite, progress=not quiet, partial=partial, log=click.echo)
+    click.echo(f"study {res.timings['total_s']:.0f} s (training {res.timings.get('train_s', 0):.0f} s)")
+    for v in res.verdicts:
+        click.echo(f"({v['claim']}{'/' + v['variant'] if v.get('variant') else ''}) {v['verdict']}: {v['text']} — "
+                   f"{v['evidence']}")
+    click.echo(f"report: {out / 'report.md'}")
+
+
 COMMANDS = [study]   # registered on `inductionlab` by cli.py

@@ -342,3 +342,35 @@ def curriculum_fraction(realised: np.ndarray, tokens_per_batch: int, schedule_to
     ax.legend(fontsize=8)
     fig.tight_layout()
     save(fig, path)
+
+
+def variant_curves(summary: pd.DataFrame, path: str | Path, threshold: float, title: str = "") -> None:
+    """Telemetry of a multi-run study on one figure: max and top-2% induction, max anti-induction,
+    max copy-offset score vs training tokens, one colour per variant, mean over seeds (line) and
+    the min–max band over seeds (shaded).
+
+    ``summary``: tidy rows (variant, seed, tokens, score, max, top2pct_mean) — the
+    :func:`~inductionlab.train.telemetry.summarize` tables of every run stacked."""
+    panels = (("induction", "max", "max induction score"), ("induction", "top2pct_mean", "top-2% mean induction"),
+              ("anti_induction", "max", "max anti-induction score"), ("copy_offset", "max", "max copy-offset score"))
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
+    variants = list(dict.fromkeys(summary["variant"]))
+    for ax, (score, col, label) in zip(axes, panels):
+        for i, v in enumerate(variants):
+            g = summary[(summary["variant"] == v) & (summary["score"] == score)]
+            agg = g.groupby("tokens")[col].agg(["mean", "min", "max", "count"]).reset_index()
+            x = agg["tokens"].clip(lower=1)
+            ax.plot(x, agg["mean"], marker=".", color=f"C{i}", label=f"{v} (n={int(agg['count'].max())})")
+            ax.fill_between(x, agg["min"], agg["max"], color=f"C{i}", alpha=0.2, lw=0)
+        if score == "induction" and col == "max":
+            ax.axhline(threshold, color="grey", ls="--", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(label)
+        ax.set_xlabel("training tokens")
+    axes[0].set_ylabel("attention probability on target")
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    save(fig, path)

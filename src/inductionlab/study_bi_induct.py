@@ -1,0 +1,762 @@
+"""``inductionlab study bi-induct``: the Bi-Induct matched-compute experiment end to end (SPEC §6–§8).
+
+Four curriculum variants (``none`` = natural-only, ``induction``, ``anti``, ``balanced``) are
+trained at identical tokens, steps and FLOPs (asserted with :func:`inductionlab.train.flops.check_iso_flops`
+and recorded), ``seeds`` seeds each; telemetry over checkpoints is aggregated; every final
+checkpoint is evaluated (HITS@1/@3 probes at 1 and 10 shots, ICL score, held-out perplexity,
+top-2%-per-layer induction vs random head ablation); a verdict per claim of the paper is decided
+by the rules in :data:`RULES` (stated here, in code, before any data is seen).
+
+Phases (the machinery is shared: :class:`inductionlab.runs.ResumableRun`, the trainer, the
+evaluation pieces; this module holds config, phases and verdicts):
+
+1. ``plan``: the budget of every run (:class:`~inductionlab.train.flops.Budget`), asserted equal,
+   written as the first piece — a later call with another budget on the same ``--out`` is refused.
+2. ``train``: one ``inductionlab train`` subprocess per (variant, seed) under
+   ``<out>/runs/<variant>-s<seed>`` (``jobs`` at a time, one torch thread each; under a GPU
+   launcher ``torchrun --nproc_per_node=N``). A finished run is reused; an interrupted one is
+   resumed by the trainer itself from its last checkpoint. Piece ``train/<run>`` = its summary.
+3. ``evaluate``: piece ``eval/<run>`` per final checkpoint (:func:`evaluate_checkpoint`).
+4. tables, figure, verdicts, ``report.md``, ``results.json``.
+
+Presets (:data:`STUDY_PRESETS`): ``cpu-control`` (the CPU positive control of
+docs/positive_control.md: forms an induction head on one CPU thread in ~5 min), ``tiny`` (CI), ``0.13b``
+(the paper's smallest size, for GPUs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .errors import InductionLabError
+from .runs import ResumableRun, atomic_write_json, atomic_write_text, versions
+from .stats import ci
+
+VARIANTS = ("none", "induction", "anti", "balanced")
+BI_INDUCT = ("induction", "anti", "balanced")
+
+
+# ---- presets --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StudyPreset:
+    """A study recipe: the trainer fields shared by every run, the curriculum apart from its
+    variant, the default budget and seeds, and the evaluation sizes.
+
+    ``anneal_frac``: T_a as a multiple of the budget (1.0 = the paper's anneal over the whole
+    budget; 1000.0 = m held at m0 for the whole run)."""
+    name: str
+    description: str
+    train: dict
+    curriculum: dict
+    anneal_frac: float
+    tokens: int
+    seeds: int
+    data_hint: str
+    eval: dict = field(default_factory=dict)
+
+
+_EVAL_DEFAULT = dict(tasks=("copy", "capitalize", "uppercase", "first_letter", "next_letter", "next_number",
+                            "list_first", "list_last"),
+                     shots=(1, 10), n_prompts=32, n_words=400, icl_windows=32, icl_late=500, icl_early=50,
+                     ppl_tokens=65536, ablation_top_frac=0.02, ablation_draws=3, ablation_method="zero",
+                     batch_size=16, score_seq_len=50)
+
+STUDY_PRESETS: dict[str, StudyPreset] = {
+    # docs/positive_control.md (issue 10, item 1): the one CPU recipe measured to form an induction head.
+    "cpu-control": StudyPreset(
+        "cpu-control", "CPU positive control: cpu-micro, BPE 512, random-token spans 8-24, m0 = 1 held, "
+                       "constant lr 3e-3, 2048 tokens/update, 4000 updates",
+        train=dict(preset="cpu-micro", seq_len=128, tokens_per_update=2048, micro_batch_size=16, lr=3e-3,
+                   warmup_frac=0.01, min_lr_ratio=1.0, weight_decay=0.0, log_checkpoints=8, dense_start=0,
+                   dense_end=4000, dense_every=250, telemetry_seq_len=16, telemetry_batch=16,
+                   induction_threshold=0.3, eval_tokens=16384, log_every=10),
+        curriculum=dict(span_source="random", span_length=16, span_length_range=(8, 24), m0=1.0),
+        anneal_frac=1000.0, tokens=8_192_000, seeds=2,
+        data_hint="inductionlab corpus prepare demo --out data/demo-512 --vocab-size 512",
+        # tasks whose 10-shot prompts fit 128 tokens of the BPE-512 tokenizer (longer ones are skipped)
+        eval=dict(_EVAL_DEFAULT, tasks=("first_letter", "last_letter", "next_letter", "prev_letter"),
+                  n_prompts=32, icl_windows=64, ppl_tokens=32768, score_seq_len=16)),
+    # CI: the whole study in about a minute on one thread.
+    "tiny": StudyPreset(
+        "tiny", "CI smoke test: cpu-micro, 64-token context, 8 updates of 512 tokens",
+        train=dict(preset="cpu-micro", seq_len=64, tokens_per_update=512, micro_batch_size=8, lr=3e-3,
+                   warmup_frac=0.0, min_lr_ratio=1.0, weight_decay=0.0, log_checkpoints=2, telemetry_seq_len=8,
+                   telemetry_batch=4, induction_threshold=0.3, eval_tokens=512, deterministic=True),
+        curriculum=dict(span_source="random", span_length=8, span_length_range=(4, 12), m0=1.0),
+        anneal_frac=1000.0, tokens=4096, seeds=2, data_hint="any prepared corpus (tests build one)",
+        eval=dict(_EVAL_DEFAULT, tasks=("copy", "first_letter"), shots=(1, 10), n_prompts=4, n_words=200,
+                  icl_windows=8, ppl_tokens=2048, ablation_draws=2, batch_size=8, score_seq_len=8)),
+    # The paper's smallest size and recipe (SPEC §7): budget = 20 tokens per parameter (decision, Chinchilla).
+    "0.13b": StudyPreset(
+        "0.13b", "paper scale: 12 x 768, GQA 12/3, context 1024, 2^16 tokens/update, m0 = 0.5 annealed, natural "
+                 "spans L = 20",
+        train=dict(preset="0.13b", seq_len=1024, tokens_per_update=65536, micro_batch_size=16, log_checkpoints=12,
+                   telemetry_seq_len=50, telemetry_batch=16, induction_threshold=0.4, eval_tokens=65536,
+                   save_every=1000, log_every=10),
+        curriculum=dict(span_source="natural", span_length=20, m0=0.5),
+        anneal_frac=1.0, tokens=65536 * 40_000, seeds=3,
+        data_hint="inductionlab corpus prepare PATH --out data/corpus --vocab-size ... (any large corpus)",
+        eval=dict(_EVAL_DEFAULT, n_prompts=64, icl_windows=256, ppl_tokens=1 << 20, ablation_draws=5)),
+}
+
+
+# ---- decision rules (written before any data; issue 10) ----------------------------------------
+
+MIN_SEEDS_FOR_CI = 2          # a 95% CI over seeds needs at least 2 seeds
+INDUCTION_EFFECT = 0.10       # A: final max induction score (attention prob.) higher by >= this ...
+ANTI_NEAR_ZERO = 0.20         # B: peak max anti-induction score stays below this (uniform at T=16 ~0.05)
+PROBE_FLOOR = 0.05            # C: macro HITS@1 (10 shots) of the best run must exceed this to be testable
+PROBE_MARGIN = 0.02           # C: Bi-Induct may beat natural-only by at most this (HITS@1) to call it neutral
+ICL_FLOOR = 0.05              # D: intact ICL benefit (nats) of natural-only must exceed this to be testable
+
+RULES: dict[str, str] = {
+    "A": (f"Testable iff every compared variant has >= {MIN_SEEDS_FOR_CI} seeds and at least one run of the study "
+          f"reached the emergence threshold (a head formed at this scale). Reproduced iff, over seeds paired by "
+          f"seed index, the final max induction score of the Bi-Induct variant minus natural-only has mean >= "
+          f"{INDUCTION_EFFECT} and 95% CI low > 0, OR the variant emerged in every seed and earlier than "
+          f"natural-only in every seed (never = infinitely late). Else not reproduced."),
+    "B": (f"Testable iff the anti and balanced variants have >= {MIN_SEEDS_FOR_CI} seeds. Reproduced iff for both, "
+          f"the peak (over checkpoints) max anti-induction score has 95% CI high < {ANTI_NEAR_ZERO}. "
+          f"Not reproduced iff either mean >= {ANTI_NEAR_ZERO}; otherwise (CI straddles) not testable."),
+    "C": (f"Benchmarks via lm-evaluation-harness are not run (datasets offline); probes only. Testable iff "
+          f">= {MIN_SEEDS_FOR_CI} seeds and the best run's macro HITS@1 at 10 shots >= {PROBE_FLOOR} (above the "
+          f"floor). Reproduced iff for every Bi-Induct variant the paired (by seed) difference variant − "
+          f"natural-only in macro HITS@1 at 10 shots is not above +{PROBE_MARGIN} with CI low > 0 (i.e. no "
+          f"variant clearly better than natural-only). Else not reproduced."),
+    "D": (f"Testable iff >= {MIN_SEEDS_FOR_CI} seeds and natural-only's intact ICL benefit (loss early − late) "
+          f"> {ICL_FLOOR} nats in every seed. Measure per run: relative ICL-benefit change under top-2%-per-layer "
+          f"induction-head ablation minus under matched random heads (relative_contrast). Reproduced iff the "
+          f"paired difference natural-only − induction variant has 95% CI high < 0 (natural-only loses more). "
+          f"Else not reproduced. Paper: −22.6% vs −4.9% at 0.13B, −19.5% vs −14.5% at 1B."),
+    "E": (f"Testable iff >= {MIN_SEEDS_FOR_CI} seeds. Measure: log held-out perplexity of the induction variant "
+          f"minus natural-only, paired by seed. Reproduced iff 95% CI low > 0 (a penalty); else not reproduced."),
+}
+
+CLAIMS: dict[str, str] = {
+    "A": "Bi-Induct raises induction activity / speeds emergence",
+    "B": "anti-induction stays near zero even with backward (anti) data",
+    "C": "benchmarks and probes neutral or better for natural-only",
+    "D": "natural-only loses more under top-2% induction-head ablation",
+    "E": "Bi-Induct pays a perplexity penalty",
+}
+
+
+# ---- config ---------------------------------------------------------------------------------------
+
+@dataclass
+class BiInductStudyConfig:
+    """One study. ``budget`` (tokens per run) and ``seeds`` default to the preset's.
+
+    Args:
+        preset: a key of :data:`STUDY_PRESETS`.
+        shards: prepared corpus (``inductionlab corpus prepare``).
+        budget: training tokens per run (rounded down to whole updates).
+        seeds: seeds per variant (seeds 0 .. seeds − 1).
+        jobs: training runs at a time (subprocesses, one torch thread each).
+        nproc: processes per run (> 1: each run under ``torchrun --nproc_per_node=N``; GPUs).
+        variants: the curriculum variants (default all four; ``none`` is required as the baseline).
+        evaluate: run the evaluation phase.
+        train_overrides: extra TrainConfig fields (``{"precision": "bf16"}``), recorded.
+    """
+    preset: str = "cpu-control"
+    shards: str = ""
+    budget: int | None = None
+    seeds: int | None = None
+    jobs: int = 1
+    nproc: int = 1
+    variants: tuple[str, ...] = VARIANTS
+    evaluate: bool = True
+    train_overrides: dict = field(default_factory=dict)
+
+    @property
+    def recipe(self) -> StudyPreset:
+        return STUDY_PRESETS[self.preset]
+
+    @property
+    def n_seeds(self) -> int:
+        return self.seeds if self.seeds is not None else self.recipe.seeds
+
+    @property
+    def tokens(self) -> int:
+        b = self.budget if self.budget is not None else self.recipe.tokens
+        tpu = self.train_config("none", 0, "x").tokens_per_update
+        return (int(b) // tpu) * tpu
+
+    def validate(self) -> None:
+        """Cheap checks before anything is written.
+
+        Raises: InductionLabError naming the option and the fix."""
+        if self.preset not in STUDY_PRESETS:
+            raise InductionLabError(f"unknown study preset {self.preset!r}; use one of {', '.join(STUDY_PRESETS)}")
+        if not self.shards:
+            raise InductionLabError(f"no corpus; pass --shards DIR (prepare one: {self.recipe.data_hint})")
+        if not (Path(self.shards) / "manifest.json").is_file():
+            raise InductionLabError(f"--shards {self.shards} is not a prepared corpus (no manifest.json); "
+                                    f"prepare one: {self.recipe.data_hint}")
+        if self.seeds is not None and self.seeds < 1:
+            raise InductionLabError(f"--seeds must be >= 1, got {self.seeds}")
+        if self.jobs < 1 or self.nproc < 1:
+            raise InductionLabError(f"--jobs and --nproc must be >= 1, got {self.jobs} and {self.nproc}")
+        bad = [v for v in self.variants if v not in VARIANTS]
+        if bad or "none" not in self.variants or len(set(self.variants)) != len(self.variants):
+            raise InductionLabError(f"variants must be distinct names from {', '.join(VARIANTS)} and include none "
+                                    f"(the natural-only baseline); got {', '.join(self.variants)}")
+        tpu = self.train_config("none", 0, "x").tokens_per_update
+        b = self.budget if self.budget is not None else self.recipe.tokens
+        if b < tpu:
+            raise InductionLabError(f"--budget {b} is less than one update of {tpu} tokens; raise --budget")
+        for v in self.variants:
+            self.train_config(v, 0, "x").validate(self.nproc)
+
+    def train_config(self, variant: str, seed: int, out: str):
+        """The :class:`~inductionlab.train.TrainConfig` of run (variant, seed): identical for
+        every variant except ``curriculum.variant`` (iso-FLOPs by construction)."""
+        from .curriculum import CurriculumConfig
+        from .train.config import TrainConfig
+
+        r = self.recipe
+        budget = self.budget if self.budget is not None else r.tokens
+        tpu = {**r.train, **self.train_overrides}.get("tokens_per_update", 65536)
+        tokens = (int(budget) // tpu) * tpu
+        cur = CurriculumConfig(variant=variant, **r.curriculum,
+                               anneal_tokens=max(1, int(round(r.anneal_frac * tokens))))
+        kw = {**r.train, **self.train_overrides}
+        return TrainConfig(data=str(self.shards), out=out, tokens=tokens, seed=seed, curriculum=cur,
+                           progress=False, tensorboard=False, **kw)
+
+    def runs(self) -> list[tuple[str, str, int]]:
+        """(name, variant, seed) of every run in training order: every seed of the primary
+        comparison (none, induction) first, then the other variants seed by seed — so a study
+        stopped part-way already holds the main contrast with its seed CI (decision)."""
+        first = [v for v in self.variants if v in ("none", "induction")]
+        rest = [v for v in self.variants if v not in first]
+        return ([(f"{v}-s{s}", v, s) for s in range(self.n_seeds) for v in first]
+                + [(f"{v}-s{s}", v, s) for s in range(self.n_seeds) for v in rest])
+
+    def params(self) -> dict:
+        """What defines the results (everything but jobs / nproc)."""
+        from .data.shards import TokenShards
+        sh = TokenShards.open(self.shards)
+        return {"preset": self.preset, "shards": str(Path(self.shards).resolve()),
+                "corpus_sha256": sh.manifest.get("corpus_sha256"), "tokens": self.tokens, "seeds": self.n_seeds,
+                "variants": list(self.variants),
+                "train_overrides": self.train_overrides,
+                "train_config": {k: v for k, v in self.train_config("none", 0, "x").run_identity().items()
+                                 if k not in ("seed", "data")}}
+
+    def eval_config(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.recipe.eval.items()}
+
+    def eval_key(self) -> str:
+        """Piece folder of the evaluations: ``eval-<hash of the evaluation config>``, so a changed
+        evaluation recipe re-evaluates the finished checkpoints without retraining them."""
+        import hashlib
+        return "eval-" + hashlib.sha256(json.dumps(self.eval_config(), sort_keys=True).encode()).hexdigest()[:10]
+
+
+# ---- phase 1: plan (iso-FLOPs) ----------------------------------------------------------------------
+
+def plan_budgets(cfg: BiInductStudyConfig) -> dict[str, dict]:
+    """The :class:`~inductionlab.train.flops.Budget` of every run, from the configs (no training),
+    asserted matched-compute. Returns run name -> budget dict.
+
+    Raises: InductionLabError when two runs differ (cannot happen by construction; asserted)."""
+    from .data.shards import TokenShards
+    from .train.config import model_config
+    from .train.flops import budget, check_iso_flops
+
+    sh = TokenShards.open(cfg.shards)
+    out = {}
+    for name, v, s in cfg.runs():
+        tc = cfg.train_config(v, s, "x")
+        mc = model_config(tc.preset, sh.vocab_size, max_position_embeddings=tc.seq_len)
+        out[name] = budget(mc, seq_len=tc.seq_len, tokens_per_update=tc.tokens_per_update, steps=tc.steps).to_dict()
+    check_iso_flops(out)
+    return out
+
+
+# ---- phase 2: training (subprocesses) ----------------------------------------------------------------
+
+def _die_with_parent() -> None:           # preexec_fn: a SIGKILLed study takes its trainers with it
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def train_command(cfg: BiInductStudyConfig, config_file: Path) -> list[str]:
+    """The command line of one training run: ``python -m inductionlab.cli train --config FILE``,
+    or under ``torchrun --standalone --nproc_per_node=N`` when ``cfg.nproc > 1``."""
+    if cfg.nproc > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.nproc}",
+                "-m", "inductionlab.cli", "train", "--config", str(config_file)]
+    return [sys.executable, "-m", "inductionlab.cli", "train", "--config", str(config_file)]
+
+
+def _write_train_config(tc, path: Path) -> None:
+    import yaml
+    d = tc.to_dict()
+    d["curriculum"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in d["curriculum"].items()}
+    atomic_write_text(path, yaml.safe_dump(d, sort_keys=True))
+
+
+def run_finished(run_dir: Path) -> bool:
+    p = run_dir / "run.json"
+    if not p.is_file():
+        return False
+    try:
+        return json.loads(p.read_text()).get("status") == "complete"
+    except ValueError:
+        return False
+
+
+def train_runs(cfg: BiInductStudyConfig, out: Path, *, progress: bool = True,
+               log: Callable[[str], None] = print) -> dict[str, float]:
+    """Train every (variant, seed) run not finished yet, ``cfg.jobs`` at a time. Returns run name ->
+    wall seconds of this call's subprocess (0 for a run already finished).
+
+    Raises: InductionLabError naming the failed run and its log file."""
+    todo = [(n, v, s) for n, v, s in cfg.runs() if not run_finished(out / "runs" / n)]
+    walls = {n: 0.0 for n, _, _ in cfg.runs()}
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("STUDY_THREADS", "1"),
+           "MKL_NUM_THREADS": os.environ.get("STUDY_THREADS", "1"),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                          *filter(None, [os.environ.get("PYTHONPATH")])])}
+    running: dict[str, tuple[subprocess.Popen, float, Any]] = {}
+    failed = []
+    try:
+        while todo or running:
+            while todo and len(running) < cfg.jobs:
+                name, v, s = todo.pop(0)
+                rd = out / "runs" / name
+                tc = cfg.train_config(v, s, str(rd))
+                cfile = out / "runs" / f"{name}.yaml"
+                _write_train_config(tc, cfile)
+                logf = open(out / "runs" / f"{name}.log", "a")
+                if progress:
+                    log(f"train {name}: {tc.steps} updates x {tc.tokens_per_update} tokens")
+                p = subprocess.Popen(train_command(cfg, cfile), stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=_die_with_parent if os.name == "posix" else None)
+                running[name] = (p, time.perf_counter(), logf)
+            time.sleep(0.2)
+            for name in list(running):
+                p, t0, logf = running[name]
+                if p.poll() is None:
+                    continue
+                logf.close()
+                del running[name]
+                walls[name] = time.perf_counter() - t0
+                if p.returncode != 0 or not run_finished(out / "runs" / name):
+                    failed.append(name)
+                elif progress:
+                    log(f"done  {name}: {walls[name]:.0f} s")
+            if failed:
+                break
+    finally:
+        for name, (p, _, logf) in running.items():
+            p.kill()
+            p.wait()
+            logf.close()
+    if failed:
+        tail = (out / "runs" / f"{failed[0]}.log").read_text().strip().splitlines()[-3:]
+        raise InductionLabError(f"training run {failed[0]} failed (log: {out / 'runs' / failed[0]}.log): "
+                                + " | ".join(tail))
+    return walls
+
+
+def run_piece(run_dir: Path) -> dict:
+    """Summary of one finished run: its budget, results (run_summary) and telemetry summary rows."""
+    from .train.telemetry import read_telemetry, summarize
+
+    rec = json.loads((run_dir / "run.json").read_text())
+    heads, evals = read_telemetry(run_dir)
+    s = summarize(heads)
+    s = s[s["score"].isin(["induction", "anti_induction", "copy_offset", "copy_offset_control"])]
+    ev = evals.sort_values("step")
+    return {"budget": rec["budget"], "results": rec["results"], "config": rec["config"],
+            "train_time_s": rec["results"].get("train_time_s"),
+            "summary": s[["step", "tokens", "score", "max", "top2pct_mean", "max_layer", "max_head"]]
+            .to_dict(orient="list"),
+            "evals": ev[["step", "tokens", "heldout_loss", "heldout_ppl"]].to_dict(orient="list"),
+            "final_scores": _final_scores(run_dir)}
+
+
+def _final_scores(run_dir: Path) -> dict:
+    steps = sorted((run_dir / "checkpoints").glob("step_*/telemetry.json"), key=lambda p: int(p.parent.name[5:]))
+    return json.loads(steps[-1].read_text())["scores"]
+
+
+def final_checkpoint(run_dir: Path) -> Path:
+    """The run's last checkpoint directory (``checkpoints/step_<N>``)."""
+    c = [p for p in (run_dir / "checkpoints").glob("step_*") if (p / "config.json").is_file()]
+    if not c:
+        raise InductionLabError(f"{run_dir} holds no checkpoint; re-run the study to finish it")
+    return max(c, key=lambda p: int(p.name[5:]))
+
+
+# ---- phase 3: evaluation (`inductionlab evaluate` on every final checkpoint) -----------------------
+
+def evaluation_config(ev: dict, seed: int = 0):
+    """The :class:`~inductionlab.evaluate.EvaluateConfig` of a preset's evaluation recipe ``ev``:
+    probes at ``ev["shots"]`` (with the label-permutation control), ICL score, induction loss and
+    head scores at ``score_seq_len`` (inside the trained copy distances), perplexity guard, and the
+    load-bearing test ``per-layer-2pct`` (top 2% induction heads per layer, at least one) vs
+    matched random heads, probes under ablation at 10 shots."""
+    from .evaluate import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LoadBearingConfig, PerplexityConfig,
+                           ProbeConfig)
+    pct = f"per-layer-{100 * ev['ablation_top_frac']:g}pct"
+    return EvaluateConfig(
+        probes=ProbeConfig(tasks=tuple(ev["tasks"]), shots=tuple(ev["shots"]), n_prompts=ev["n_prompts"],
+                           batch_size=ev["batch_size"]),
+        icl=ICLScoreConfig(late=ev["icl_late"], early=ev["icl_early"], n_sequences=ev["icl_windows"],
+                           batch_size=ev["batch_size"]),
+        induction=InductionLossConfig(seq_len=ev["score_seq_len"], n_sequences=16, batch_size=ev["batch_size"]),
+        perplexity=PerplexityConfig(max_tokens=ev["ppl_tokens"], batch_size=ev["batch_size"]),
+        load_bearing=LoadBearingConfig(ablate=(pct,), n_draws=ev["ablation_draws"], method=ev["ablation_method"],
+                                       shots=max(ev["shots"])),
+        seed=seed, score_seq_len=ev["score_seq_len"], score_batch_size=16)
+
+
+def evaluate_checkpoint(ckpt: Path, shards: str, ev: dict, out: Path, *, seed: int = 0) -> dict:
+    """``inductionlab evaluate`` (:func:`inductionlab.evaluate.run_evaluate`) of one trained
+    checkpoint into ``out`` (resumable there), condensed to what the study compares: macro
+    HITS@1/@3 per shots of the intact model, the ICL score, the perplexity guard, and the relative
+    changes of the ICL benefit (and of HITS@1, the induction benefit) under the top-2%-per-layer
+    ablation vs matched random heads. Returns a JSON-able dict."""
+    from .evaluate import run_evaluate
+    from .models import load_model
+
+    ecfg = evaluation_config(ev, seed)
+    loaded = load_model(str(ckpt))
+    res = run_evaluate(loaded, ecfg, out, shards=shards, progress=False)
+    h = res.hits
+    macro = h[(h["condition"] == "intact") & (h["task"] == "macro")]
+    icl = res.icl_summary.set_index("condition").loc["intact"]
+    pct = ecfg.load_bearing.ablate[0]
+    d = res.drops[res.drops["variant"] == pct] if len(res.drops) else res.drops
+
+    def drop(measure: str, kind: str) -> dict:
+        r = d[(d["measure"] == measure) & (d["kind"] == kind) & (d["draw"].astype(str).isin(["0", "pooled"]))]
+        if kind == "random":
+            r = r[r["draw"].astype(str) == "pooled"]
+        return {k: (None if pd.isna(v) else v) for k, v in r.iloc[0][["relative", "ci_low", "ci_high"]].items()} \
+            if len(r) else {"relative": None, "ci_low": None, "ci_high": None}
+
+    ablation = {"variant": pct, "method": ecfg.load_bearing.method,
+                "heads": [c.heads for c in res.conditions if c.kind == "induction"][0],
+                **{m: {"induction": drop(m, "induction"), "random": drop(m, "random"),
+                       "contrast": drop(m, "induction-random")}
+                   for m in ("icl_benefit", f"hits1_{ecfg.load_bearing.shots}shot", "induction_benefit")}}
+    return {"checkpoint": str(ckpt), "evaluate_dir": str(out),
+            "probes": macro[["shots", "control", "n", "hits1", "hits1_ci_low", "hits1_ci_high", "hits3",
+                             "hits3_ci_low", "hits3_ci_high"]].to_dict(orient="records"),
+            "icl": {"score": float(icl["icl_score"]), "ci_low": float(icl["icl_score_ci_low"]),
+                    "ci_high": float(icl["icl_score_ci_high"]), "benefit": float(icl["icl_benefit"]),
+                    "late": int(icl["late"]), "early": int(icl["early"]),
+                    "induction_benefit": float(icl["induction_benefit"])},
+            "perplexity": {k: res.perplexity[k] for k in ("perplexity", "nll_per_token", "n_scored", "context")},
+            "ablation": ablation, "notes": res.notes}
+
+
+# ---- tables and verdicts (pure functions over the pieces) ---------------------------------------
+
+def _f(x) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def runs_table(pieces: dict[str, dict], evals: dict[str, dict]) -> pd.DataFrame:
+    """One row per run: variant, seed, emergence, final and peak scores, perplexities, probes, drops."""
+    rows = []
+    for name, p in pieces.items():
+        v, s = name.rsplit("-s", 1)
+        r = p["results"]
+        summ = pd.DataFrame(p["summary"])
+        peak = summ.groupby("score")["max"].max()
+        row = {"run": name, "variant": v, "seed": int(s), "tokens": p["budget"]["tokens"],
+               "steps": p["budget"]["steps"], "flops": p["budget"]["flops"], "train_time_s": p["train_time_s"],
+               "emergence_step": r.get("emergence_step"), "emergence_tokens": r.get("emergence_tokens"),
+               "final_max_induction": r["final"]["induction"]["max"],
+               "final_top2pct_induction": r["final"]["induction"]["top2pct_mean"],
+               "peak_max_induction": float(peak.get("induction", np.nan)),
+               "final_max_anti_induction": r["final"]["anti_induction"]["max"],
+               "peak_max_anti_induction": float(peak.get("anti_induction", np.nan)),
+               "final_max_copy_offset": r["final"]["copy_offset"]["max"],
+               "final_max_copy_offset_control": r["final"]["copy_offset_control"]["max"],
+               "telemetry_heldout_ppl": r.get("final_heldout_ppl")}
+        e = evals.get(name)
+        if e:
+            macro = {(int(m["shots"]), m["control"]): m for m in e["probes"]}
+            for k in (1, 10):
+                m = macro.get((k, "intact"), {})
+                row[f"hits1_{k}shot"] = m.get("hits1", np.nan)
+                row[f"hits3_{k}shot"] = m.get("hits3", np.nan)
+            row.update(icl_score=e["icl"]["score"], icl_benefit=e["icl"]["benefit"],
+                       ppl=e["perplexity"]["perplexity"],
+                       drop_induction=_f(e["ablation"]["icl_benefit"]["induction"]["relative"]),
+                       drop_random=_f(e["ablation"]["icl_benefit"]["random"]["relative"]),
+                       drop_contrast=_f(e["ablation"]["icl_benefit"]["contrast"]["relative"]),
+                       drop_contrast_ci_low=_f(e["ablation"]["icl_benefit"]["contrast"]["ci_low"]),
+                       drop_contrast_ci_high=_f(e["ablation"]["icl_benefit"]["contrast"]["ci_high"]))
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values(["variant", "seed"], key=lambda c: c.map(
+        {v: i for i, v in enumerate(VARIANTS)}) if c.name == "variant" else c).reset_index(drop=True)
+
+
+def _by_seed(t: pd.DataFrame, variant: str, col: str) -> pd.Series:
+    g = t[t["variant"] == variant].set_index("seed")[col] if col in t else pd.Series(dtype=float)
+    return g.astype(float)
+
+
+def _paired(t: pd.DataFrame, a: str, b: str, col: str) -> tuple[np.ndarray, tuple[float, float, float] | None]:
+    """Per-seed ``a − b`` of ``col`` over seeds both have, and its (mean, ci_low, ci_high) (None: no seed)."""
+    x, y = _by_seed(t, a, col), _by_seed(t, b, col)
+    d = (x - y).dropna().to_numpy()
+    return d, (ci(d) if len(d) else None)
+
+
+def _fmt(m: tuple | None, d: int = 3) -> str:
+    if m is None:
+        return "n/a"
+    mean, lo, hi = m
+    if not np.isfinite(lo):
+        return f"{mean:+.{d}f} [CI n/a]"
+    return f"{mean:+.{d}f} [{lo:+.{d}f}, {hi:+.{d}f}]"
+
+
+def _verdict(claim: str, status: str, evidence: str) -> dict:
+    return {"claim": claim, "text": CLAIMS[claim], "verdict": status, "rule": RULES[claim], "evidence": evidence}
+
+
+def _n_seeds(t: pd.DataFrame, variants: Sequence[str]) -> int:
+    return min((int((t["variant"] == v).sum()) for v in variants), default=0)
+
+
+def verdict_a(t: pd.DataFrame, threshold: float) -> list[dict]:
+    """Claim A per forward-copy variant (induction, balanced), by :data:`RULES` ["A"]."""
+    out = []
+    formed = bool((t["peak_max_induction"] >= threshold).any())
+    for v in ("induction", "balanced"):
+        if v not in set(t["variant"]):
+            continue
+        d, m = _paired(t, v, "none", "final_max_induction")
+        em_v, em_n = _by_seed(t, v, "emergence_tokens"), _by_seed(t, "none", "emergence_tokens")
+        seeds = sorted(set(em_v.index) & set(em_n.index))
+        inf = lambda x: math.inf if x is None or pd.isna(x) else float(x)  # noqa: E731
+        earlier = bool(seeds) and all(np.isfinite(inf(em_v[s])) and inf(em_v[s]) < inf(em_n[s]) for s in seeds)
+        ev = (f"{v}: final max induction − none = {_fmt(m)} (seeds {len(d)}); emergence tokens {v} "
+              f"{[None if pd.isna(x) else int(x) for x in em_v]} vs none {[None if pd.isna(x) else int(x) for x in em_n]}"
+              f" (threshold {threshold})")
+        if _n_seeds(t, (v, "none")) < MIN_SEEDS_FOR_CI or not formed:
+            why = "fewer than 2 seeds" if _n_seeds(t, (v, "none")) < MIN_SEEDS_FOR_CI else "no run formed a head"
+            out.append(_verdict("A", "not testable at this scale", f"{why}; {ev}") | {"variant": v})
+            continue
+        ok = (m is not None and m[0] >= INDUCTION_EFFECT and m[1] > 0) or earlier
+        out.append(_verdict("A", "reproduced" if ok else "not reproduced", ev) | {"variant": v})
+    return out
+
+
+def verdict_b(t: pd.DataFrame) -> dict:
+    vs = [v for v in ("anti", "balanced") if v in set(t["variant"])]
+    parts, cis = [], []
+    for v in vs:
+        x = _by_seed(t, v, "peak_max_anti_induction").dropna().to_numpy()
+        c = ci(x) if len(x) else None
+        cis.append(c)
+        parts.append(f"{v}: peak max anti-induction {_fmt(c)} (seeds {len(x)})")
+    ev = "; ".join(parts) + f" (bound {ANTI_NEAR_ZERO})"
+    if not vs or _n_seeds(t, vs) < MIN_SEEDS_FOR_CI:
+        return _verdict("B", "not testable at this scale", "fewer than 2 seeds of anti/balanced; " + ev)
+    if any(c[0] >= ANTI_NEAR_ZERO for c in cis):
+        return _verdict("B", "not reproduced", ev)
+    if all(c[2] < ANTI_NEAR_ZERO for c in cis):
+        return _verdict("B", "reproduced", ev)
+    return _verdict("B", "not testable at this scale", "CI straddles the bound; " + ev)
+
+
+def verdict_c(t: pd.DataFrame) -> dict:
+    col = "hits1_10shot"
+    if col not in t:
+        return _verdict("C", "not testable at this scale", "no probe results (evaluation not run)")
+    if t[col].isna().all():
+        return _verdict("C", "not testable at this scale", "no 10-shot probe prompt fits the model's context")
+    vs = [v for v in BI_INDUCT if v in set(t["variant"])]
+    diffs = {v: _paired(t, v, "none", col)[1] for v in vs}
+    best = float(t[col].max())
+    ev = "; ".join(f"{v} − none HITS@1 (10 shots) = {_fmt(m)}" for v, m in diffs.items()) + \
+        f"; best run HITS@1 {best:.3f} (floor {PROBE_FLOOR}); ICL score per variant " + ", ".join(
+            f"{v} {t.loc[t.variant == v, 'icl_score'].mean():+.3f}" for v in VARIANTS if v in set(t["variant"]))
+    if _n_seeds(t, ("none", *vs)) < MIN_SEEDS_FOR_CI or best < PROBE_FLOOR:
+        why = "fewer than 2 seeds" if best >= PROBE_FLOOR else "probes at the floor"
+        return _verdict("C", "not testable at this scale", f"{why}; {ev}")
+    better = [v for v, m in diffs.items() if m is not None and m[0] > PROBE_MARGIN and m[1] > 0]
+    return _verdict("C", "not reproduced" if better else "reproduced", ev)
+
+
+def verdict_d(t: pd.DataFrame) -> dict:
+    if "drop_contrast" not in t or t["drop_contrast"].isna().all():
+        return _verdict("D", "not testable at this scale", "no ablation results (evaluation not run)")
+    parts = []
+    for v in VARIANTS:
+        if v in set(t["variant"]):
+            g = t[t.variant == v]
+            parts.append(f"{v}: induction {100 * g.drop_induction.mean():+.1f}%, random "
+                         f"{100 * g.drop_random.mean():+.1f}%, contrast {100 * g.drop_contrast.mean():+.1f}% "
+                         f"(intact ICL benefit {g.icl_benefit.mean():.3f} nats)")
+    d, m = _paired(t, "none", "induction", "drop_contrast")
+    ev = f"none − induction contrast = {_fmt(m)}; " + "; ".join(parts)
+    ben = _by_seed(t, "none", "icl_benefit")
+    if _n_seeds(t, ("none", "induction")) < MIN_SEEDS_FOR_CI or not (ben > ICL_FLOOR).all():
+        why = "fewer than 2 seeds" if _n_seeds(t, ("none", "induction")) < MIN_SEEDS_FOR_CI else \
+            f"natural-only has no ICL benefit to lose (<= {ICL_FLOOR} nats)"
+        return _verdict("D", "not testable at this scale", f"{why}; {ev}")
+    out = _verdict("D", "reproduced" if m is not None and m[2] < 0 else "not reproduced", ev)
+    ben_i = _by_seed(t, "induction", "icl_benefit")
+    if len(ben_i) and not (ben_i > ICL_FLOOR).all():
+        # Added after the first CPU data were seen (not part of the rule, which stays as stated): a
+        # relative change over an intact benefit near 0 is ill-conditioned, so say so next to the verdict.
+        out["caveat"] = (f"the induction variant's intact ICL benefit is <= {ICL_FLOOR} nats in some seed (min "
+                         f"{ben_i.min():.3f}): its relative drops divide by ~0 and the comparison is ill-conditioned")
+        out["evidence"] = "CAVEAT: " + out["caveat"] + "; " + out["evidence"]
+    return out
+
+
+def verdict_e(t: pd.DataFrame) -> dict:
+    col = "ppl" if "ppl" in t and not t["ppl"].isna().all() else "telemetry_heldout_ppl"
+    t = t.assign(log_ppl=np.log(t[col].astype(float)))
+    parts = {v: _paired(t, v, "none", "log_ppl")[1] for v in BI_INDUCT if v in set(t["variant"])}
+    ev = "; ".join(f"{v} − none log ppl = {_fmt(m)}" for v, m in parts.items()) + \
+        "; ppl " + ", ".join(f"{v} {t.loc[t.variant == v, col].mean():.2f}" for v in VARIANTS if v in set(t.variant)) \
+        + f" (source {col})"
+    if _n_seeds(t, ("none", "induction")) < MIN_SEEDS_FOR_CI:
+        return _verdict("E", "not testable at this scale", "fewer than 2 seeds; " + ev)
+    m = parts.get("induction")
+    return _verdict("E", "reproduced" if m is not None and m[1] > 0 else "not reproduced", ev)
+
+
+def verdicts(t: pd.DataFrame, threshold: float) -> list[dict]:
+    """Every claim's verdict (A per forward variant, then B–E) by :data:`RULES`."""
+    return [*verdict_a(t, threshold), verdict_b(t), verdict_c(t), verdict_d(t), verdict_e(t)]
+
+
+# ---- the study ------------------------------------------------------------------------------------
+
+@dataclass
+class BiInductStudy:
+    out: Path
+    config: BiInductStudyConfig
+    table: pd.DataFrame
+    verdicts: list[dict]
+    record: dict
+    timings: dict
+
+
+def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite: bool = False, progress: bool = True,
+                        partial: bool = False, on_checkpoint: Callable[[str], None] | None = None,
+                        log: Callable[[str], None] = print) -> BiInductStudy:
+    """Run (or resume) the whole study into ``out``; see the module docstring for the phases.
+
+    ``partial``: train nothing; aggregate, evaluate and report the runs finished so far (e.g.
+    while the study is still training in another process); the missing runs are listed in the
+    record and the report, and claims without 2 seeds per compared variant are "not testable".
+
+    Raises:
+        InductionLabError: invalid config (before anything is written); ``out`` holding a study
+            with other parameters (e.g. another budget); a training run that fails.
+    """
+    t_start = time.perf_counter()
+    cfg.validate()
+    out = Path(out)
+    ResumableRun.check_out(out, overwrite)
+    params = cfg.params()
+    run = ResumableRun(out, "study-bi-induct", params, overwrite=overwrite, on_checkpoint=on_checkpoint)
+    if not overwrite and (out / "study.json").is_file() and (out / "runs").is_dir() and any((out / "runs").iterdir()):
+        old = json.loads((out / "study.json").read_text()).get("params", {})
+        if old != run.params:
+            diff = sorted(k for k in set(old) | set(run.params) if old.get(k) != run.params.get(k))
+            raise InductionLabError(f"{out} holds a bi-induct study with different parameters ({', '.join(diff)}); "
+                                    "use a new --out, the same options (budget, seeds, preset), or --overwrite")
+    run.open()
+    timings: dict[str, float] = {}
+    budgets = run.json("plan", lambda: {"budgets": plan_budgets(cfg), "versions": versions()})["budgets"]
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    if partial:
+        walls = {}
+        runs = [r for r in cfg.runs() if run_finished(out / "runs" / r[0])]
+        if not any(v == "none" for _, v, _ in runs):
+            raise InductionLabError(f"{out} holds no finished natural-only run yet; wait, or run without --partial")
+    else:
+        walls = train_runs(cfg, out, progress=progress, log=log)
+        runs = cfg.runs()
+    missing = [n for n, _, _ in cfg.runs() if n not in {r[0] for r in runs}]
+    timings["train_s"] = time.perf_counter() - t
+    from .train.flops import check_iso_flops, read_budgets
+    actual = read_budgets([out / "runs" / n for n, _, _ in runs])
+    check_iso_flops(actual)
+    for n in actual:
+        if actual[n] != budgets[n]:
+            raise InductionLabError(f"run {n} was trained with budget {actual[n]} but the study planned {budgets[n]}; "
+                                    "use a new --out")
+    pieces = {n: run.json(f"train/{n}", lambda n=n: run_piece(out / "runs" / n)) for n, _, _ in runs}
+    evals: dict[str, dict] = {}
+    if cfg.evaluate:
+        t = time.perf_counter()
+        for n, _, s in runs:
+            def compute(n=n, s=s):
+                if progress:
+                    log(f"evaluate {n}")
+                return evaluate_checkpoint(final_checkpoint(out / "runs" / n), cfg.shards, cfg.eval_config(),
+                                           out / "evaluate" / cfg.eval_key() / n, seed=s)
+            evals[n] = run.json(f"{cfg.eval_key()}/{n}", compute)
+        timings["evaluate_s"] = time.perf_counter() - t
+    threshold = float(cfg.train_config("none", 0, "x").induction_threshold)
+    table = runs_table(pieces, evals)
+    vs = verdicts(table, threshold)
+    timings["total_s"] = time.perf_counter() - t_start
+    b0 = next(iter(budgets.values()))
+    record = {"kind": "study-bi-induct", "params": params, "preset": dataclasses.asdict(cfg.recipe),
+              "matched_compute": {"checked": True, "keys": ["n_params", "seq_len", "global_batch",
+                                                             "tokens_per_update", "steps", "tokens", "flops"],
+                                  "budget": b0, "budgets": actual},
+              "rules": RULES, "thresholds": {"MIN_SEEDS_FOR_CI": MIN_SEEDS_FOR_CI, "INDUCTION_EFFECT": INDUCTION_EFFECT,
+                                             "ANTI_NEAR_ZERO": ANTI_NEAR_ZERO, "PROBE_FLOOR": PROBE_FLOOR,
+                                             "PROBE_MARGIN": PROBE_MARGIN, "ICL_FLOOR": ICL_FLOOR,
+                                             "induction_threshold": threshold},
+              "runs": table.to_dict(orient="records"), "verdicts": vs, "evaluations": evals,
+              "train_wall_s_this_call": walls,
+              "train_time_s_total": float(sum(p["train_time_s"] or 0 for p in pieces.values())),
+              "timings": timings, "versions": versions(), "resumed": run.resumed, "missing_runs": missing}
+    study = BiInductStudy(out, cfg, table, vs, record, timings)
+    from .report import write_bi_induct_outputs
+    write_bi_induct_outputs(out, study, pieces)
+    return study
+
+
+def gpu_estimate(cfg: BiInductStudyConfig, flops_per_s: float = 400e12, mfu: float = 0.4) -> dict:
+    """Expected GPU hours of the study from the FLOPs helper: per run FLOPs / (peak · MFU).
+    Defaults: an H100/H200 at ~400 TFLOP/s dense bf16 (decision, rounded), 40% MFU (decision)."""
+    b = next(iter(plan_budgets(cfg).values()))
+    hours = b["flops"] / (flops_per_s * mfu) / 3600
+    return {"flops_per_run": b["flops"], "tokens_per_run": b["tokens"], "runs": len(cfg.runs()),
+            "gpu_hours_per_run": hours, "gpu_hours_total": hours * len(cfg.runs()),
+            "assumed_flops_per_s": flops_per_s, "assumed_mfu": mfu}
+
+
+__all__ = ["VARIANTS", "STUDY_PRESETS", "StudyPreset", "BiInductStudyConfig", "BiInductStudy", "RULES", "CLAIMS",
+           "run_bi_induct_study", "plan_budgets", "evaluate_checkpoint", "evaluation_config", "verdicts", "runs_table", "gpu_estimate",
+           "train_command"]

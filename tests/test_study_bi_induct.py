@@ -1,0 +1,200 @@
+"""`inductionlab study bi-induct`: the whole study on the tiny preset (end to end, matched compute,
+budget mismatch refused, SIGKILL then resume), and the decision rules on hand-built tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from inductionlab.errors import InductionLabError
+from inductionlab.study_bi_induct import (ANTI_NEAR_ZERO, INDUCTION_EFFECT, BiInductStudyConfig, run_bi_induct_study,
+                                          verdicts)
+from test_train_helpers import make_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMING = ("train_time_s",)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def study(shards, tmp_path_factory):
+    """The uninterrupted reference: tiny preset, 4 variants x 2 seeds, 2 jobs."""
+    out = tmp_path_factory.mktemp("study") / "s"
+    res = run_bi_induct_study(BiInductStudyConfig(preset="tiny", shards=str(shards), jobs=2), out, progress=False)
+    return res
+
+
+def _comparable(out: Path) -> dict:
+    r = json.loads((out / "results.json").read_text())
+    runs = [{k: v for k, v in row.items() if k not in TIMING} for row in r["runs"]]
+    return {"runs": runs, "verdicts": r["verdicts"], "evaluations": r["evaluations"],
+            "summary": pd.read_csv(out / "tables" / "telemetry_summary.csv").to_dict(orient="list")}
+
+
+def test_end_to_end_report_has_every_section_and_claim(study):
+    out = study.out
+    report = (out / "report.md").read_text()
+    for section in ("## Verdicts", "## Telemetry over training", "## Emergence and final head scores",
+                    "## Held-out perplexity", "## Function-style ICL probes", "## Load-bearing test"):
+        assert section in report
+    assert (out / "plots" / "telemetry_variants.png").stat().st_size > 10_000
+    claims = {v["claim"] for v in study.verdicts}
+    assert claims == {"A", "B", "C", "D", "E"}
+    assert all(v["verdict"] in ("reproduced", "not reproduced", "not testable at this scale") for v in study.verdicts)
+    for v in study.verdicts:                         # each verdict row in the report, with its rule stated
+        assert f"| {v['claim']}. {v['text']}" in report and v["rule"][:40] in report
+    t = study.table
+    assert sorted(t["run"]) == sorted(f"{v}-s{s}" for v in ("none", "induction", "anti", "balanced") for s in (0, 1))
+    # the evaluation ran on every final checkpoint: HITS@1 in [0, 1], a finite perplexity and ablation drop
+    assert t["hits1_1shot"].between(0, 1).all() and np.isfinite(t["ppl"]).all() and (t["ppl"] > 1).all()
+    assert np.isfinite(t["drop_induction"]).all()
+    # the evaluation's perplexity guard and the trainer's last telemetry measure the same held-out text
+    assert np.allclose(np.log(t["ppl"]), np.log(t["telemetry_heldout_ppl"]), atol=0.2)
+
+
+def test_matched_compute_tokens_steps_flops_equal(study):
+    from inductionlab.train.flops import read_budgets
+    b = read_budgets(sorted((study.out / "runs").glob("*-s*[0-9]")))
+    assert len(b) == 8
+    for key in ("tokens", "steps", "flops", "n_params", "tokens_per_update"):
+        assert len({x[key] for x in b.values()}) == 1, key
+    one = next(iter(b.values()))
+    assert one["tokens"] == 4096 and one["steps"] == 8 and one["tokens"] == one["steps"] * one["tokens_per_update"]
+    rec = json.loads((study.out / "results.json").read_text())
+    assert rec["matched_compute"]["checked"] and rec["matched_compute"]["budget"] == one
+    # the curriculum really differed: natural-only saw no synthetic tokens, the others did
+    for run in ("none-s0", "induction-s0"):
+        rows = [json.loads(x) for x in (study.out / "runs" / run / "metrics.jsonl").read_text().splitlines()]
+        frac = np.mean([r["synthetic_fraction"] for r in rows])
+        assert (frac == 0) if run.startswith("none") else (frac > 0.5)
+
+
+def test_budget_mismatch_on_resume_is_refused(study, shards):
+    before = (study.out / "study.json").read_text()
+    with pytest.raises(InductionLabError, match="different parameters.*tokens"):
+        run_bi_induct_study(BiInductStudyConfig(preset="tiny", shards=str(shards), budget=8192), study.out,
+                            progress=False)
+    assert (study.out / "study.json").read_text() == before
+
+
+def test_rerun_reuses_every_finished_run(study, shards):
+    stamps = {p: p.stat().st_mtime_ns for p in (study.out / "runs").glob("*/run.json")}
+    res = run_bi_induct_study(BiInductStudyConfig(preset="tiny", shards=str(shards), jobs=2), study.out,
+                              progress=False)
+    assert res.record["resumed"] and all(w == 0 for w in res.record["train_wall_s_this_call"].values())
+    assert stamps == {p: p.stat().st_mtime_ns for p in (study.out / "runs").glob("*/run.json")}
+
+
+def test_bad_options_fail_before_writing(tmp_path, shards):
+    for kw, msg in ((dict(shards=str(tmp_path / "nope")), "not a prepared corpus"),
+                    (dict(shards=str(shards), variants=("induction", "anti")), "include none"),
+                    (dict(shards=str(shards), budget=100), "less than one update"),
+                    (dict(shards=str(shards), preset="huge"), "unknown study preset")):
+        with pytest.raises(InductionLabError, match=msg):
+            run_bi_induct_study(BiInductStudyConfig(**{"preset": "tiny", **kw}), tmp_path / "o", progress=False)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_sigkill_mid_study_then_rerun_equals_uninterrupted(study, shards, tmp_path):
+    out = tmp_path / "k"
+    cmd = [sys.executable, "-m", "inductionlab.cli", "study", "bi-induct", "--preset", "tiny", "--shards", str(shards),
+           "--jobs", "1", "--out", str(out), "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first, second = out / "runs" / "none-s0", out / "runs" / "induction-s0"
+    deadline = time.time() + 300
+    while time.time() < deadline:        # kill once the first run is finished and the second has a checkpoint
+        if (first / "run.json").is_file() and json.loads((first / "run.json").read_text()).get("status") == "complete" \
+                and any((second / "checkpoints").glob("step_*/config.json")):
+            break
+        time.sleep(0.05)
+    else:
+        p.kill()
+        pytest.fail("the study never reached the second run")
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    time.sleep(1.0)                      # the trainer child dies with its parent (PR_SET_PDEATHSIG)
+    assert json.loads((second / "run.json").read_text())["status"] == "running"
+    finished = (first / "run.json").read_text()
+    res = run_bi_induct_study(BiInductStudyConfig(preset="tiny", shards=str(shards), jobs=2), out, progress=False)
+    assert (first / "run.json").read_text() == finished                        # reused, not retrained
+    assert res.record["train_wall_s_this_call"]["none-s0"] == 0
+    assert json.loads((second / "run.json").read_text())["resumed_from_step"] is not None
+    assert _comparable(out) == _comparable(study.out)
+
+
+# ---- decision rules on hand-built tables -------------------------------------------------------------
+
+def _table(**cols) -> pd.DataFrame:
+    rows = []
+    for v in ("none", "induction", "anti", "balanced"):
+        for s in (0, 1):
+            r = {"run": f"{v}-s{s}", "variant": v, "seed": s, "emergence_tokens": None, "final_max_induction": 0.05,
+                 "peak_max_induction": 0.05, "peak_max_anti_induction": 0.05, "ppl": 10.0,
+                 "hits1_10shot": 0.0, "icl_score": -0.1, "icl_benefit": 0.1, "drop_induction": -0.1,
+                 "drop_random": 0.0, "drop_contrast": -0.1}
+            for k, f in cols.items():
+                r[k] = f(v, s)
+            rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def _by(vs):
+    return {v["claim"] + (v.get("variant") or ""): v["verdict"] for v in vs}
+
+
+def test_rules_nothing_formed_is_not_testable():
+    v = _by(verdicts(_table(), threshold=0.3))
+    assert v["Ainduction"] == v["Abalanced"] == "not testable at this scale"
+    assert v["C"] == "not testable at this scale"          # probes at the floor (HITS@1 = 0)
+    assert v["B"] == "reproduced"                          # 0.05 in every seed: CI [0.05, 0.05] < 0.2
+    assert v["E"] == "not reproduced"                      # equal perplexities: no penalty
+
+
+def test_rules_head_forms_with_induction_data_only():
+    t = _table(final_max_induction=lambda v, s: 0.9 + 0.01 * s if v == "induction" else 0.05,
+               peak_max_induction=lambda v, s: 0.95 if v == "induction" else 0.05,
+               emergence_tokens=lambda v, s: 1000 if v == "induction" else None,
+               ppl=lambda v, s: 10.0 if v == "none" else 20.0 + s,
+               peak_max_anti_induction=lambda v, s: ANTI_NEAR_ZERO + 0.1 if v == "anti" else 0.05)
+    v = _by(verdicts(t, threshold=0.3))
+    assert v["Ainduction"] == "reproduced" and v["Abalanced"] == "not reproduced"
+    assert v["E"] == "reproduced" and v["B"] == "not reproduced"
+
+
+def test_rule_a_effect_size_threshold():
+    # +0.09 in both seeds: below INDUCTION_EFFECT, no earlier emergence -> not reproduced
+    t = _table(final_max_induction=lambda v, s: 0.5 + (INDUCTION_EFFECT - 0.01 if v == "induction" else 0),
+               peak_max_induction=lambda v, s: 0.5)
+    assert _by(verdicts(t, 0.3))["Ainduction"] == "not reproduced"
+    t = _table(final_max_induction=lambda v, s: 0.5 + (INDUCTION_EFFECT + 0.01 + 0.001 * s if v == "induction" else 0),
+               peak_max_induction=lambda v, s: 0.5)
+    assert _by(verdicts(t, 0.3))["Ainduction"] == "reproduced"
+
+
+def test_rule_d_natural_only_loses_more():
+    t = _table(drop_contrast=lambda v, s: -0.226 - 0.01 * s if v == "none" else -0.049 + 0.01 * s)
+    assert _by(verdicts(t, 0.3))["D"] == "reproduced"
+    t = _table(drop_contrast=lambda v, s: -0.05 - 0.01 * s, icl_benefit=lambda v, s: 0.0)
+    assert _by(verdicts(t, 0.3))["D"] == "not testable at this scale"   # no ICL benefit to lose
+
+
+def test_rule_c_bi_induct_better_on_probes():
+    t = _table(hits1_10shot=lambda v, s: 0.5 + 0.01 * s if v == "induction" else 0.2 + 0.01 * s)
+    assert _by(verdicts(t, 0.3))["C"] == "not reproduced"
+    t = _table(hits1_10shot=lambda v, s: 0.3 + 0.01 * s)
+    assert _by(verdicts(t, 0.3))["C"] == "reproduced"
