@@ -38,7 +38,8 @@ def study(shards, tmp_path_factory):
 
 
 def _comparable(out: Path) -> dict:
-    r = json.loads((out / "results.json").read_text())
+    """results.json less timings, with the run directory written as ``<out>`` (two studies, two places)."""
+    r = json.loads((out / "results.json").read_text().replace(str(out), "<out>"))
     runs = [{k: v for k, v in row.items() if k not in TIMING} for row in r["runs"]]
     return {"runs": runs, "verdicts": r["verdicts"], "evaluations": r["evaluations"],
             "summary": pd.read_csv(out / "tables" / "telemetry_summary.csv").to_dict(orient="list")}
