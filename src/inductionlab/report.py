@@ -36,6 +36,11 @@ def fmt_ci4(m, lo, hi) -> str:
     return f"{m:.4f} [{lo:.4f}, {hi:.4f}]"
 
 
+def fmt_signed3(m, lo, hi) -> str:
+    """``+m [+lo, +hi]`` with 3 decimals and signs (log-ratios, differences)."""
+    return f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
 def row_ci(row, name: str, fmt=fmt_ci) -> str:
     """Format the ``name / name_ci_low / name_ci_high`` columns of a row (dict or namedtuple)."""
     get = row.get if isinstance(row, dict) else lambda k: getattr(row, k)
@@ -60,10 +65,8 @@ def corrected_lines(lag) -> list[str]:
         if r["kind"] == "random" and "mean" not in str(r["draw"]):
             continue
         lines.append(f"| {r['condition']} | {row_ci(r, 'lag_plus1', fmt_ci4)} | "
-                     f"{r['lag_plus1_log_enrichment']:+.3f} [{r['lag_plus1_log_enrichment_ci_low']:+.3f}, "
-                     f"{r['lag_plus1_log_enrichment_ci_high']:+.3f}] | "
-                     f"{r['lag_minus1_log_enrichment']:+.3f} [{r['lag_minus1_log_enrichment_ci_low']:+.3f}, "
-                     f"{r['lag_minus1_log_enrichment_ci_high']:+.3f}] |")
+                     f"{row_ci(r, 'lag_plus1_log_enrichment', fmt_signed3)} | "
+                     f"{row_ci(r, 'lag_minus1_log_enrichment', fmt_signed3)} |")
     con = lag.contrasts(1, corrected=True)
     if len(con):
         lines += ["", "| k | random − induction, log-enrichment lag +1 [95% CI] |", "|---|---|"]
