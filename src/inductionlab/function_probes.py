@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .protocol import pad_left
+from .protocol import last_token_logits
 from .icl_tasks import Prompt
-from .load_bearing_eval import ablation_context
+from .protocol import ablation_context
 from .stats import Z95
 
 KS = (1, 3)
@@ -33,19 +33,6 @@ def _pad_id(tokenizer) -> int:
         if v is not None:
             return int(v)
     return 0
-
-
-def last_logits(model, seqs: Sequence[Sequence[int]], pad_id: int = 0) -> torch.Tensor:
-    """float32 ``[B, V]`` logits at each sequence's last token, one left-padded forward pass.
-
-    Asks the model for the last position only (``logits_to_keep=1``) when it supports it."""
-    device = next(model.parameters()).device
-    batch = {k: v.to(device) for k, v in pad_left(seqs, pad_id).items()}
-    try:
-        out = model(**batch, logits_to_keep=1)
-    except TypeError:
-        out = model(**batch)
-    return out.logits[:, -1].float()
 
 
 def target_ranks(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -79,7 +66,7 @@ def run_probes(model, prompts: Sequence[Prompt], *, tokenizer=None, pad_id: int 
     with torch.inference_mode(), ablation_context(model, heads, method, reference_ids):
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]
-            logits = last_logits(model, [prompts[i].input_ids for i in idx], pid)
+            logits = last_token_logits(model, [prompts[i].input_ids for i in idx], pid)
             tgt = torch.tensor([prompts[i].target_id for i in idx], device=logits.device)
             ranks[idx] = target_ranks(logits, tgt).cpu().numpy()
             probs[idx] = torch.softmax(logits, -1).gather(1, tgt[:, None]).squeeze(1).double().cpu().numpy()
@@ -129,4 +116,4 @@ def summarize_hits(rows: pd.DataFrame, by: Sequence[str] = ("shots", "control"))
     return res.drop(columns=[c for c in res if c.startswith("_se")])
 
 
-__all__ = ["last_logits", "target_ranks", "run_probes", "summarize_hits"]
+__all__ = ["target_ranks", "run_probes", "summarize_hits"]

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .errors import InductionLabError
-from .load_bearing_eval import ablation_context
+from .protocol import ablation_context
 from .stats import ci
 
 

@@ -23,24 +23,14 @@ number of heads with score strictly above 0.1, 0.2, 0.4.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
 from .errors import InductionLabError
 from .stats import Z95
-
-def ablation_context(model, heads: Iterable[tuple[int, int]] | None, method: str = "zero", reference_ids=None):
-    """:func:`inductionlab.instrument.ablate` over ``heads``, or a no-op context when ``heads`` is None
-    (so every evaluation protocol runs intact and ablated through one code path)."""
-    if heads is None:
-        return contextlib.nullcontext()
-    from .instrument import ablate
-    return ablate(model, [(int(l), int(h)) for l, h in heads], method, reference_ids=reference_ids)
-
 
 def _paired(intact, ablated) -> tuple[np.ndarray, np.ndarray]:
     i = np.asarray(intact, np.float64).reshape(-1)
@@ -185,5 +175,5 @@ def gini(values) -> float:
     return float(2.0 * np.sum(np.arange(1, n + 1) * x) / (n * tot) - (n + 1) / n)
 
 
-__all__ = ["ablation_context", "relative_change", "relative_contrast", "headline", "drops_table",
+__all__ = ["relative_change", "relative_contrast", "headline", "drops_table",
            "score_concentration", "gini"]

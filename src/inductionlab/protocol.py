@@ -101,6 +101,20 @@ def auto_batch_size(loaded, seq_len: int, logit_positions: int = 1, cap: int = 6
     return int(max(1, min(cap, 0.5 * free // per)))
 
 
+def ablation_context(model, heads, method: str = "zero", reference_ids: torch.Tensor | None = None):
+    """:func:`inductionlab.instrument.ablate` over ``heads`` (``(layer, head)`` pairs), or a no-op
+    context when ``heads`` is None, so every protocol runs intact and ablated through one code path.
+
+    Raises:
+        InductionLabError: as :func:`~inductionlab.instrument.ablate` (unknown method, a head that is
+            not an integer pair in range)."""
+    if heads is None:
+        return contextlib.nullcontext()
+    from .instrument import ablate   # here: importing this module does not import transformers
+
+    return ablate(model, heads, method, reference_ids=reference_ids)
+
+
 def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, torch.Tensor], *, method: str = "zero",
                    batch_size: int | None = None, measure_batch: MeasureBatch, progress=None,
                    logit_positions: int = 1) -> dict[str, dict[str, np.ndarray]]:
@@ -123,8 +137,6 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
     Raises:
         InductionLabError: unknown method, head out of range (from :func:`~inductionlab.instrument.ablate`).
     """
-    from .instrument import ablate   # here: importing this module does not import transformers
-
     model = loaded.model
     device = next(model.parameters()).device
     if isinstance(trials, Trials):
@@ -136,9 +148,8 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
     out: dict[str, dict[str, np.ndarray]] = {}
     with torch.inference_mode():
         for c in conditions:
-            ctx = ablate(model, c.heads, method, reference_ids=ref) if c.heads else contextlib.nullcontext()
             parts: dict[str, list[torch.Tensor]] = {}
-            with ctx:
+            with ablation_context(model, c.heads or None, method, ref):
                 for s in range(0, n, bs):
                     batch = {k: v[s:s + bs].to(device) for k, v in trials.items()}
                     for key, value in measure_batch(model, batch).items():
@@ -168,7 +179,13 @@ def pad_left(seqs: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tens
 
 
 def last_token_logits(model, seqs: Sequence[Sequence[int]], pad_id: int = 0) -> torch.Tensor:
-    """Logits at each sequence's last token from one left-padded forward pass: float32 ``[B, V]``."""
+    """Logits at each sequence's last token from one left-padded forward pass: float32 ``[B, V]``.
+
+    Asks for the last position only (``logits_to_keep=1``) where the architecture supports it."""
     device = next(model.parameters()).device
     batch = {k: v.to(device) for k, v in pad_left(seqs, pad_id).items()}
-    return model(**batch).logits[:, -1].float()
+    try:
+        out = model(**batch, logits_to_keep=1)
+    except TypeError:  # architectures without logits_to_keep
+        out = model(**batch)
+    return out.logits[:, -1].float()
