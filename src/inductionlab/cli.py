@@ -114,10 +114,9 @@ def _print_headline(res, out, load_s: float) -> None:
     for i, h in enumerate(res.record["top_induction_heads"], 1):
         click.echo(f"  {i:2d}. L{h['layer']:<2d} H{h['head']:<2d}  {h['score']:.3f}")
     click.echo("\nLag probe, lag +1 probability [95% CI] per condition:")
-    hl = res.lag.headline()
-    for _, r in hl.iterrows():
-        if r["kind"] == "random" and "mean" not in str(r["draw"]):
-            continue
+    from .report import pooled_headline_rows
+
+    for r in pooled_headline_rows(res.lag.headline()):
         click.echo(f"  {r['condition']:<14s} {r['lag_plus1']:.4f} [{r['lag_plus1_ci_low']:.4f}, "
                    f"{r['lag_plus1_ci_high']:.4f}]   lag -1 {r['lag_minus1']:.4f}   list mass {r['list_mass']:.3f}")
     t = res.timings

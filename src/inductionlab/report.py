@@ -36,6 +36,15 @@ def fmt_ci4(m, lo, hi) -> str:
     return f"{m:.4f} [{lo:.4f}, {hi:.4f}]"
 
 
+def pooled_headline_rows(headline):
+    """Rows of a lag-probe headline table to show: per-draw random rows left out (their pooled
+    ``mean`` row stands for them; per-draw rows stay in the CSV)."""
+    for _, r in headline.iterrows():
+        if r["kind"] == "random" and "mean" not in str(r["draw"]):
+            continue
+        yield r
+
+
 def fmt_signed3(m, lo, hi) -> str:
     """``+m [+lo, +hi]`` with 3 decimals and signs (log-ratios, differences)."""
     return f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]"
@@ -61,9 +70,7 @@ def corrected_lines(lag) -> list[str]:
              f"baseline = the word's mean probability over the trials where it sits at |lag| > {far} "
              "(same condition); 0 = no more likely than its prior; nats, 95% CIs over trials.", "",
              "| condition | raw lag +1 | log-enrichment lag +1 | log-enrichment lag −1 |", "|---|---|---|---|"]
-    for _, r in hl.iterrows():
-        if r["kind"] == "random" and "mean" not in str(r["draw"]):
-            continue
+    for r in pooled_headline_rows(hl):
         lines.append(f"| {r['condition']} | {row_ci(r, 'lag_plus1', fmt_ci4)} | "
                      f"{row_ci(r, 'lag_plus1_log_enrichment', fmt_signed3)} | "
                      f"{row_ci(r, 'lag_minus1_log_enrichment', fmt_signed3)} |")
@@ -98,9 +105,7 @@ def analyze_report(res) -> str:
               f"position {cfg['lag']['cue_position']}, {cfg['lag']['method']} ablation. "
               "Probabilities are raw next-token probabilities; 95% CIs over trials.", "",
               "| condition | lag +1 | lag -1 | lag 0 | list mass |", "|---|---|---|---|---|"]
-    for _, r in hl.iterrows():
-        if r["kind"] == "random" and "mean" not in str(r["draw"]):
-            continue
+    for r in pooled_headline_rows(hl):
         lines.append(f"| {r['condition']} | {row_ci(r, 'lag_plus1', fmt_ci4)} | "
                      f"{row_ci(r, 'lag_minus1', fmt_ci4)} | "
                      f"{r['lag0']:.4f} | {r['list_mass']:.3f} |")
