@@ -37,7 +37,6 @@ import torch
 from ..errors import InductionLabError
 from ..scores import copy_offset_scores, copy_offset_targets  # noqa: F401 (moved to scores.py; re-exported)
 
-SCORES = ("induction", "anti_induction", "copy_offset", "copy_offset_control")
 DEFAULT_THRESHOLDS = (0.1, 0.2, 0.4)
 
 
