@@ -11,7 +11,7 @@ import threading
 import click
 
 from .cli_options import (ablation_options, accelerator_options, head_score_options, lag_probe_config,
-                          lag_probe_options, load_from_options, model_options, quiet_option, run_dir_options)
+                          lag_probe_options, start_run, model_options, quiet_option, run_dir_options)
 from .errors import InductionLabError
 
 
@@ -86,11 +86,10 @@ def analyze(**kw):
     """The main job: score every head, list the top induction heads, and run the lag probe intact
     and with k induction heads vs k random heads ablated. Writes one run directory (resumable:
     the same command continues an interrupted run)."""
-    import time
     from pathlib import Path
 
     from .analyze import AnalyzeConfig, analyze as run
-    from .runs import ResumableRun, default_run_dir
+    from .runs import default_run_dir
 
     out = Path(kw.pop("out") or default_run_dir("analyze"))
     overwrite, quiet = kw.pop("overwrite"), kw.pop("quiet")
@@ -98,13 +97,7 @@ def analyze(**kw):
                         n_draws=kw["n_draws"], exclude_top_n=kw["exclude_top_n"], top=kw["top"],
                         score_seq_len=kw["score_seq_len"], score_batch_size=kw["score_batch_size"])
     cfg.validate()                                     # fail before the slow part
-    ResumableRun.check_out(out, overwrite, inputs=[kw["model"]])
-    if quiet:  # also silences the GGUF de-quantisation bar, which ignores transformers' logging switch
-        import os
-        os.environ["TQDM_DISABLE"] = "1"
-    t0 = time.perf_counter()
-    loaded = load_from_options(kw)
-    load_s = time.perf_counter() - t0
+    loaded, load_s = start_run(kw, out, overwrite, quiet)
     res = run(loaded, cfg, out, overwrite=overwrite, progress=not quiet)
     _print_headline(res, out, load_s)
 

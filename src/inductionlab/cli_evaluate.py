@@ -5,12 +5,11 @@ directory."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import click
 
-from .cli_options import (accelerator_options, head_score_options, load_from_options, model_options, quiet_option,
+from .cli_options import (accelerator_options, head_score_options, start_run, model_options, quiet_option,
                           run_dir_options)
 from .errors import InductionLabError
 from .runs import timestamp
@@ -75,7 +74,6 @@ def evaluate(**kw) -> None:
     An existing run with the same options in --out is resumed."""
     from .evaluate import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LmEvalConfig, LoadBearingConfig,
                            PerplexityConfig, ProbeConfig, run_evaluate)
-    from .runs import ResumableRun
 
     arg = kw.pop("model_arg")
     if arg is not None:
@@ -101,13 +99,7 @@ def evaluate(**kw) -> None:
                                 "corpus prepare SOURCE --tokenizer MODEL --out DIR")
     out = Path(kw.pop("out") or Path("runs") / f"evaluate-{Path(kw['model'].rstrip('/')).name}-{timestamp()}")
     overwrite, quiet = kw.pop("overwrite"), kw.pop("quiet")
-    ResumableRun.check_out(out, overwrite, inputs=[kw["model"], *([shards] if shards else [])])
-    if quiet:  # also silences the GGUF de-quantisation bar, which ignores transformers' logging switch
-        import os
-        os.environ["TQDM_DISABLE"] = "1"
-    t0 = time.perf_counter()
-    loaded = load_from_options(kw)
-    load_s = time.perf_counter() - t0
+    loaded, load_s = start_run(kw, out, overwrite, quiet, inputs=[shards] if shards else [])
     res = run_evaluate(loaded, cfg, out, shards=shards, overwrite=overwrite, progress=not quiet)
     _print_summary(res, load_s, out)
 

@@ -59,6 +59,29 @@ accelerator_options = _stack(
 quiet_option = click.option("--quiet", "--no-progress", "quiet", is_flag=True, help="No progress bars.")
 
 
+def start_run(kw: dict, out, overwrite: bool, quiet: bool, inputs=()) -> tuple:
+    """What every model command does before its study: check ``--out`` (cheap, before the model
+    loads; ``inputs`` must not lie inside it), silence progress bars under ``--quiet`` (also the
+    GGUF de-quantisation bar, which ignores transformers' logging switch), then load the model.
+
+    Returns: ``(loaded, load_s)``, the model bundle and its load time in seconds.
+
+    Raises:
+        InductionLabError: as :meth:`~inductionlab.runs.ResumableRun.check_out` and
+            :func:`load_from_options`."""
+    import os
+    import time
+
+    from .runs import ResumableRun
+
+    ResumableRun.check_out(out, overwrite, inputs=[kw["model"], *inputs])
+    if quiet:
+        os.environ["TQDM_DISABLE"] = "1"
+    t0 = time.perf_counter()
+    loaded = load_from_options(kw)
+    return loaded, time.perf_counter() - t0
+
+
 def load_from_options(kw: dict):
     """Load the model named by :data:`model_options` and :data:`accelerator_options` (pops their keys).
 
