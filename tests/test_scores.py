@@ -195,8 +195,12 @@ def test_bad_arguments_fail_with_one_line(kw, match):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("arch, softcap", [("llama", None), ("gpt2", None), ("gemma3", None), ("gemma3", 3.0)])
-def test_induction_loss_without_batch_logits_equals_the_full_logits_loss(arch, softcap):
+@pytest.mark.parametrize("arch, softcap, chunk", [("llama", None, 256), ("gpt2", None, 256), ("gemma3", None, 256),
+                                                  ("gemma3", 3.0, 256), ("llama", None, 7), ("gemma3", 3.0, 1)])
+def test_induction_loss_without_batch_logits_equals_the_full_logits_loss(arch, softcap, chunk, monkeypatch):
+    # chunk 7 / 1: the loss's logits are built a few positions at a time (a partial last chunk
+    # included) and must give the same loss as the whole sequence's logits
+    monkeypatch.setattr(scores_mod, "LOSS_CHUNK", chunk)
     model = make_tiny(arch)
     if softcap is not None:
         model.config.final_logit_softcapping = softcap

@@ -399,14 +399,19 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
     return HeadScores(scores, loss, params)
 
 
+#: Positions whose full-vocabulary logits the induction loss holds at once (memory ∝ this × vocab).
+LOSS_CHUNK = 256
+
+
 def _forward(model, ids: torch.Tensor, *, with_loss: bool) -> torch.Tensor | None:
     """One forward for the scores: no full-vocabulary logits unless the loss is wanted, and then
-    one row at a time.
+    one row and :data:`LOSS_CHUNK` positions at a time.
 
     Returns: float64 ``[B, n - 1]`` next-token loss (nats) per position if ``with_loss``, else None.
     The per-row logits are the model's own (its output embedding applied to its decoder's last
     hidden state, with Gemma's final soft-capping), so the loss equals the one read from
-    ``model(ids).logits``; memory is ``n × vocab`` instead of ``2 × B × n × vocab`` floats.
+    ``model(ids).logits``; memory is ``LOSS_CHUNK × vocab`` instead of ``2 × B × n × vocab`` floats,
+    so it does not grow with the sequence length.
     """
     got = {}
     decoder = model.get_decoder() if with_loss and hasattr(model, "get_decoder") else None
@@ -431,15 +436,19 @@ def _forward(model, ids: torch.Tensor, *, with_loss: bool) -> torch.Tensor | Non
         return None
     cap = getattr(model.config, "final_logit_softcapping", None)
     rows = []
+    n = ids.shape[1]
     for b in range(ids.shape[0]):
-        if "h" in got:
-            logits = head(got["h"][b])
-            if cap is not None:
-                logits = torch.tanh(logits / cap) * cap
-        else:
-            logits = out.logits[b]
-        lp = torch.log_softmax(logits.float()[:-1], -1).gather(-1, ids[b, 1:, None]).squeeze(-1)
-        rows.append(-lp.cpu().double())
+        parts = []
+        for s in range(0, n - 1, LOSS_CHUNK):              # positions s .. s+C-1 predict s+1 .. s+C
+            e = min(s + LOSS_CHUNK, n - 1)
+            if "h" in got:
+                logits = head(got["h"][b, s:e])
+                if cap is not None:
+                    logits = torch.tanh(logits / cap) * cap
+            else:
+                logits = out.logits[b, s:e]
+            parts.append(torch.log_softmax(logits.float(), -1).gather(-1, ids[b, s + 1:e + 1, None]).squeeze(-1))
+        rows.append(-torch.cat(parts).cpu().double())
     return torch.stack(rows)
 
 
