@@ -203,3 +203,49 @@ def test_refused_run_ends_every_rank(tiny_dir, tmp_path):
     p = _torchrun(["analyze", "--model", tiny_dir, "--out", tmp_path / "x", "--device-map", "auto", *FAST],
                   timeout=180)
     assert p.returncode != 0 and "--device-map with torchrun" in p.stderr
+    p = _torchrun(["evaluate", "--model", tiny_dir, "--out", tmp_path / "e"], timeout=180)
+    assert p.returncode != 0 and "evaluate does not shard over processes" in p.stderr
+    assert not (tmp_path / "x").exists() and not (tmp_path / "e").exists()
+
+
+@pytest.mark.slow
+def test_failure_on_one_rank_ends_the_job(tiny_dir, tmp_path):
+    """Rank 1 raises inside the lag probe while rank 0 waits in the gather: torchrun stops rank 0
+    and the job exits non-zero (well before the collective timeout), leaving no results.json."""
+    crash = ("import os\nfrom inductionlab import lag_probe\n_m = lag_probe.measure_batch\n"
+             "def measure_batch(*a, **k):\n    if os.environ['RANK'] == '1':\n"
+             "        raise RuntimeError('injected failure on rank 1')\n    return _m(*a, **k)\n"
+             "lag_probe.measure_batch = measure_batch\nfrom inductionlab.cli import main\nmain()")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0",
+           "--no-python", sys.executable, "-c", crash, "analyze", "--model", str(tiny_dir), "--out",
+           str(tmp_path / "run"), *FAST]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+        [str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
+    assert p.returncode != 0
+    assert "injected failure on rank 1" in p.stderr
+    assert not (tmp_path / "run" / "results.json").exists()
+    assert (tmp_path / "run" / "checkpoints" / "scores.json").exists()   # finished pieces stay for a resume
+
+
+@pytest.mark.slow
+def test_study_temporal_under_torchrun_equals_one_process(tmp_path):
+    from click.testing import CliRunner
+
+    from _tiny import tiny_llama_dir
+    from inductionlab.cli import main
+
+    model = tiny_llama_dir(tmp_path / "model", n_layers=2)
+    args = ["--model", model, "--permutations", "5", "--list-length", "30", "--cue-position", "15",
+            "--recall-trials", "3", "--recall-list-length", "6", "--shots", "1", "--ks", "1,2", "--n-draws", "1",
+            "--load-bearing-top", "2", "--batch-size", "2", "--score-batch-size", "3", "--dtype", "float32",
+            "--threads", "1", "--quiet", "--method", "mean"]
+    one = CliRunner().invoke(main, ["study", "temporal", "--out", str(tmp_path / "one"), *map(str, args)])
+    assert one.exit_code == 0, one.output
+    p = _torchrun(["study", "temporal", "--out", tmp_path / "two", *args])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("report:") == 1                                   # rank 0 alone prints
+    a = json.loads((tmp_path / "one" / "results.json").read_text())
+    b = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert b["distributed"]["world_size"] == 2
+    assert _numbers(a) == _numbers(b)
