@@ -109,7 +109,14 @@ def join_processes(kw: dict, out):
         raise InductionLabError(f"--device {device} with torchrun: use --device cuda (process r takes cuda:LOCAL_RANK)")
     from .models import check_device
 
-    check_device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if device == "cuda" else device)  # a GPU per rank
+    check_device(device)
+    if device == "cuda":
+        import torch
+
+        n_gpu, local = torch.cuda.device_count(), int(os.environ.get("LOCAL_RANK", "0"))
+        if local >= n_gpu:
+            raise InductionLabError(f"--device cuda with torchrun: process {local} on this node has no GPU of its own "
+                                    f"(torch sees {n_gpu}); use --nproc-per-node {n_gpu} or fewer")
     dist = D.init(device, timeout_s=D.ANALYSIS_TIMEOUT_S)
     if dist.device.type == "cuda":
         kw["device"] = str(dist.device)

@@ -15,7 +15,10 @@ on the condition's heads (none for ``intact``; for ``mean`` ablation the referen
 the first :data:`REFERENCE_TRIALS` trials' ``ids``), runs the trials in batches of
 ``batch_size`` under ``torch.inference_mode``, reports progress in trials, and concatenates
 each measure over batches into a numpy array ``[n_trials, ...]``. Every condition sees the
-same trials in the same order, so differences between conditions are paired.
+same trials in the same order, so differences between conditions are paired. Given a
+:class:`~inductionlab.distributed.Dist` of several processes (torchrun) it runs batch ``b`` on
+rank ``b % world_size`` and gathers the batches back in order, so every rank gets the arrays of
+one process (:mod:`inductionlab.distributed`).
 
 Batches here are rectangular (every trial of a protocol has the same length). Sequences of
 different lengths go through :func:`pad_left`, which derives ``position_ids`` from the
