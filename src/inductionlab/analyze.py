@@ -17,6 +17,7 @@ import torch
 
 from . import lag_probe, report
 from .ablation import ablation_conditions, default_exclude_top_n, top_k_heads
+from .distributed import Dist
 from .errors import InductionLabError
 from .instrument import self_check
 from .lag_probe import LagProbeConfig, LagProbeResult
@@ -82,8 +83,12 @@ class AnalyzeResult:
 
 
 def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwrite: bool = False,
-            progress: bool = True, on_checkpoint=None) -> AnalyzeResult:
+            progress: bool = True, on_checkpoint=None, dist=None) -> AnalyzeResult:
     """Run (or resume) the main job and write the run directory ``out``.
+
+    With ``dist`` (a :class:`~inductionlab.distributed.Dist` of several processes, every rank
+    calling with the same arguments) the head scores and the lag probe are sharded by batch over
+    the ranks; every rank returns the same result and rank 0 alone writes ``out``.
 
     Raises:
         InductionLabError: bad config (:meth:`AnalyzeConfig.validate`), k larger than the heads
@@ -107,7 +112,7 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
                     "lag probe")                                                             # ids: before any file
     params = {**asdict(cfg), "exclude_top_n": N, "lag": asdict(lag_cfg)}
     run = ResumableRun(out, "analyze", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
-                       inputs=[ident.get("path")])
+                       inputs=[ident.get("path")], dist=dist)
     run.open()
     timings = {}
 
@@ -144,9 +149,12 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
                   "score_params": hs.params},
         "top_induction_heads": [{"layer": l, "head": h, "score": float(hs["induction"][l, h])} for l, h in top],
         "lag_probe": lag.to_json(),
+        "distributed": (dist or Dist()).record(),
         "timings": timings,
     }
     res = AnalyzeResult(loaded, hs, lag, timings, record)
+    if not run.is_main:
+        return res
     t = time.perf_counter()
     report.write_analyze_outputs(out, res)
     timings["write_s"] = time.perf_counter() - t

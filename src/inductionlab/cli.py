@@ -11,7 +11,7 @@ import threading
 import click
 
 from .cli_options import (ablation_options, accelerator_options, head_score_options, lag_probe_config,
-                          lag_probe_options, start_run, model_options, quiet_option, run_dir_options)
+                          join_processes, lag_probe_options, start_run, model_options, quiet_option, run_dir_options)
 from .errors import InductionLabError
 
 
@@ -85,10 +85,12 @@ def main() -> None:
 def analyze(**kw):
     """The main job: score every head, list the top induction heads, and run the lag probe intact
     and with k induction heads vs k random heads ablated. Writes one run directory (resumable:
-    the same command continues an interrupted run)."""
+    the same command continues an interrupted run). Under torchrun the trials are sharded over the
+    processes (README: Several processes / GPUs)."""
     from pathlib import Path
 
     from .analyze import AnalyzeConfig, analyze as run
+    from .distributed import shutdown
     from .runs import default_run_dir
 
     out = Path(kw.pop("out") or default_run_dir("analyze"))
@@ -97,9 +99,12 @@ def analyze(**kw):
                         n_draws=kw["n_draws"], exclude_top_n=kw["exclude_top_n"], top=kw["top"],
                         score_seq_len=kw["score_seq_len"], score_batch_size=kw["score_batch_size"])
     cfg.validate()                                     # fail before the slow part
+    dist, out = join_processes(kw, out)
     loaded, load_s = start_run(kw, out, overwrite, quiet)
-    res = run(loaded, cfg, out, overwrite=overwrite, progress=not quiet)
-    _print_headline(res, out, load_s)
+    res = run(loaded, cfg, out, overwrite=overwrite, progress=not quiet, dist=dist)
+    if dist.is_main:
+        _print_headline(res, out, load_s)
+    shutdown()
 
 
 def _print_headline(res, out, load_s: float) -> None:

@@ -93,6 +93,10 @@ def evaluate(**kw) -> None:
         induction=InductionLossConfig(seq_len=kw["induction_seq_len"]),
         seed=kw["seed"], score_seq_len=kw["score_seq_len"], score_batch_size=kw["score_batch_size"])
     cfg.validate()                                     # fail before the slow part
+    from .distributed import world_size_env
+
+    if world_size_env() > 1:    # N copies would race on --out
+        raise InductionLabError("evaluate does not shard over processes; run it as one process (without torchrun)")
     shards = kw["shards"]
     if shards is not None and not (Path(shards) / "manifest.json").is_file():
         raise InductionLabError(f"--shards {shards} is not a prepared corpus (no manifest.json); run: inductionlab "

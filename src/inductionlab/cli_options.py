@@ -82,6 +82,49 @@ def start_run(kw: dict, out, overwrite: bool, quiet: bool, inputs=()) -> tuple:
     return loaded, time.perf_counter() - t0
 
 
+def join_processes(kw: dict, out):
+    """Under ``torchrun`` (``WORLD_SIZE`` > 1): join the process group (gloo for ``--device cpu``,
+    NCCL for ``--device cuda``, rank r on ``cuda:LOCAL_RANK``), silence the other ranks' bars, and
+    agree on rank 0's ``out`` (a default run directory is named by the clock). One process: nothing
+    happens. Call after the config's ``validate()`` and before :func:`start_run`.
+
+    Returns: ``(dist, out)``: the :class:`~inductionlab.distributed.Dist` and the run directory.
+
+    Raises:
+        InductionLabError: ``--device-map`` or ``--device cuda:N`` under torchrun (each rank takes
+            one GPU; a model larger than one GPU runs as one process with ``--device-map auto``)."""
+    import os
+    from pathlib import Path
+
+    from . import distributed as D
+
+    if D.world_size_env() <= 1:
+        return D.Dist(), out
+    if kw.get("device_map"):
+        raise InductionLabError(f"--device-map with torchrun: each of the {D.world_size_env()} processes would spread "
+                                "the model over every GPU; run one process with --device-map auto, or torchrun "
+                                "with --device cuda (one GPU per process)")
+    device = str(kw["device"])
+    if device.startswith("cuda:"):
+        raise InductionLabError(f"--device {device} with torchrun: use --device cuda (process r takes cuda:LOCAL_RANK)")
+    from .models import check_device
+
+    check_device(device)
+    if device == "cuda":
+        import torch
+
+        n_gpu, local = torch.cuda.device_count(), int(os.environ.get("LOCAL_RANK", "0"))
+        if local >= n_gpu:
+            raise InductionLabError(f"--device cuda with torchrun: process {local} on this node has no GPU of its own "
+                                    f"(torch sees {n_gpu}); use --nproc-per-node {n_gpu} or fewer")
+    dist = D.init(device, timeout_s=D.ANALYSIS_TIMEOUT_S)
+    if dist.device.type == "cuda":
+        kw["device"] = str(dist.device)
+    if not dist.is_main:
+        os.environ["TQDM_DISABLE"] = "1"
+    return dist, Path(D.broadcast(str(out), dist))
+
+
 def load_from_options(kw: dict):
     """Load the model named by :data:`model_options` and :data:`accelerator_options` (pops their keys).
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .cli_options import (ablation_options, accelerator_options, head_score_options, lag_probe_config,
+from .cli_options import (ablation_options, accelerator_options, head_score_options, join_processes, lag_probe_config,
                           lag_probe_options, start_run, model_options, quiet_option, recall_config,
                           recall_options, run_dir_options)
 from .runs import timestamp
@@ -36,6 +36,7 @@ def temporal(**kw) -> None:
     """Lag probe + few-shot serial recall, intact and under top-k induction vs k random head ablation,
     per-head load-bearing map, and a report stating each claim of the temporal-dependencies paper.
     An existing study with the same options in --out is resumed."""
+    from .distributed import shutdown
     from .study_temporal import TemporalStudyConfig, run_temporal_study
 
     out = Path(kw.pop("out") or Path("runs") / f"study-temporal-{Path(kw['model']).stem}-{timestamp()}")
@@ -46,8 +47,12 @@ def temporal(**kw) -> None:
                               load_bearing_permutations=kw["load_bearing_permutations"],
                               score_seq_len=kw["score_seq_len"], score_batch_size=kw["score_batch_size"])
     cfg.validate()                                     # fail before the slow part
+    dist, out = join_processes(kw, out)
     loaded, load_s = start_run(kw, out, overwrite, quiet)
-    res = run_temporal_study(loaded, cfg, out, progress=not quiet, overwrite=overwrite)
+    res = run_temporal_study(loaded, cfg, out, progress=not quiet, overwrite=overwrite, dist=dist)
+    shutdown()
+    if not dist.is_main:
+        return
     click.echo(f"model loaded in {load_s:.1f} s; study {res.timings['total_s']:.1f} s")
     for v in res.verdicts:
         click.echo(f"({v['claim']}) {'reproduced' if v['reproduced'] else 'NOT reproduced'}: {v['text']} — {v['evidence']}")

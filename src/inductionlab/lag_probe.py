@@ -343,13 +343,15 @@ def measure_batch(model, batch: dict[str, torch.Tensor], cfg: LagProbeConfig) ->
 
 
 def run_lag_probe(loaded: LoadedModel, conditions: list[Condition], cfg: LagProbeConfig | None = None,
-                  progress=None) -> LagProbeResult:
+                  progress=None, dist=None) -> LagProbeResult:
     """Run the lag probe under each condition (intact or with its heads ablated by ``cfg.method``).
 
     Args:
         loaded: from :func:`inductionlab.models.load_model`.
         conditions: e.g. from :func:`inductionlab.ablation.ablation_conditions`.
         progress: optional callable(n_trials_done) for a progress bar.
+        dist: a :class:`~inductionlab.distributed.Dist` to shard the trials' batches over (every rank
+            calls with the same arguments and gets the same result; :func:`~inductionlab.protocol.run_conditions`).
 
     Raises:
         InductionLabError: see :func:`build_trials`; head out of range; unknown method.
@@ -357,7 +359,8 @@ def run_lag_probe(loaded: LoadedModel, conditions: list[Condition], cfg: LagProb
     cfg = cfg or LagProbeConfig()
     trials = build_trials(loaded, cfg)
     data = run_conditions(loaded, conditions, trials, method=cfg.method,
-                          batch_size=cfg.batch_size, measure_batch=partial(measure_batch, cfg=cfg), progress=progress)
+                          batch_size=cfg.batch_size, measure_batch=partial(measure_batch, cfg=cfg), progress=progress,
+                          dist=dist)
     return LagProbeResult({n: d["probs"] for n, d in data.items()}, {n: d["list_mass"] for n, d in data.items()},
                           {n: d["argmax_lag"] for n, d in data.items()}, list(conditions), cfg, trials.words,
                           list_ids=list_ids_of(data))

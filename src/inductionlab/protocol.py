@@ -15,7 +15,10 @@ on the condition's heads (none for ``intact``; for ``mean`` ablation the referen
 the first :data:`REFERENCE_TRIALS` trials' ``ids``), runs the trials in batches of
 ``batch_size`` under ``torch.inference_mode``, reports progress in trials, and concatenates
 each measure over batches into a numpy array ``[n_trials, ...]``. Every condition sees the
-same trials in the same order, so differences between conditions are paired.
+same trials in the same order, so differences between conditions are paired. Given a
+:class:`~inductionlab.distributed.Dist` of several processes (torchrun) it runs batch ``b`` on
+rank ``b % world_size`` and gathers the batches back in order, so every rank gets the arrays of
+one process (:mod:`inductionlab.distributed`).
 
 Batches here are rectangular (every trial of a protocol has the same length). Sequences of
 different lengths go through :func:`pad_left`, which derives ``position_ids`` from the
@@ -32,6 +35,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from . import distributed as D
 from .errors import InductionLabError
 
 REFERENCE_TRIALS = 8   # trials in the mean-ablation reference batch (decision: the first 8 of the run)
@@ -117,7 +121,7 @@ def ablation_context(model, heads, method: str = "zero", reference_ids: torch.Te
 
 def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, torch.Tensor], *, method: str = "zero",
                    batch_size: int | None = None, measure_batch: MeasureBatch, progress=None,
-                   logit_positions: int = 1) -> dict[str, dict[str, np.ndarray]]:
+                   logit_positions: int = 1, dist=None) -> dict[str, dict[str, np.ndarray]]:
     """Run ``measure_batch`` over all ``trials`` under each condition.
 
     Args:
@@ -130,6 +134,9 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
         measure_batch: ``(model, batch) -> {measure: Tensor [b, ...]}`` (see module docstring).
         progress: optional callable(n_trials_done).
         logit_positions: logits kept per trial (for :func:`auto_batch_size` only).
+        dist: a :class:`~inductionlab.distributed.Dist` to shard over (every rank calls with the same
+            arguments): batch ``b`` runs on rank ``b % world_size`` and the batches are gathered in
+            order, so every rank returns the arrays of one process. None: one process.
 
     Returns:
         condition name -> measure -> numpy array ``[n_trials, ...]`` (dtype as measured).
@@ -143,20 +150,21 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
         trials = trials.tensors
     ids = trials["ids"]
     n = len(ids)
-    bs = batch_size or auto_batch_size(loaded, ids.shape[1], logit_positions)
-    ref = ids[: min(REFERENCE_TRIALS, n)].to(device) if method == "mean" else None
+    bs = D.min_across(batch_size or auto_batch_size(loaded, ids.shape[1], logit_positions), dist)
+    ref = ids[: min(REFERENCE_TRIALS, n)].to(device) if method == "mean" else None   # the same on every rank
+    main = dist is None or dist.is_main
     out: dict[str, dict[str, np.ndarray]] = {}
     with torch.inference_mode():
         for c in conditions:
-            parts: dict[str, list[torch.Tensor]] = {}
+            batches: list[dict[str, torch.Tensor]] = []
             with ablation_context(model, c.heads or None, method, ref):
-                for s in range(0, n, bs):
+                for s in D.local_batches(n, bs, dist):      # all of them on one process
                     batch = {k: v[s:s + bs].to(device) for k, v in trials.items()}
-                    for key, value in measure_batch(model, batch).items():
-                        parts.setdefault(key, []).append(value.cpu())
-                    if progress is not None:
-                        progress(len(batch["ids"]))
-            out[c.name] = {key: torch.cat(v).numpy() for key, v in parts.items()}
+                    batches.append({key: value.cpu() for key, value in measure_batch(model, batch).items()})
+                    if progress is not None and main:
+                        progress(D.round_size(s, n, bs, dist))
+            batches = D.gather_batches(batches, -(-n // bs), dist)
+            out[c.name] = {key: torch.cat([b[key] for b in batches]).numpy() for key in batches[0]} if batches else {}
     return out
 
 

@@ -212,10 +212,18 @@ class ResumableRun:
         overwrite: delete ``out`` in :meth:`open` and start afresh.
         on_checkpoint: optional callable(key) after each piece is written (tests interrupt here).
         inputs: paths the run reads (the model); ``out`` may not be or contain one of them.
+        dist: a :class:`~inductionlab.distributed.Dist` when the run is sharded over processes
+            (torchrun): rank 0 alone opens, reads and writes the directory and every decision
+            (resume or not, piece finished or not, its contents) is broadcast from it, so all ranks
+            take the same path; pieces are computed by every rank (their collectives shard the
+            work). :attr:`is_main` tells a study whether to write its final outputs.
     """
 
     def __init__(self, out: str | os.PathLike, kind: str, params: dict, *, overwrite: bool = False,
-                 on_checkpoint: Callable[[str], None] | None = None, manifest: str = "study.json", inputs=()):
+                 on_checkpoint: Callable[[str], None] | None = None, manifest: str = "study.json", inputs=(),
+                 dist=None):
+        self.dist = dist
+        self.is_main = dist is None or dist.is_main
         self.out, self.inputs = Path(out), tuple(inputs)
         self.dir = self.out / "checkpoints"
         self.kind, self.params = kind, json.loads(json.dumps(_jsonable(params)))
@@ -243,8 +251,14 @@ class ResumableRun:
 
         Raises:
             InductionLabError: ``out`` holds a run with other params and finished pieces, a corrupt
-                manifest, or files of something else.
+                manifest, or files of something else (on every rank when sharded).
         """
+        from .distributed import on_main
+
+        self.resumed = on_main(self._open, self.dist)
+        return self.resumed
+
+    def _open(self) -> bool:
         from .outputs import check_output_dir
 
         check_output_dir(self.out, "out", self.inputs)
@@ -282,8 +296,10 @@ class ResumableRun:
         return self.dir / f"{key}.{ext}"
 
     def done(self, key: str, ext: str = "npz") -> bool:
-        """Whether the piece ``key`` is finished."""
-        return self.path(key, ext).exists()
+        """Whether the piece ``key`` is finished (rank 0's answer on every rank)."""
+        from .distributed import broadcast
+
+        return broadcast(self.path(key, ext).exists() if self.is_main else None, self.dist)
 
     def _saved(self, key: str) -> None:
         if self.on_checkpoint is not None:
@@ -297,28 +313,44 @@ class ResumableRun:
             InductionLabError: the checkpoint file is corrupt (delete it to recompute)."""
         import numpy as np
 
+        from .distributed import on_main
+
         p = self.path(key, "npz")
-        if p.exists():
+
+        def load():
+            if not p.exists():
+                return None
             try:
                 with np.load(p, allow_pickle=False) as z:
                     return {k: z[k] for k in z.files}
             except (OSError, ValueError) as e:
                 raise InductionLabError(f"checkpoint {p} is corrupt ({e}); delete it and re-run to recompute it") from e
+        arrays = on_main(load, self.dist)
+        if arrays is not None:
+            return arrays
         arrays = compute()
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        atomic_write_bytes(p, buf.getvalue())
-        self._saved(key)
+        if self.is_main:
+            buf = io.BytesIO()
+            np.savez(buf, **arrays)
+            atomic_write_bytes(p, buf.getvalue())
+            self._saved(key)
         return arrays
 
     def json(self, key: str, compute: Callable[[], Any]) -> Any:
         """The piece ``key`` as JSON (``.json``): loaded if finished, else ``compute()`` written
         atomically. Returns what a reload returns (JSON types), so a resumed run sees the same values."""
+        from .distributed import on_main
+
         p = self.path(key, "json")
-        if not p.exists():
-            atomic_write_json(p, compute())
-            self._saved(key)
-        try:
-            return json.loads(p.read_text())
-        except (OSError, ValueError) as e:
-            raise InductionLabError(f"checkpoint {p} is corrupt ({e}); delete it and re-run to recompute it") from e
+        if not self.done(key, "json"):
+            value = compute()
+            if self.is_main:
+                atomic_write_json(p, value)
+                self._saved(key)
+
+        def load():
+            try:
+                return json.loads(p.read_text())
+            except (OSError, ValueError) as e:
+                raise InductionLabError(f"checkpoint {p} is corrupt ({e}); delete it and re-run to recompute it") from e
+        return on_main(load, self.dist)

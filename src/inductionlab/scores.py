@@ -40,6 +40,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from . import distributed as D
 from .errors import InductionLabError
 from .instrument import gather_targets, instrument, unwrap_model
 from .models import attention_shape
@@ -289,7 +290,7 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
                         n_batches: int = 1, seed: int = 0, sequences: torch.Tensor | None = None,
                         names=SCORE_NAMES, progress=None, sep_id: int | None = None,
                         pool: torch.Tensor | None = None, control_sequences: torch.Tensor | None = None,
-                        induction_loss: bool = True) -> HeadScores:
+                        induction_loss: bool = True, dist=None) -> HeadScores:
     """Score every head of ``model`` on random repeated sequences.
 
     Args:
@@ -312,6 +313,10 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
             seeded draw, so ``S`` does not depend on whether a control score is asked).
         induction_loss: also compute the induction loss (full-vocabulary logits, one sequence at a
             time); without it the forward keeps only the last position's logits.
+        dist: a :class:`~inductionlab.distributed.Dist` to shard the batches over (every rank calls
+            with the same arguments and gets the same scores): batch ``b`` runs on rank
+            ``b % world_size``; the per-batch sums are gathered and added in batch order, so the
+            scores are those of one process. None: one process.
 
     Returns: :class:`HeadScores`. Scoring in batches equals scoring one sequence at a time
     (each sequence weighs equally; within float tolerance).
@@ -370,26 +375,34 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
     if induction_loss:
         groups.setdefault(repeated, [])
     L, H = shape["n_layers"], shape["n_heads"]
-    sums = {n: torch.zeros(L, H, dtype=torch.float64) for n in names}
-    loss_sum = {"first_copy": 0.0, "second_copy": 0.0}
     N = sequences.shape[0]
     p0 = int(bos)
+    parts = []                          # per batch: ({score: [L, H] float64 sum}, {copy: loss sum})
     with torch.inference_mode():
-        for start in range(0, N, batch_size):
+        for start in D.local_batches(N, batch_size, dist):     # all of them on one process
             st = Stimulus(sequences[start:start + batch_size], None if R is None else R[start:start + batch_size],
                           bos_id, sep_id)
+            part: tuple[dict, dict] = ({}, {})
             for build, members in groups.items():
                 ids = build(st).to(device)
                 red = {s.name: targets[s.name] for s in members}
                 with instrument(model, reductions=red) as inst:
                     nll = _forward(model, ids, with_loss=induction_loss and build is repeated)
                 for n in red:
-                    sums[n] += _mean_over_queries(inst.reduced[n], targets[n])
+                    part[0][n] = _mean_over_queries(inst.reduced[n], targets[n]).cpu()
                 if nll is not None:                                   # predicts token at position 1..n-1
-                    loss_sum["first_copy"] += nll[:, p0:p0 + seq_len - 1].mean(1).sum().item()
-                    loss_sum["second_copy"] += nll[:, p0 + seq_len - 1:].mean(1).sum().item()
-            if progress is not None:
-                progress(len(st.S))
+                    part[1]["first_copy"] = nll[:, p0:p0 + seq_len - 1].mean(1).sum().item()
+                    part[1]["second_copy"] = nll[:, p0 + seq_len - 1:].mean(1).sum().item()
+            parts.append(part)
+            if progress is not None and (dist is None or dist.is_main):
+                progress(D.round_size(start, N, batch_size, dist))
+    sums = {n: torch.zeros(L, H, dtype=torch.float64) for n in names}
+    loss_sum = {"first_copy": 0.0, "second_copy": 0.0}
+    for part_sums, part_loss in D.gather_batches(parts, -(-N // batch_size), dist):   # in batch order
+        for n, v in part_sums.items():
+            sums[n] += v
+        for k, v in part_loss.items():
+            loss_sum[k] += v
     scores = {n: (sums[n] / N).numpy() for n in names}
     params = {"seq_len": seq_len, "batch_size": batch_size, "n_sequences": N, "seed": seed, "bos_id": bos_id,
               "definition": "raw attention probability on the target key (SPEC §3), mean over target-bearing queries"}

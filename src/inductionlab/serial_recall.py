@@ -292,7 +292,7 @@ def measure_batch(model, batch: dict[str, torch.Tensor], cfg: SerialRecallConfig
 
 
 def run_serial_recall(loaded: LoadedModel, conditions: list[Condition], cfg: SerialRecallConfig | None = None,
-                      progress=None) -> SerialRecallResult:
+                      progress=None, dist=None) -> SerialRecallResult:
     """Run few-shot serial recall under each condition (intact or heads ablated by ``cfg.method``).
 
     Args:
@@ -300,6 +300,8 @@ def run_serial_recall(loaded: LoadedModel, conditions: list[Condition], cfg: Ser
             ``.tokenizer`` and ``.identity`` works; the model takes ``input_ids`` and returns ``.logits``).
         conditions: e.g. from :func:`inductionlab.ablation.ablation_conditions`.
         progress: optional callable(n_trials_done).
+        dist: a :class:`~inductionlab.distributed.Dist` to shard the prompts' batches over (every rank
+            calls with the same arguments and gets the same result; :func:`~inductionlab.protocol.run_conditions`).
 
     Returns: :class:`SerialRecallResult`.
 
@@ -310,5 +312,5 @@ def run_serial_recall(loaded: LoadedModel, conditions: list[Condition], cfg: Ser
     trials = build_trials(loaded, cfg)
     data = run_conditions(loaded, conditions, trials, method=cfg.method,
                           batch_size=cfg.batch_size, measure_batch=partial(measure_batch, cfg=cfg), progress=progress,
-                          logit_positions=cfg.list_length)
+                          logit_positions=cfg.list_length, dist=dist)
     return SerialRecallResult(data, list(conditions), cfg, trials.words)

@@ -140,11 +140,13 @@ def check_ks(ks: Sequence[int], n_total: int, exclude_top_n: int) -> None:
 
 def head_scores_piece(run: ResumableRun, loaded, *, seq_len: int, batch_size: int, n_batches: int = 1, seed: int = 0,
                       progress: bool = True) -> HeadScores:
-    """Head scores (SPEC §3) as the piece ``scores``: computed once, then loaded."""
+    """Head scores (SPEC §3) as the piece ``scores``: computed once, then loaded (sharded over
+    ``run.dist``'s processes when it has several; the bar shows on rank 0 only)."""
     def compute():
-        with tqdm(total=batch_size * n_batches, desc="head scores", unit="seq", disable=not progress) as bar:
+        with tqdm(total=batch_size * n_batches, desc="head scores", unit="seq",
+                  disable=not (progress and run.is_main)) as bar:
             hs = compute_head_scores(loaded.model, tokenizer=loaded.tokenizer, seq_len=seq_len, batch_size=batch_size,
-                                     n_batches=n_batches, seed=seed, progress=bar.update)
+                                     n_batches=n_batches, seed=seed, progress=bar.update, dist=run.dist)
         return {"scores": hs.scores, "induction_loss": hs.induction_loss, "params": hs.params}
     raw = run.json("scores", compute)
     return HeadScores({k: np.asarray(v) for k, v in raw["scores"].items()}, raw["induction_loss"], raw["params"])
@@ -154,7 +156,8 @@ def run_phases(run: ResumableRun, loaded, phases: Sequence[Phase], protocols: Ma
                configs: Mapping[str, object], condition_sets: Mapping[str, list], n_trials: Mapping[str, int], *,
                progress: bool = True, timings: dict | None = None):
     """Every piece ``<phase.key>/<condition>`` of ``phases``, in order: loaded if finished, else
-    :func:`~inductionlab.protocol.run_conditions` on the first ``n_trials[phase.key]`` trials.
+    :func:`~inductionlab.protocol.run_conditions` on the first ``n_trials[phase.key]`` trials
+    (sharded over ``run.dist``'s processes when it has several; the bar shows on rank 0 only).
 
     Args:
         protocols: protocol name -> module with ``build_trials(loaded, cfg)`` and
@@ -175,7 +178,7 @@ def run_phases(run: ResumableRun, loaded, phases: Sequence[Phase], protocols: Ma
     parts: dict[str, dict[str, dict]] = {ph.key: {} for ph in phases}
     words: dict[str, list[str]] = {}
     with tqdm(total=sum(n_trials[ph.key] for ph, _ in pending), desc="conditions", unit="trial",
-              disable=not progress) as bar:
+              disable=not (progress and run.is_main)) as bar:
         for ph, c in todo:
             key = f"{ph.key}/{c.name}"
             module, cfg = protocols[ph.protocol], configs[ph.protocol]
@@ -188,7 +191,7 @@ def run_phases(run: ResumableRun, loaded, phases: Sequence[Phase], protocols: Ma
                 tr = trials[ph.protocol].head(n_trials[ph.key])
                 arrays = run_conditions(loaded, [c], tr, method=cfg.method, batch_size=cfg.batch_size,
                                         measure_batch=lambda m, b: module.measure_batch(m, b, cfg),
-                                        progress=bar.update)[c.name]
+                                        progress=bar.update, dist=run.dist)[c.name]
                 timings[f"{ph.key}_s"] = timings.get(f"{ph.key}_s", 0.0) + time.perf_counter() - t
                 return {**arrays, "words": np.asarray(tr.words)}
 

@@ -49,6 +49,7 @@ from .lag_probe import LagProbeConfig, LagProbeResult
 from .load_bearing import concentration, load_bearing_table, single_head_conditions
 from .models import LoadedModel, ran_identity
 from .protocol import auto_batch_size, check_method
+from .distributed import Dist
 from .runs import ResumableRun, atomic_write_json, versions
 from .scores import HeadScores
 from .serial_recall import SerialRecallConfig, SerialRecallResult
@@ -183,7 +184,7 @@ def _params(loaded, cfg, ks, N, lag_cfg, rec_cfg) -> dict:
 
 
 def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str | Path, *, progress: bool = True,
-                       overwrite: bool = False, on_checkpoint=None) -> TemporalStudy:
+                       overwrite: bool = False, on_checkpoint=None, dist=None) -> TemporalStudy:
     """Run (or resume) the study and write the run directory ``out``.
 
     Args:
@@ -192,6 +193,9 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
             model, finished pieces are loaded instead of recomputed.
         overwrite: delete ``out`` first and start afresh.
         on_checkpoint: optional callable(key) called after each checkpoint is written.
+        dist: a :class:`~inductionlab.distributed.Dist` of several processes (torchrun; every rank
+            calls with the same arguments): head scores, lag probe and serial recall are sharded
+            by batch over the ranks, every rank returns the same study, rank 0 alone writes ``out``.
 
     Returns: :class:`TemporalStudy`.
 
@@ -209,7 +213,7 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     check_trial_ids(lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2)), loaded, "lag probe")
     check_trial_ids(serial_recall.build_trials(loaded, replace(rec_cfg, n_trials=1)), loaded, "serial recall")
     run = ResumableRun(out, "study-temporal", _params(loaded, cfg, ks, N, lag_cfg, rec_cfg), overwrite=overwrite,
-                       on_checkpoint=on_checkpoint, inputs=[loaded.identity.get("path")])
+                       on_checkpoint=on_checkpoint, inputs=[loaded.identity.get("path")], dist=dist)
     resumed = run.open()
     timings: dict[str, float] = {}
 
@@ -248,8 +252,11 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
         "serial_recall": recall.to_json(),
         "load_bearing": None if lb_table is None else {"table": lb_table.to_dict(orient="records"),
                                                        "concentration": conc, "n_trials": lb_n},
+        "distributed": (dist or Dist()).record(),
     }
     study = TemporalStudy(loaded, cfg, hs, conditions, lag, recall, lb_table, conc, head, verd, record, ks, timings)
+    if not run.is_main:
+        return study
     t = time.perf_counter()
     report.write_temporal_outputs(out, study, MEASURES)
     timings["write_s"] = time.perf_counter() - t

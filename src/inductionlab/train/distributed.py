@@ -1,5 +1,6 @@
-"""Everything distributed in one place (torchtitan's ``distributed/``), so the single-process path
-stays plain PyTorch.
+"""Everything distributed about training in one place (torchtitan's ``distributed/``), so the
+single-process path stays plain PyTorch. The process group itself (:class:`Dist`, :func:`init`,
+:func:`barrier`, :func:`mean_across`) is :mod:`inductionlab.distributed`, shared with the analysis.
 
 Launch with PyTorch's own launcher: ``torchrun --nproc_per_node=N -m inductionlab.cli train ...``
 (multi-node: add ``--nnodes``, ``--node_rank``, ``--rdzv_endpoint``). :func:`init` reads the
@@ -17,55 +18,16 @@ Only rank 0 writes files; state dicts are gathered to full, CPU-resident tensors
 from __future__ import annotations
 
 import contextlib
-import os
-from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-
-@dataclass(frozen=True)
-class Dist:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    device: torch.device = torch.device("cpu")
-    backend: str | None = None
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
+from ..distributed import Dist, barrier, init as _init, mean_across, shutdown  # noqa: F401 (shared with analysis)
 
 
 def init() -> Dist:
-    """Join the process group when launched by torchrun with WORLD_SIZE > 1; pick the device."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", local) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if world <= 1:
-        return Dist(device=device)
-    backend = "nccl" if cuda else "gloo"
-    if not dist.is_initialized():
-        dist.init_process_group(backend=backend, device_id=device if cuda else None)
-    return Dist(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local, device=device,
-                backend=backend)
-
-
-def shutdown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def barrier(d: Dist) -> None:
-    if d.distributed:
-        dist.barrier()
+    """Join the process group when launched by torchrun with WORLD_SIZE > 1; the device is CUDA
+    (``cuda:LOCAL_RANK``) when available, else the CPU (:func:`inductionlab.distributed.init`)."""
+    return _init()
 
 
 def wrap(model: torch.nn.Module, mode: str, d: Dist, bf16: bool) -> torch.nn.Module:
@@ -110,14 +72,6 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return float(norm)
-
-
-def mean_across(value: float, d: Dist) -> float:
-    if not d.distributed:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=d.device)
-    dist.all_reduce(t)
-    return float(t.item()) / d.world_size
 
 
 def full_model_state(model: torch.nn.Module, mode: str, d: Dist) -> dict | None:
