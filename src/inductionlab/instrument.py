@@ -351,6 +351,7 @@ class Instrumentation:
         self.fused_calls = 0     # attention calls that ran the fused kernel (reductions from its log-sum-exp)
         self._forward_pos: tuple[torch.Tensor, int, int] | None = None   # (abs [B, Ktot], past, T)
         self._pos_cache: dict[tuple[int, int, int], Positions] = {}
+        self._causal_cache: dict[tuple, bool] = {}   # per forward: is this (shared) layer mask plain causal?
         self._signature = None
 
     # -- absolute positions ---------------------------------------------------------------
@@ -367,6 +368,7 @@ class Instrumentation:
         x = get("input_ids")
         x = get("inputs_embeds") if x is None else x
         self._pos_cache = {}
+        self._causal_cache = {}
         if x is None or x.dim() < 2:
             self._forward_pos = None
             return
@@ -438,18 +440,25 @@ class Instrumentation:
                 and self._orig_impl != "eager" and kwargs.get("softcap") is None and kwargs.get("s_aux") is None
                 and not module.training)
 
-    def _fused_attention(self, module, query, key, value, attention_mask, kwargs):
+    def _plain_causal(self, mask: torch.Tensor) -> bool:
+        """:func:`_is_plain_causal`, checked once per forward for the mask every layer shares
+        (the check reads all Q² entries; 30 layers of it cost ~6% of a 513-token forward)."""
+        key = (mask.data_ptr(), tuple(mask.shape), tuple(mask.stride()), mask.dtype)
+        if key not in self._causal_cache:
+            self._causal_cache[key] = _is_plain_causal(mask)
+        return self._causal_cache[key]
+
+    def _fused_attention(self, module, query, key, value, attention_mask, kwargs, edited: bool):
         """SDPA's CPU flash kernel on the (edited) additive mask: ``(out [B, Q, H, D], lse [B, H, Q])``
-        plus what is needed to read target probabilities from the log-sum-exp (:meth:`_mass_from_lse`)."""
+        plus what is needed to read target probabilities from the log-sum-exp (:meth:`_mass_from_lse`).
+        GQA key/value heads go in as they are (the kernel maps query head h to KV head
+        ``h // (H / H_kv)``, as ``repeat_kv`` does), so they are never copied."""
         B, H, Q, D = query.shape
         K = key.shape[-2]
-        if key.shape[1] != H:                                    # GQA: each query head reads its KV head
-            key = key.repeat_interleave(H // key.shape[1], dim=1)
-            value = value.repeat_interleave(H // value.shape[1], dim=1)
         scale = kwargs.get("scaling")
         scale = D ** -0.5 if scale is None else float(scale)
         mask = None if attention_mask is None else attention_mask[..., :K].to(query.dtype)
-        if mask is not None and Q == K and mask.shape[1] == 1 and _is_plain_causal(mask):
+        if mask is not None and not edited and Q == K and mask.shape[1] == 1 and self._plain_causal(mask):
             mask = None                    # no padding, window or edit: the kernel skips the masked blocks
         causal = mask is None and Q == K and Q > 1
         if mask is None and not causal and Q > 1:              # no mask and Q != K: bottom-right causal
@@ -463,8 +472,10 @@ class Instrumentation:
         """``[B, H, Q]`` probability of each query's target slot: ``exp(scale·q·k_t + mask_t − lse)``."""
         query, key, mask, scale, lse = ctx
         B, H, Q, D = query.shape
-        k_t = key.gather(2, slot.clamp(min=0)[:, None, :, None].expand(B, H, Q, D))       # [B, H, Q, D]
-        logit = (query.float() * k_t.float()).sum(-1) * scale
+        Hkv = key.shape[1]                                       # GQA: query head h reads KV head h // (H / Hkv)
+        k_t = key.gather(2, slot.clamp(min=0)[:, None, :, None].expand(B, Hkv, Q, D))     # [B, Hkv, Q, D]
+        q = query.float().reshape(B, Hkv, H // Hkv, Q, D)
+        logit = (q * k_t.float()[:, :, None]).sum(-1).view(B, H, Q) * scale
         if mask is not None:
             m = mask if mask.dim() == 4 else mask[None, None]
             m = m.expand(B, m.shape[1], Q, m.shape[-1])
@@ -510,7 +521,7 @@ class Instrumentation:
             attention_mask = new
         fused = None
         if self._fused_ok(module, query, kwargs):
-            out, fused = self._fused_attention(module, query, key, value, attention_mask, kwargs)
+            out, fused = self._fused_attention(module, query, key, value, attention_mask, kwargs, bool(mask_edits))
             weights = None
             self.fused_calls += 1
         else:
