@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from .errors import InductionLabError
+from .reuse import first_ablated_layer
 
 REFERENCE_TRIALS = 8   # trials in the mean-ablation reference batch (decision: the first 8 of the run)
 
@@ -115,9 +116,20 @@ def ablation_context(model, heads, method: str = "zero", reference_ids: torch.Te
     return ablate(model, heads, method, reference_ids=reference_ids)
 
 
+def residual_cache(model, conditions: Sequence, max_bytes: int = 4 << 30):
+    """A :class:`~inductionlab.reuse.ResidualCache` for ``conditions`` (their first ablated layers),
+    or None when the architecture is not one it supports (then every condition runs in full)."""
+    from .reuse import ResidualCache, decoder_layers, first_ablated_layer
+
+    layers = decoder_layers(model)
+    if layers is None:
+        return None
+    return ResidualCache(model, [first_ablated_layer(c.heads, len(layers)) for c in conditions], max_bytes)
+
+
 def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, torch.Tensor], *, method: str = "zero",
                    batch_size: int | None = None, measure_batch: MeasureBatch, progress=None,
-                   logit_positions: int = 1) -> dict[str, dict[str, np.ndarray]]:
+                   logit_positions: int = 1, reuse=True) -> dict[str, dict[str, np.ndarray]]:
     """Run ``measure_batch`` over all ``trials`` under each condition.
 
     Args:
@@ -130,6 +142,11 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
         measure_batch: ``(model, batch) -> {measure: Tensor [b, ...]}`` (see module docstring).
         progress: optional callable(n_trials_done).
         logit_positions: logits kept per trial (for :func:`auto_batch_size` only).
+        reuse: True: skip the layers below each condition's first ablated head, feeding them the
+            hidden state recorded in an earlier pass over the same batch (:mod:`inductionlab.reuse`;
+            bit-identical results; architectures it does not support run in full); False: every
+            condition runs in full; or a :class:`~inductionlab.reuse.ResidualCache` shared across
+            calls (a study that runs one condition per call).
 
     Returns:
         condition name -> measure -> numpy array ``[n_trials, ...]`` (dtype as measured).
@@ -145,11 +162,13 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
     n = len(ids)
     bs = batch_size or auto_batch_size(loaded, ids.shape[1], logit_positions)
     ref = ids[: min(REFERENCE_TRIALS, n)].to(device) if method == "mean" else None
+    cache = residual_cache(model, conditions) if reuse is True else reuse or None
     out: dict[str, dict[str, np.ndarray]] = {}
     with torch.inference_mode():
         for c in conditions:
             parts: dict[str, list[torch.Tensor]] = {}
-            with ablation_context(model, c.heads or None, method, ref):
+            serve = cache.use(first_ablated_layer(c.heads, len(cache.layers))) if cache else contextlib.nullcontext()
+            with ablation_context(model, c.heads or None, method, ref), serve:
                 for s in range(0, n, bs):
                     batch = {k: v[s:s + bs].to(device) for k, v in trials.items()}
                     for key, value in measure_batch(model, batch).items():
