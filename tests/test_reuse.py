@@ -127,3 +127,18 @@ def test_budget_and_other_trials():
     assert cache.skipped == 0 and np.array_equal(plain["L2b"]["logits"], again["L2b"]["logits"])
     run_conditions(loaded, [L2B], trials(4), batch_size=4, measure_batch=logits3, reuse=cache)
     assert cache.skipped == 2                                    # the recorded batch itself is served
+
+
+def test_instrumentation_that_reads_every_layer_is_never_served():
+    from inductionlab.instrument import HeadIntervention, ablate, instrument
+    model = tiny3("gpt_neox")
+    ids = trials(2).tensors["ids"]
+    cache = residual_cache(model, CONDITIONS[1:2])
+    with torch.inference_mode():
+        with ablate(model, [(2, 0)]), cache.use(2):
+            model(input_ids=ids)                                 # records the state entering layer 2
+        prev = torch.arange(-1, ids.shape[1] - 1)                # each query's previous token
+        with instrument(model, [HeadIntervention(2, 0, "zero")], reductions={"prev": prev}) as inst, cache.use(2):
+            model(input_ids=ids)
+    assert len(cache.states) == 1 and cache.skipped == 0
+    assert (inst.reduced["prev"][:2, ..., 1:] > 0).all()          # layers 0 and 1 ran and were read

@@ -15,7 +15,10 @@ on the condition's heads (none for ``intact``; for ``mean`` ablation the referen
 the first :data:`REFERENCE_TRIALS` trials' ``ids``), runs the trials in batches of
 ``batch_size`` under ``torch.inference_mode``, reports progress in trials, and concatenates
 each measure over batches into a numpy array ``[n_trials, ...]``. Every condition sees the
-same trials in the same order, so differences between conditions are paired.
+same trials in the same order, so differences between conditions are paired — and so a
+condition that ablates nothing below layer ``l`` is fed the hidden state entering ``l`` recorded
+by an earlier ablated condition on the same batch, skipping layers ``0..l-1`` (bit-identical;
+:mod:`inductionlab.reuse`; ``reuse=False`` turns it off).
 
 Batches here are rectangular (every trial of a protocol has the same length). Sequences of
 different lengths go through :func:`pad_left`, which derives ``position_ids`` from the

@@ -72,19 +72,17 @@ class ResidualCache:
         self.skipped = 0                      # layer passes not computed (for the record)
 
     def _key(self, args, kwargs):
-        """Key of an eligible call, else None."""
-        if args or self.model.config._attn_implementation != "inductionlab" or kwargs.get("use_cache"):
+        """Key of an eligible call (its arguments but ``_IGNORED``), else None."""
+        from .instrument import _ACTIVE, FUNCTION_NAME   # here: importing this module does not import transformers
+
+        if args or self.model.config._attn_implementation != FUNCTION_NAME or kwargs.get("use_cache") \
+                or kwargs.get("output_hidden_states") or kwargs.get("output_attentions") \
+                or any(kwargs.get(n) is not None for n in ("past_key_values", "cache", "inputs_embeds")) \
+                or not isinstance(kwargs.get("input_ids"), torch.Tensor):
             return None
-        if any(kwargs.get(n) is not None for n in ("past_key_values", "cache", "inputs_embeds")) or \
-                kwargs.get("output_hidden_states") or kwargs.get("output_attentions") or \
-                not isinstance(kwargs.get("input_ids"), torch.Tensor):
-            return None
-        from .instrument import _ACTIVE, _model_attention_modules
-        for mid in _model_attention_modules(self.model):
-            inst = _ACTIVE[mid].inst if mid in _ACTIVE else None
-            if inst is not None and (inst.reduction_targets or inst.keep_patterns or inst.capture_head_means):
-                return None
-            break
+        slot = next((_ACTIVE[id(m)] for m in self.layers[0].modules() if id(m) in _ACTIVE), None)
+        if slot is not None and (slot.inst.reduction_targets or slot.inst.keep_patterns or slot.inst.capture_head_means):
+            return None                   # an instrumentation that reads every layer
         return {k: v for k, v in kwargs.items() if k not in _IGNORED}
 
     @staticmethod
