@@ -161,7 +161,8 @@ class ResidualCache:
                     return
                 h = output[0] if isinstance(output, tuple) else output
                 state = h.detach().to("cpu", copy=True)
-                key = {k: x.cpu() if isinstance(x, torch.Tensor) else x for k, x in call["key"].items()}
+                key = {k: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else x
+                       for k, x in call["key"].items()}
                 self.states.setdefault((v, call["fp"]), []).append((key, state, isinstance(output, tuple)))
                 self.nbytes += state.numel() * state.element_size()
             return hook
