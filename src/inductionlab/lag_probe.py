@@ -51,6 +51,7 @@ class LagProbeConfig:
     bos: bool = True
     method: str = "zero"            # ablation method: zero | mean | sink
     far_lag: int = 20               # word-prior baseline: trials where the word sits at |lag| > far_lag
+    reuse_residual: bool = True     # skip layers below a condition's first ablated head (bit-identical; reuse.py)
 
     def validate(self) -> None:
         """Check the options that need no model (called before any model is loaded).
@@ -360,7 +361,7 @@ def run_lag_probe(loaded: LoadedModel, conditions: list[Condition], cfg: LagProb
     trials = build_trials(loaded, cfg)
     data = run_conditions(loaded, conditions, trials, method=cfg.method,
                           batch_size=cfg.batch_size, measure_batch=partial(measure_batch, cfg=cfg), progress=progress,
-                          dist=dist)
+                          dist=dist, reuse=cfg.reuse_residual)
     return LagProbeResult({n: d["probs"] for n, d in data.items()}, {n: d["list_mass"] for n, d in data.items()},
                           {n: d["argmax_lag"] for n, d in data.items()}, list(conditions), cfg, trials.words,
                           list_ids=list_ids_of(data))

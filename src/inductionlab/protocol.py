@@ -15,7 +15,10 @@ on the condition's heads (none for ``intact``; for ``mean`` ablation the referen
 the first :data:`REFERENCE_TRIALS` trials' ``ids``), runs the trials in batches of
 ``batch_size`` under ``torch.inference_mode``, reports progress in trials, and concatenates
 each measure over batches into a numpy array ``[n_trials, ...]``. Every condition sees the
-same trials in the same order, so differences between conditions are paired. Given a
+same trials in the same order, so differences between conditions are paired — and so a
+condition that ablates nothing below layer ``l`` is fed the hidden state entering ``l`` recorded
+by an earlier ablated condition on the same batch, skipping layers ``0..l-1`` (bit-identical;
+:mod:`inductionlab.reuse`; ``reuse=False`` turns it off). Given a
 :class:`~inductionlab.distributed.Dist` of several processes (torchrun) it runs batch ``b`` on
 rank ``b % world_size`` and gathers the batches back in order, so every rank gets the arrays of
 one process (:mod:`inductionlab.distributed`).
@@ -37,6 +40,7 @@ import torch
 
 from . import distributed as D
 from .errors import InductionLabError
+from .reuse import first_ablated_layer
 
 REFERENCE_TRIALS = 8   # trials in the mean-ablation reference batch (decision: the first 8 of the run)
 
@@ -119,9 +123,20 @@ def ablation_context(model, heads, method: str = "zero", reference_ids: torch.Te
     return ablate(model, heads, method, reference_ids=reference_ids)
 
 
+def residual_cache(model, conditions: Sequence, max_bytes: int = 4 << 30):
+    """A :class:`~inductionlab.reuse.ResidualCache` for ``conditions`` (their first ablated layers),
+    or None when the architecture is not one it supports (then every condition runs in full)."""
+    from .reuse import ResidualCache, decoder_layers, first_ablated_layer
+
+    layers = decoder_layers(model)
+    if layers is None:
+        return None
+    return ResidualCache(model, [first_ablated_layer(c.heads, len(layers)) for c in conditions], max_bytes)
+
+
 def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, torch.Tensor], *, method: str = "zero",
                    batch_size: int | None = None, measure_batch: MeasureBatch, progress=None,
-                   logit_positions: int = 1, dist=None) -> dict[str, dict[str, np.ndarray]]:
+                   logit_positions: int = 1, dist=None, reuse=True) -> dict[str, dict[str, np.ndarray]]:
     """Run ``measure_batch`` over all ``trials`` under each condition.
 
     Args:
@@ -137,6 +152,11 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
         dist: a :class:`~inductionlab.distributed.Dist` to shard over (every rank calls with the same
             arguments): batch ``b`` runs on rank ``b % world_size`` and the batches are gathered in
             order, so every rank returns the arrays of one process. None: one process.
+        reuse: True: skip the layers below each condition's first ablated head, feeding them the
+            hidden state recorded in an earlier pass over the same batch (:mod:`inductionlab.reuse`;
+            bit-identical results; architectures it does not support run in full); False: every
+            condition runs in full; or a :class:`~inductionlab.reuse.ResidualCache` shared across
+            calls (a study that runs one condition per call).
 
     Returns:
         condition name -> measure -> numpy array ``[n_trials, ...]`` (dtype as measured).
@@ -153,11 +173,13 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
     bs = D.min_across(batch_size or auto_batch_size(loaded, ids.shape[1], logit_positions), dist)
     ref = ids[: min(REFERENCE_TRIALS, n)].to(device) if method == "mean" else None   # the same on every rank
     main = dist is None or dist.is_main
+    cache = residual_cache(model, conditions) if reuse is True else reuse or None
     out: dict[str, dict[str, np.ndarray]] = {}
     with torch.inference_mode():
         for c in conditions:
             batches: list[dict[str, torch.Tensor]] = []
-            with ablation_context(model, c.heads or None, method, ref):
+            serve = cache.use(first_ablated_layer(c.heads, len(cache.layers))) if cache else contextlib.nullcontext()
+            with ablation_context(model, c.heads or None, method, ref), serve:
                 for s in D.local_batches(n, bs, dist):      # all of them on one process
                     batch = {k: v[s:s + bs].to(device) for k, v in trials.items()}
                     batches.append({key: value.cpu() for key, value in measure_batch(model, batch).items()})

@@ -68,6 +68,7 @@ class SerialRecallConfig:
     shot_separator: str = "\n\n"
     bos: bool = True
     generate: bool = True           # also greedy generation (exact match, CRP of recalls)
+    reuse_residual: bool = True     # skip layers below a condition's first ablated head (bit-identical; reuse.py)
     method: str = "zero"            # ablation method: zero | mean | sink
 
     def validate(self) -> None:
@@ -312,5 +313,5 @@ def run_serial_recall(loaded: LoadedModel, conditions: list[Condition], cfg: Ser
     trials = build_trials(loaded, cfg)
     data = run_conditions(loaded, conditions, trials, method=cfg.method,
                           batch_size=cfg.batch_size, measure_batch=partial(measure_batch, cfg=cfg), progress=progress,
-                          logit_positions=cfg.list_length, dist=dist)
+                          logit_positions=cfg.list_length, dist=dist, reuse=cfg.reuse_residual)
     return SerialRecallResult(data, list(conditions), cfg, trials.words)

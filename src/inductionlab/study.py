@@ -42,7 +42,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .errors import InductionLabError
-from .protocol import run_conditions
+from .protocol import residual_cache, run_conditions
 from .runs import ResumableRun
 from .scores import HeadScores, compute_head_scores
 
@@ -162,7 +162,9 @@ def run_phases(run: ResumableRun, loaded, phases: Sequence[Phase], protocols: Ma
     Args:
         protocols: protocol name -> module with ``build_trials(loaded, cfg)`` and
             ``measure_batch(model, batch, cfg)``; trials are built once per protocol, on first need.
-        configs: protocol name -> its config (``method``, ``batch_size`` are read).
+        configs: protocol name -> its config (``method``, ``batch_size``, ``reuse_residual`` are read;
+            with reuse, one :class:`~inductionlab.reuse.ResidualCache` per protocol serves all its
+            phases, though each condition is its own call).
         condition_sets: name -> list of :class:`~inductionlab.ablation.Condition`.
         n_trials: phase key -> trials used (the first ones: a phase can reuse the start of a run).
         timings: optional dict; ``<phase>_s`` accumulates the compute time of each phase.
@@ -175,6 +177,9 @@ def run_phases(run: ResumableRun, loaded, phases: Sequence[Phase], protocols: Ma
     todo = [(ph, c) for ph in phases for c in condition_sets[ph.conditions]]
     pending = [(ph, c) for ph, c in todo if not run.done(f"{ph.key}/{c.name}")]
     trials: dict[str, object] = {}
+    caches = {p: residual_cache(loaded.model, [c for ph in phases if ph.protocol == p
+                                               for c in condition_sets[ph.conditions]])
+              for p, cfg in configs.items() if getattr(cfg, "reuse_residual", False)}
     parts: dict[str, dict[str, dict]] = {ph.key: {} for ph in phases}
     words: dict[str, list[str]] = {}
     with tqdm(total=sum(n_trials[ph.key] for ph, _ in pending), desc="conditions", unit="trial",
@@ -191,7 +196,8 @@ def run_phases(run: ResumableRun, loaded, phases: Sequence[Phase], protocols: Ma
                 tr = trials[ph.protocol].head(n_trials[ph.key])
                 arrays = run_conditions(loaded, [c], tr, method=cfg.method, batch_size=cfg.batch_size,
                                         measure_batch=lambda m, b: module.measure_batch(m, b, cfg),
-                                        progress=bar.update, dist=run.dist)[c.name]
+                                        progress=bar.update, dist=run.dist,
+                                        reuse=caches.get(ph.protocol) or False)[c.name]
                 timings[f"{ph.key}_s"] = timings.get(f"{ph.key}_s", 0.0) + time.perf_counter() - t
                 return {**arrays, "words": np.asarray(tr.words)}
 
