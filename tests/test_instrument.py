@@ -282,3 +282,34 @@ def test_method_misuse_is_one_line():
             pass
     with pytest.raises(InductionLabError, match="holds no real token"):
         head_output_means(model, torch.ones(1, 4, dtype=torch.long), attention_mask=torch.zeros(1, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_ablated_forward_lets_sdpa_run_causal_as_the_plain_model_does(arch, monkeypatch):
+    """Under instrumentation the model's mask function is ours and builds an explicit causal mask;
+    a layer without mask edits must still reach SDPA with no mask and is_causal (the plain model's
+    call, which skips the masked blocks), and a padded batch must keep its mask."""
+    model = make_tiny(arch)
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
+        calls.append((attn_mask is None, bool(is_causal)))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    ids = ids_for(model)
+    n_layers = attention_shape(model.config)["n_layers"]
+    with torch.inference_mode():
+        plain = model(input_ids=ids).logits
+        calls.clear()
+        with ablate(model, [(1, 0)], "zero"):
+            zeroed = model(input_ids=ids).logits
+    assert calls == [(True, True)] * n_layers
+    assert not torch.equal(plain, zeroed)                       # the ablation did run
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0                                             # left padding: the mask must stay
+    calls.clear()
+    with torch.inference_mode(), ablate(model, [(1, 0)], "zero"):
+        model(input_ids=ids, attention_mask=mask)
+    assert calls and all(c == (False, False) for c in calls)
