@@ -10,7 +10,9 @@ Sub-benchmarks (``--only`` picks some):
 
 * ``scoring``: the induction score of all 270 heads on 8 × ``[BOS] + S + S`` (|S| = 256, 513
   tokens), fp32: the bare forward (SDPA, ``logits_to_keep=1``, the floor); inductionlab's
-  reduction path and ``compute_head_scores`` (this checkout, and ``--before SRC``: another
+  reduction path and ``compute_head_scores`` (the score alone; with the induction loss, which
+  runs the LM head on every position; all five scores, which read two sequence sets, so two
+  forwards: compare with 2 × the floor) (this checkout, and ``--before SRC``: another
   checkout's src, e.g. /work/main/src); transformers eager ``output_attentions=True``;
   TransformerLens (``--tl-python``: a venv with transformer-lens; its bridge is booted from a
   local ``save_pretrained`` copy of the same weights, no hub).
@@ -128,8 +130,11 @@ def worker(name: str, B: int, n: int, inner: int, dtype: str) -> dict:
                 o = model(input_ids=ids, logits_to_keep=1, output_attentions=True)
                 return _induction_from_attn(o.attentions, n)
             from inductionlab.scores import compute_head_scores
-            names = ("induction",) if name == "scores_induction" else None
-            kw = {"names": names} if names else {}
+            # scores_induction: the score alone (the job the other contenders do);
+            # scores_induction_loss: + the induction loss (LM head on every position);
+            # scores_all: the public default, five scores (two sequence sets: two forwards) + the loss
+            kw = {"names": ("induction",), "induction_loss": False} if name == "scores_induction" else \
+                 {"names": ("induction",)} if name == "scores_induction_loss" else {}
             hs = compute_head_scores(lm, sequences=S, batch_size=B, **kw)
             return torch.as_tensor(hs.scores["induction"])
     run()                                         # warm-up
@@ -339,7 +344,8 @@ def main() -> None:
     ap.add_argument("--before", default=None, help="src of another checkout (before/after rows)")
     ap.add_argument("--tl-python", default=None)
     ap.add_argument("--hf-dir", default="/tmp/smollm2-135m-hf")
-    ap.add_argument("--tscale", default="128,256,512,1024,2048")
+    ap.add_argument("--tscale", default="128,256,512,1024,2048,4096",
+                    help="|S| values (T = 2|S| + 1; 4096 reaches SmolLM2's 8192-token context)")
     ap.add_argument("--eager-max-t", type=int, default=1100, help="skip eager in tscale above this T (memory)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -395,7 +401,8 @@ def main() -> None:
         contenders = [("bare forward, SDPA, logits_to_keep=1 (floor)", "bare", SRC, None),
                       ("inductionlab reduction path (instrument reductions=)", "reduction", SRC, None),
                       ("inductionlab compute_head_scores(induction)", "scores_induction", SRC, None),
-                      ("inductionlab compute_head_scores (all five)", "scores_all", SRC, None),
+                      ("inductionlab compute_head_scores(induction) + induction loss", "scores_induction_loss", SRC, None),
+                      ("inductionlab compute_head_scores (all five: 2 sequence sets) + loss", "scores_all", SRC, None),
                       ("transformers eager output_attentions=True", "eager", SRC, None)]
         if args.before:
             contenders += [("inductionlab compute_head_scores(induction) @before", "scores_induction", Path(args.before), None),

@@ -74,3 +74,13 @@ def tiny_loaded(word_tokenizer):
     from inductionlab.models import LoadedModel, attention_shape
     model = make_tiny("llama")
     return LoadedModel(model, word_tokenizer, {"name": "tiny-llama", **attention_shape(model.config)})
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, word_tokenizer):
+    """A model directory for CLI tests: a tiny Llama (context 64) saved with ``save_pretrained``,
+    with the word-level tokenizer."""
+    d = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny("llama", ctx=64).save_pretrained(d)
+    word_tokenizer.save_pretrained(d)
+    return d

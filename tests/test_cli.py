@@ -7,19 +7,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from conftest import make_tiny
 from inductionlab.cli import main
 
 FAST = ["--n-permutations", "3", "--list-length", "24", "--cue-position", "12", "--ks", "1,2", "--n-draws", "2",
         "--score-seq-len", "8", "--score-batch-size", "4", "--top", "3", "--quiet", "--dtype", "float32"]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, word_tokenizer):
-    d = tmp_path_factory.mktemp("tiny-llama")
-    make_tiny("llama", ctx=64).save_pretrained(d)
-    word_tokenizer.save_pretrained(d)
-    return d
 
 
 def run(args):

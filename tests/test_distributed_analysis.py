@@ -153,16 +153,6 @@ FAST = ["--n-permutations", "5", "--list-length", "24", "--cue-position", "12", 
         "--dtype", "float32", "--threads", "1", "--method", "mean"]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, word_tokenizer):
-    from conftest import make_tiny
-
-    d = tmp_path_factory.mktemp("tiny-llama")
-    make_tiny("llama", ctx=64).save_pretrained(d)
-    word_tokenizer.save_pretrained(d)
-    return d
-
-
 def _numbers(res: dict) -> dict:
     return {k: v for k, v in res.items() if k not in ("timings", "versions", "distributed")}
 
