@@ -50,7 +50,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .errors import InductionLabError
@@ -260,7 +260,28 @@ def _dispatch(module, query, key, value, attention_mask, **kwargs):
 
 
 AttentionInterface.register(FUNCTION_NAME, _dispatch)
-AttentionMaskInterface.register(FUNCTION_NAME, eager_mask)
+def _mask(*args, **kwargs):
+    """The mask function of our attention: None where SDPA's own test says plain causal attention
+    needs no mask (no padding; :func:`transformers.masking_utils.sdpa_mask` with
+    ``allow_is_causal_skip``), else eager's additive ``[B, 1, Q, K]`` mask. A None mask is made
+    causal by the attention call only on the paths that need one (eager, mask edits), so the
+    ``[Q, K]`` mask is not built for the fused and SDPA paths (67 MB at 4,097 tokens in fp32)."""
+    kwargs.pop("allow_is_causal_skip", None)
+    skip = {k: v for k, v in kwargs.items() if k != "dtype"}
+    if sdpa_mask(*args, allow_is_causal_skip=True, **skip) is None:
+        return None
+    return eager_mask(*args, **kwargs)
+
+
+def _causal_mask(Q: int, K: int, dtype, device) -> torch.Tensor:
+    """Additive causal mask ``[1, 1, Q, K]`` for the last ``Q`` of ``K`` positions (query i sees keys
+    ``≤ i + K − Q``): 0 where attended, the dtype's minimum elsewhere."""
+    m = torch.zeros(Q, K, dtype=dtype, device=device)
+    return m.masked_fill(torch.ones(Q, K, dtype=torch.bool, device=device).triu(K - Q + 1),
+                         torch.finfo(dtype).min)[None, None]
+
+
+AttentionMaskInterface.register(FUNCTION_NAME, _mask)
 
 
 def gather_targets(weights: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -504,6 +525,9 @@ class Instrumentation:
         pos = self._positions(B, Q, K, query.device)
         row_dead = None
         mask_edits = [(i, iv, m) for i, iv, m in ivs if m.cut is not None]
+        if attention_mask is None and Q > 1 and (mask_edits or not (
+                self._fused_ok(module, query, kwargs) or self._base(module, kwargs) is ALL_ATTENTION_FUNCTIONS["sdpa"])):
+            attention_mask = _causal_mask(Q, K, query.dtype, query.device)   # _mask skipped it: this path needs it
         if mask_edits:
             if attention_mask is None:
                 attention_mask = torch.zeros(B, 1, Q, K, dtype=query.dtype, device=query.device)
