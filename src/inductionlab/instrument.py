@@ -549,13 +549,7 @@ class Instrumentation:
             weights = None
             self.fused_calls += 1
         else:
-            fn = self._base(module, kwargs)
-            if (fn is ALL_ATTENTION_FUNCTIONS["sdpa"] and not mask_edits and attention_mask is not None
-                    and Q == K > 1 and attention_mask.shape[1] == 1 and self._plain_causal(attention_mask[..., :K])):
-                # SDPA given the explicit causal mask (built because the model's mask function is ours)
-                # cannot skip the masked blocks; without it SDPA runs is_causal, as the plain model does
-                attention_mask = None
-            out, weights = fn(module, query, key, value, attention_mask, **kwargs)
+            out, weights = self._base(module, kwargs)(module, query, key, value, attention_mask, **kwargs)
         # out: [B, Q, H, D]; weights: [B, H, Q, K] or None (fused: the log-sum-exp instead)
         zeroed = []
         edits = [(i, iv, m) for i, iv, m in ivs if m.replace is not None]
