@@ -74,6 +74,19 @@ class PeakRSS:
 # ----------------------------------------------------------------------------------------------
 # workers (run in a child process)
 
+def timed(run, inner: int):
+    """One warm-up call of ``run``, then ``inner`` timed calls: ``(seconds, extra peak GB, last result)``."""
+    run()
+    times, mems = [], []
+    for _ in range(inner):
+        with PeakRSS() as p:
+            t0 = time.perf_counter()
+            res = run()
+            times.append(time.perf_counter() - t0)
+        mems.append(p.extra / 1e9)
+    return times, mems, res
+
+
 def _load(dtype="float32", attn="sdpa"):
     import torch
 
@@ -137,14 +150,7 @@ def worker(name: str, B: int, n: int, inner: int, dtype: str) -> dict:
                  {"names": ("induction",)} if name == "scores_induction_loss" else {}
             hs = compute_head_scores(lm, sequences=S, batch_size=B, **kw)
             return torch.as_tensor(hs.scores["induction"])
-    run()                                         # warm-up
-    times, mems = [], []
-    for _ in range(inner):
-        with PeakRSS() as p:
-            t0 = time.perf_counter()
-            res = run()
-            times.append(time.perf_counter() - t0)
-        mems.append(p.extra / 1e9)
+    times, mems, res = timed(run, inner)
     out.update(time_s=times, extra_peak_gb=mems)
     if res is not None:
         res = res.double()
@@ -166,14 +172,7 @@ def tl_worker(B: int, n: int, inner: int) -> dict:
             _, cache = bridge.run_with_cache(ids, names_filter=flt)
             pats = [cache[k] for k in sorted(cache.keys(), key=lambda s: int(s.split(".")[1]))]
             return _induction_from_attn(pats, n)
-    run()
-    times, mems = [], []
-    for _ in range(inner):
-        with PeakRSS() as p:
-            t0 = time.perf_counter()
-            res = run()
-            times.append(time.perf_counter() - t0)
-        mems.append(p.extra / 1e9)
+    times, mems, res = timed(run, inner)
     res = res.double()
     return {"time_s": times, "extra_peak_gb": mems, "scores": res.flatten().tolist(),
             "top10": [int(i) for i in res.flatten().argsort(descending=True)[:10]],
