@@ -69,7 +69,7 @@ def test_cli_end_to_end_on_a_trained_checkpoint(trained, tmp_path):
     # one intact prompt's rank re-derived by a plain forward pass of the checkpoint
     from inductionlab.icl_tasks import build_tasks, make_prompts
     from inductionlab.models import load_model
-    lm = load_model(str(run))
+    lm = load_model(str(run), dtype="float32")
     p = make_prompts(build_tasks(["copy"])["copy"], lm.tokenizer, shots=(10,), n_prompts=3, seed=0, permuted=False,
                      bos_id=lm.tokenizer.bos_token_id)[1]
     with torch.no_grad():
@@ -99,7 +99,7 @@ def test_cli_end_to_end_on_a_trained_checkpoint(trained, tmp_path):
 def test_resume_reuses_finished_pieces(trained, tmp_path):
     from inductionlab.models import load_model
     data, run = trained
-    lm = load_model(str(run))
+    lm = load_model(str(run), dtype="float32")
     cfg = small_config()
 
     class Stop(Exception):

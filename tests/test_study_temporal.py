@@ -29,7 +29,7 @@ def tiny_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny(tiny_dir):
     from inductionlab.models import load_model
-    return load_model(str(tiny_dir))
+    return load_model(str(tiny_dir), dtype="float32")
 
 
 def test_default_ks_scale_with_head_count():

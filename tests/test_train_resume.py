@@ -143,7 +143,7 @@ def test_checkpoint_reloads_through_load_model(runs):
 
     tmp, data = runs
     ck = tmp / "ref" / "checkpoints" / f"step_{STEPS:08d}"
-    loaded = load_model(str(ck))
+    loaded = load_model(str(ck), dtype="float32")
     assert type(loaded.model).__name__ == "LlamaForCausalLM" and loaded.tokenizer.vocab_size == 300
     shards = TokenShards.open(data)
     ids = torch.from_numpy(np.asarray(shards.heldout[:64], dtype=np.int64))[None]

@@ -21,7 +21,7 @@ from .distributed import Dist
 from .errors import InductionLabError
 from .instrument import self_check
 from .lag_probe import LagProbeConfig, LagProbeResult
-from .models import LoadedModel, ran_identity
+from .models import LoadedModel, announce_dtype, params_identity, ran_identity
 from .protocol import check_method
 from .runs import ResumableRun, atomic_write_json, atomic_write_text, versions
 from .scores import HeadScores
@@ -36,7 +36,8 @@ class AnalyzeConfig:
     """Parameters of the main job. Defaults are sized for ≤ 10 minutes on 2 CPU cores.
 
     ``seed`` and ``method`` are the job's: they replace the lag-probe config's own. The model,
-    dtype and device are not here: they are how ``loaded`` was loaded, recorded in its identity."""
+    dtype and device are not here: they are how ``loaded`` was loaded, recorded in its identity
+    (the run's ``params`` hold the identity less the device: a resume in another dtype is refused)."""
     seed: int = 0
     method: str = "zero"             # ablation: zero | mean | sink
     # head scores (SPEC §3)
@@ -83,12 +84,13 @@ class AnalyzeResult:
 
 
 def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwrite: bool = False,
-            progress: bool = True, on_checkpoint=None, dist=None) -> AnalyzeResult:
+            progress: bool = True, on_checkpoint=None, dist=None, log=None) -> AnalyzeResult:
     """Run (or resume) the main job and write the run directory ``out``.
 
     With ``dist`` (a :class:`~inductionlab.distributed.Dist` of several processes, every rank
     calling with the same arguments) the head scores and the lag probe are sharded by batch over
-    the ranks; every rank returns the same result and rank 0 alone writes ``out``.
+    the ranks; every rank returns the same result and rank 0 alone writes ``out``. ``log`` (e.g.
+    ``click.echo``) gets the line saying which dtype runs and why, once the checks have passed.
 
     Raises:
         InductionLabError: bad config (:meth:`AnalyzeConfig.validate`), k larger than the heads
@@ -111,9 +113,11 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
     check_trial_ids(lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2)), loaded,   # pool, context,
                     "lag probe")                                                             # ids: before any file
     params = {**asdict(cfg), "exclude_top_n": N, "lag": asdict(lag_cfg)}
+    params["model"] = params_identity(ident)
     run = ResumableRun(out, "analyze", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
                        inputs=[ident.get("path")], dist=dist)
     run.open()
+    announce_dtype(ident, log, run.is_main)
     timings = {}
 
     t = time.perf_counter()

@@ -101,7 +101,7 @@ def analyze(**kw):
     cfg.validate()                                     # fail before the slow part
     dist, out = join_processes(kw, out)
     loaded, load_s = start_run(kw, out, overwrite, quiet)
-    res = run(loaded, cfg, out, overwrite=overwrite, progress=not quiet, dist=dist)
+    res = run(loaded, cfg, out, overwrite=overwrite, progress=not quiet, dist=dist, log=click.echo)
     if dist.is_main:
         _print_headline(res, out, load_s)
     shutdown()

@@ -104,7 +104,7 @@ def evaluate(**kw) -> None:
     out = Path(kw.pop("out") or Path("runs") / f"evaluate-{Path(kw['model'].rstrip('/')).name}-{timestamp()}")
     overwrite, quiet = kw.pop("overwrite"), kw.pop("quiet")
     loaded, load_s = start_run(kw, out, overwrite, quiet, inputs=[shards] if shards else [])
-    res = run_evaluate(loaded, cfg, out, shards=shards, overwrite=overwrite, progress=not quiet)
+    res = run_evaluate(loaded, cfg, out, shards=shards, overwrite=overwrite, progress=not quiet, log=click.echo)
     _print_summary(res, load_s, out)
 
 

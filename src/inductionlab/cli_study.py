@@ -49,7 +49,7 @@ def temporal(**kw) -> None:
     cfg.validate()                                     # fail before the slow part
     dist, out = join_processes(kw, out)
     loaded, load_s = start_run(kw, out, overwrite, quiet)
-    res = run_temporal_study(loaded, cfg, out, progress=not quiet, overwrite=overwrite, dist=dist)
+    res = run_temporal_study(loaded, cfg, out, progress=not quiet, overwrite=overwrite, dist=dist, log=click.echo)
     shutdown()
     if not dist.is_main:
         return

@@ -58,7 +58,7 @@ from .function_probes import run_probes, summarize_hits
 from .icl_score import heldout_windows, icl_positions, icl_score, induction_loss, model_context
 from .icl_tasks import TASK_NAMES, Prompt, build_tasks, make_all_prompts
 from .load_bearing_eval import drops_table, score_concentration
-from .models import LoadedModel
+from .models import LoadedModel, announce_dtype, params_identity, ran_identity, with_dtype_choice
 from .protocol import check_method
 from .runs import ResumableRun, atomic_write_json, versions
 from .scores import HeadScores
@@ -357,7 +357,7 @@ def _params(loaded: LoadedModel, cfg: EvaluateConfig, shards) -> dict:
                     "heldout_sha256": m["splits"]["heldout"].get("sha256"),
                     "tokenizer": m.get("tokenizer", {}).get("spec")}
     return {"config": config, "shards": shard_id,
-            "model": {k: v for k, v in loaded.identity.items() if k != "device"}}
+            "model": params_identity(loaded.identity)}
 
 
 def _probe_piece(run: ResumableRun, key: str, loaded, prompts: list[Prompt], cfg: EvaluateConfig, heads,
@@ -422,7 +422,7 @@ def _reference_ids(loaded, cfg: EvaluateConfig):
 
 
 def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, shards: str | Path | None = None,
-                 overwrite: bool = False, progress: bool = True, on_checkpoint=None) -> EvaluateResult:
+                 overwrite: bool = False, progress: bool = True, on_checkpoint=None, log=None) -> EvaluateResult:
     """Run (or resume) the evaluation study on one model and write the run directory ``out``.
 
     Args:
@@ -433,6 +433,8 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
             tokenizer: the ICL score's natural text and the perplexity guard (None: both skipped).
         overwrite: delete ``out`` first and start afresh.
         on_checkpoint: optional callable(key) after each piece is written (tests interrupt here).
+        log: optional callable(str) (the CLI: ``click.echo``) given the line saying which dtype runs
+            and why, once the checks have passed (:func:`inductionlab.models.announce_dtype`).
 
     Returns: :class:`EvaluateResult` (``.record`` = results.json).
 
@@ -475,6 +477,7 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     run = ResumableRun(out, "evaluate", _params(loaded, cfg, shard_obj), overwrite=overwrite,
                        on_checkpoint=on_checkpoint)
     resumed = run.open()
+    announce_dtype(ran_identity(loaded), log)
 
     t = time.perf_counter()
     hs = head_scores_piece(run, loaded, seq_len=cfg.score_seq_len, batch_size=cfg.score_batch_size, seed=cfg.seed,
@@ -544,7 +547,8 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     conc = score_concentration(hs["induction"])
     icl_summary = icl_table(icl, conditions, variants)
     record = {
-        "kind": KIND, "model": run.params["model"], "params": run.params, "versions": versions(),
+        "kind": KIND, "model": with_dtype_choice(run.params["model"], loaded), "params": run.params,
+        "versions": versions(),
         "seeds": {"study": cfg.seed, "prompts": "seed_for(seed, crc32(task), shots, index)",
                   "heldout_windows": cfg.seed, "induction_sequences": cfg.seed,
                   "random_draws": "per-layer: seed_for(seed, draw); top-k: seed_for(seed, k, draw)"},

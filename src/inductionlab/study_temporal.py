@@ -47,7 +47,7 @@ from .crp import lag_probe_crp
 from .errors import InductionLabError
 from .lag_probe import LagProbeConfig, LagProbeResult
 from .load_bearing import concentration, load_bearing_table, single_head_conditions
-from .models import LoadedModel, ran_identity
+from .models import LoadedModel, announce_dtype, params_identity, ran_identity, with_dtype_choice
 from .protocol import auto_batch_size, check_method
 from .distributed import Dist
 from .runs import ResumableRun, atomic_write_json, versions
@@ -180,11 +180,11 @@ def _params(loaded, cfg, ks, N, lag_cfg, rec_cfg) -> dict:
     config["lag"], config["recall"] = drop(asdict(lag_cfg)), drop(asdict(rec_cfg))   # with the study's seed, method
     return {"config": config, "ks": ks, "exclude_top_n": N, "lag_probe": drop(asdict(lag_cfg)),
             "serial_recall": drop(asdict(rec_cfg)), "load_bearing_permutations": cfg.load_bearing_n,
-            "model": {k: v for k, v in ran_identity(loaded).items() if k != "device"}}
+            "model": params_identity(ran_identity(loaded))}
 
 
 def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str | Path, *, progress: bool = True,
-                       overwrite: bool = False, on_checkpoint=None, dist=None) -> TemporalStudy:
+                       overwrite: bool = False, on_checkpoint=None, dist=None, log=None) -> TemporalStudy:
     """Run (or resume) the study and write the run directory ``out``.
 
     Args:
@@ -196,6 +196,8 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
         dist: a :class:`~inductionlab.distributed.Dist` of several processes (torchrun; every rank
             calls with the same arguments): head scores, lag probe and serial recall are sharded
             by batch over the ranks, every rank returns the same study, rank 0 alone writes ``out``.
+        log: optional callable(str) (the CLI: ``click.echo``) given the line saying which dtype runs
+            and why, once the checks have passed (:func:`inductionlab.models.announce_dtype`).
 
     Returns: :class:`TemporalStudy`.
 
@@ -215,6 +217,7 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     run = ResumableRun(out, "study-temporal", _params(loaded, cfg, ks, N, lag_cfg, rec_cfg), overwrite=overwrite,
                        on_checkpoint=on_checkpoint, inputs=[loaded.identity.get("path")], dist=dist)
     resumed = run.open()
+    announce_dtype(ran_identity(loaded), log, run.is_main)
     timings: dict[str, float] = {}
 
     t = time.perf_counter()
@@ -240,7 +243,8 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     head = headline_table(lag, recall, ks)
     verd = verdicts(lag, recall, head, ks)
     record = {
-        "kind": "study-temporal", "model": run.params["model"], "params": run.params, "versions": versions(),
+        "kind": "study-temporal", "model": with_dtype_choice(run.params["model"], loaded), "params": run.params,
+        "versions": versions(),
         "seeds": {"study": cfg.seed, "lag_probe_trials": "seed_for(seed, trial)",
                   "serial_recall_trials": "seed_for(seed, 7, trial)", "random_draws": "seed_for(seed, k, draw)"},
         "head_scores": {**hs.to_dict(), "params": hs.params},
