@@ -187,6 +187,22 @@ def test_ran_identity_says_when_the_choice_was_undone(cpu, tiny_dir):
     assert "dtype_choice" not in p and "device" not in p and p["dtype"] == "float32"
 
 
+def test_every_torchrun_rank_runs_in_rank_0s_dtype(cpu, tiny_dir, monkeypatch):
+    import inductionlab.distributed as dist_mod
+    from inductionlab.distributed import Dist
+    from inductionlab.models import agree_dtype, load_model
+
+    cpu(AMD, 0.5)
+    lm = load_model(str(tiny_dir))                                   # this rank's probe said float32
+    rank0 = ("bfloat16", {"requested": "auto", "dtype": "bfloat16", "reason": "rank 0's reason"})
+    agree_dtype(lm, Dist())                                          # one process: nothing happens
+    assert lm.identity["dtype"] == "float32"
+    monkeypatch.setattr(dist_mod, "broadcast", lambda obj, d: rank0)
+    agree_dtype(lm, Dist(rank=1, world_size=2))
+    assert next(lm.model.parameters()).dtype == torch.bfloat16
+    assert lm.identity["dtype"] == "bfloat16" and lm.identity["dtype_choice"] == rank0[1]
+
+
 def _analyze_args(model, out, *extra):
     return ["analyze", "--model", str(model), "--out", str(out), "--n-permutations", "2", "--list-length", "20",
             "--cue-position", "10", "--ks", "1", "--n-draws", "1", "--score-seq-len", "8", "--score-batch-size", "2",

@@ -21,7 +21,7 @@ from .distributed import Dist
 from .errors import InductionLabError
 from .instrument import self_check
 from .lag_probe import LagProbeConfig, LagProbeResult
-from .models import LoadedModel, announce_dtype, params_identity, ran_identity
+from .models import LoadedModel, agree_dtype, announce_dtype, params_identity, ran_identity
 from .protocol import check_method
 from .runs import ResumableRun, atomic_write_json, atomic_write_text, versions
 from .scores import HeadScores
@@ -100,6 +100,7 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
     t0 = time.perf_counter()
     cfg.validate()
     out = Path(out)
+    agree_dtype(loaded, dist)             # torchrun: every rank in rank 0's dtype
     ident = ran_identity(loaded)          # the dtype / device that run, not those asked for at load
     n_total = ident["n_layers"] * ident["n_heads"]
     N = default_exclude_top_n(n_total) if cfg.exclude_top_n is None else cfg.exclude_top_n

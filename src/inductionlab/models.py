@@ -86,6 +86,27 @@ def params_identity(identity: dict) -> dict:
     return {k: v for k, v in identity.items() if k not in ("device", "dtype_choice")}
 
 
+def agree_dtype(loaded: LoadedModel, dist=None) -> None:
+    """Under torchrun (a :class:`~inductionlab.distributed.Dist` of several processes): every rank
+    runs in rank 0's dtype. Each process resolves ``dtype="auto"`` itself, and CPU probes timed
+    side by side can land on either side of the margin; a rank that chose otherwise casts its model
+    and records rank 0's choice. A study calls it first (a collective: every rank at once); on one
+    process nothing happens."""
+    from .distributed import broadcast
+
+    if dist is None or not dist.distributed:
+        return
+    mine = ran_identity(loaded)
+    dtype, choice = broadcast((mine.get("dtype"), mine.get("dtype_choice")), dist)
+    if dtype is None:
+        return
+    if dtype != mine.get("dtype"):
+        loaded.model.to(DTYPES[dtype])
+    loaded.identity["dtype"] = dtype
+    if choice is not None:
+        loaded.identity["dtype_choice"] = choice
+
+
 def announce_dtype(identity: dict, log=None, is_main: bool = True) -> None:
     """Pass the line saying which dtype runs and why (:func:`~inductionlab.dtype_choice.choice_line`)
     to ``log`` (the CLI's ``click.echo``): a study calls it once its checks pass and its run directory

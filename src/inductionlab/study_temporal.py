@@ -47,7 +47,7 @@ from .crp import lag_probe_crp
 from .errors import InductionLabError
 from .lag_probe import LagProbeConfig, LagProbeResult
 from .load_bearing import concentration, load_bearing_table, single_head_conditions
-from .models import LoadedModel, announce_dtype, params_identity, ran_identity, with_dtype_choice
+from .models import LoadedModel, agree_dtype, announce_dtype, params_identity, ran_identity, with_dtype_choice
 from .protocol import auto_batch_size, check_method
 from .distributed import Dist
 from .runs import ResumableRun, atomic_write_json, versions
@@ -209,6 +209,7 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     t_start = time.perf_counter()
     cfg.validate()
     out = Path(out)
+    agree_dtype(loaded, dist)             # torchrun: every rank in rank 0's dtype
     ks, N, lag_cfg, rec_cfg = _resolve(loaded, cfg)
     lb_n = cfg.load_bearing_n
     # model-dependent checks (pool, context) before any file is written
