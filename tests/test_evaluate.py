@@ -51,7 +51,11 @@ def test_cli_end_to_end_on_a_trained_checkpoint(trained, tmp_path):
     out = tmp_path / "ev"
     r = CliRunner().invoke(main, ["evaluate", str(run), "--shards", str(data), *SMALL, "--out", str(out)])
     assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0] == "dtype float32 (requested explicitly)"       # the first line printed
     rec = json.loads((out / "results.json").read_text())
+    assert rec["model"]["dtype_choice"] == {"requested": "float32", "dtype": "float32",
+                                            "reason": "requested explicitly"}
+    assert "dtype_choice" not in rec["params"]["model"] and rec["params"]["model"]["dtype"] == "float32"
     # the training run directory resolves to its final checkpoint (2 updates), tokenizer next to it
     assert rec["model"]["checkpoint"]["step"] == 2 and rec["model"]["checkpoint"]["tokenizer"] == "checkpoint"
     for f in ("report.md", "tables/hits.csv", "tables/drops.csv", "tables/icl.csv", "tables/probe_rows.csv",
