@@ -37,7 +37,8 @@ class AnalyzeConfig:
 
     ``seed`` and ``method`` are the job's: they replace the lag-probe config's own. The model,
     dtype and device are not here: they are how ``loaded`` was loaded, recorded in its identity
-    (the run's ``params`` hold the identity less the device: a resume in another dtype is refused)."""
+    (the run's ``params`` hold it less the device and the dtype probe's record: a resume in another
+    resolved dtype is refused)."""
     seed: int = 0
     method: str = "zero"             # ablation: zero | mean | sink
     # head scores (SPEC §3)
