@@ -223,3 +223,21 @@ def test_has_cues():
     assert not sp.has_cues(types.SimpleNamespace(probs={}))
     with pytest.raises(ValueError):
         sp.by_lag(p, [1, 4])                       # cue outside the list
+
+
+@pytest.mark.parametrize("far", [1, 3, 9])          # 9 > list: no word is ever far, all positions count
+def test_cue_log_enrichment_against_a_brute_force_baseline(far):
+    rng = np.random.default_rng(5)
+    n, length = 4, 7
+    cues = np.array([1, 3, 4, 7])
+    p = rng.random((n, len(cues), length))
+    ids = np.array([rng.choice(9, length, replace=False) for _ in range(n)])
+    got = sp.cue_log_enrichment(p, ids, cues, far_lag=far)
+    for w in np.unique(ids):
+        far_vals = [p[t, c, j] for t in range(n) for c in range(len(cues)) for j in range(length)
+                    if ids[t, j] == w and abs(j + 1 - cues[c]) > far]
+        all_vals = [p[t, c, j] for t in range(n) for c in range(len(cues)) for j in range(length) if ids[t, j] == w]
+        base = np.mean(far_vals) if far_vals else np.mean(all_vals)
+        for c in range(len(cues)):
+            e = got(c, p[:, c, :])
+            assert np.allclose(e[ids == w], np.log(p[:, c, :][ids == w]) - np.log(base))

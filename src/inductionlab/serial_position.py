@@ -132,16 +132,16 @@ def cue_log_enrichment(cue_probs, list_ids, cue_positions, far_lag: int = 20,
         raise ValueError(f"list_ids {ids.shape} do not match cue_probs {p.shape} ([n_trials, list_length])")
     uniq, inv = np.unique(ids, return_inverse=True)
     inv = inv.reshape(ids.shape)
-    n = len(uniq)
-    s_far, c_far, s_all = np.zeros(n), np.zeros(n), np.zeros(n)
+    n, L = len(uniq), p.shape[2]
+    s_all = np.bincount(inv.ravel(), weights=p.sum(1, dtype=np.float64).ravel(), minlength=n)
     c_all = np.bincount(inv.ravel(), minlength=n) * len(cp)
-    pos = np.arange(1, p.shape[2] + 1)
+    s_far, c_far = s_all.copy(), c_all.copy()       # far = all − near; near: the 2·far_lag + 1 columns round a cue
     for c, i in enumerate(cp):
-        v = p[:, c, :].astype(np.float64)
-        far = np.broadcast_to(np.abs(pos - i)[None, :] > far_lag, v.shape)
-        s_far += np.bincount(inv[far], weights=v[far], minlength=n)
-        c_far += np.bincount(inv[far], minlength=n)
-        s_all += np.bincount(inv.ravel(), weights=v.ravel(), minlength=n)
+        a, b = max(0, i - 1 - far_lag), min(L, i + far_lag)
+        near = inv[:, a:b].ravel()
+        s_far -= np.bincount(near, weights=p[:, c, a:b].astype(np.float64).ravel(), minlength=n)
+        c_far -= np.bincount(near, minlength=n)
+    s_far = np.maximum(s_far, 0.0)                  # rounding of the subtraction
     base = np.where(c_far > 0, s_far / np.maximum(c_far, 1), s_all / np.maximum(c_all, 1))
     log_base = np.log(np.maximum(base, floor))[inv]
 
