@@ -241,3 +241,76 @@ def test_cue_log_enrichment_against_a_brute_force_baseline(far):
         for c in range(len(cues)):
             e = got(c, p[:, c, :])
             assert np.allclose(e[ids == w], np.log(p[:, c, :][ids == w]) - np.log(base))
+
+
+# -- wiring: analyze's run directory and report with a result that carries per-cue arrays ----------
+def _analyze_like(with_cues: bool, n=6, length=30, cue=15):
+    import json
+
+    from inductionlab.scores import HeadScores
+    rng = np.random.default_rng(6)
+    conds = [Condition("intact", "intact"), Condition("induction-2", "induction", 2, 0, [(0, 0), (0, 1)]),
+             Condition("random-2-d0", "random", 2, 0, [(1, 0), (1, 1)]), Condition("random-2-d1", "random", 2, 1, [(1, 1), (0, 1)])]
+    cues = np.arange(1, length + 1)
+    cue_probs = {}
+    for c in conds:
+        p = rng.random((n, length, length)) * 1e-3
+        p[:, np.arange(length - 1), np.arange(1, length)] += 0.05 if c.kind != "induction" else 0.01   # lag +1
+        cue_probs[c.name] = p.astype(np.float32)
+    ids = np.array([rng.permutation(length) + 100 for _ in range(n)])
+    cfg = LagProbeConfig(list_length=length, cue_position=cue, n_permutations=n, far_lag=3)
+    probs = {k: v[:, cue - 1, :].copy() for k, v in cue_probs.items()}       # the seed trial = cue 15
+    lag = LagProbeResult(probs, {k: v.sum(1).astype(np.float64) for k, v in probs.items()},
+                         {k: np.full(n, 1.0) for k in probs}, conds, cfg, list_ids=ids)
+    if with_cues:
+        lag.cue_positions, lag.cue_probs = cues, cue_probs
+        lag.cue_list_mass = {k: v.sum(2) for k, v in cue_probs.items()}
+        lag.cue_argmax_lag = {k: np.ones((n, length)) for k in cue_probs}
+    hs = HeadScores({"induction": rng.random((2, 2))}, {"first_copy": 5.0, "second_copy": 1.0})
+    record = {"model": {"name": "fake"}, "params": {"lag": {"n_permutations": n, "list_length": length,
+                                                            "cue_position": cue, "method": "zero"}},
+              "top_induction_heads": [{"layer": 0, "head": 0, "score": 0.9}]}
+    if with_cues:
+        record["lag_cues"] = sp.cue_json(lag)
+        json.loads(json.dumps(__import__("inductionlab.runs", fromlist=["_jsonable"])._jsonable(record),
+                              allow_nan=False))               # results.json stays strict JSON
+    return types.SimpleNamespace(loaded=types.SimpleNamespace(identity={"name": "fake"}), scores=hs, lag=lag,
+                                 timings={"lag_probe_s": 1.0}, record=record)
+
+
+def test_analyze_outputs_with_cue_arrays(tmp_path):
+    from inductionlab import report
+    seed, full = _analyze_like(False), _analyze_like(True)
+    report.write_analyze_outputs(tmp_path / "seed", seed)
+    report.write_analyze_outputs(tmp_path / "full", full)
+    for f in report.CUE_FILES:
+        assert (tmp_path / "full" / f).stat().st_size > 0 and not (tmp_path / "seed" / f).exists()
+    for f in ("lag_headline.csv", "lag_curves.csv", "lag_curves_corrected.csv"):      # the seed numbers: unchanged
+        assert (tmp_path / "full" / f).read_bytes() == (tmp_path / "seed" / f).read_bytes()
+    serial = pd.read_csv(tmp_path / "full" / "serial_position.csv")
+    r = serial[(serial.condition == "random-2") & (serial.measure == "lag_plus1") & (serial.cue_position == 4)]
+    want = (full.lag.cue_probs["random-2-d0"][:, 3, 4].astype(np.float64) + full.lag.cue_probs["random-2-d1"][:, 3, 4]) / 2
+    assert r["mean"].iloc[0] == pytest.approx(want.mean())
+    bands = pd.read_csv(tmp_path / "full" / "lag_crp_bands.csv")
+    assert sorted(set(zip(bands.band_first, bands.band_last))) == [(1 + 3 * b, 3 * b + 3) for b in range(10)]
+    text = report.analyze_report(full)
+    assert "## All-cue lag probe" in text and "serial_position.png" in text and "| random-2 |" in text
+    assert "All-cue" not in report.analyze_report(seed)
+    con = pd.read_csv(tmp_path / "full" / "cue_contrasts.csv").set_index("measure")
+    assert con.loc["prob", "random_minus_induction"] == pytest.approx(0.04, abs=2e-3)   # 0.05 − 0.01 injected at +1
+    assert con.loc["prob", "ci_low"] > 0
+    tf = pd.read_csv(tmp_path / "full" / "temporal_factor.csv").set_index("condition")
+    assert tf.loc["intact", "temporal_factor"] == 1.0            # +0.05 on the +1 word beats every 1e-3 word
+    assert 0.5 < tf.loc["induction-2", "temporal_factor"] <= 1.0
+
+
+def test_cue_outputs_in_tables_and_plots_folders(tmp_path):
+    from inductionlab import report
+    full = _analyze_like(True)
+    report.write_cue_outputs(tmp_path / "tables", tmp_path / "plots", full.lag, "fake", ["intact", "induction-2",
+                             "random-2"], ["intact", "induction-2", "random-2"])
+    assert sorted(p.name for p in (tmp_path / "tables").iterdir()) == sorted(
+        f for f in report.CUE_FILES if f.endswith(".csv"))
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == sorted(
+        f for f in report.CUE_FILES if f.endswith(".png"))
+    assert "![serial position](plots/serial_position.png)" in report.cue_lines(full.lag, "plots/")

@@ -365,3 +365,65 @@ def cue_contrasts(res, lag: int = 1) -> pd.DataFrame:
                          "z": float(m / (half / Z95)) if half > 0 else np.nan})
     return pd.DataFrame(rows, columns=["k", "measure", "lag", "induction", "random", "random_minus_induction",
                                        "ci_low", "ci_high", "z"])
+
+
+# -- every table of a run, once ------------------------------------------------------------------
+def cue_tables(res, n_bands: int = N_BANDS) -> dict[str, pd.DataFrame]:
+    """The run's tables by file stem: ``lag_cues_curve``, ``serial_position``, ``lag_crp_bands``,
+    ``temporal_factor``, ``cue_contrasts`` (computed once per result and kept on it)."""
+    cached = getattr(res, "_cue_tables", None)
+    if cached is not None and cached[0] == n_bands:
+        return cached[1]
+    tables = {"lag_cues_curve": lag_cues_curve(res), "serial_position": serial_position(res),
+              "lag_crp_bands": lag_crp_bands(res, n_bands), "temporal_factor": temporal_factor(res),
+              "cue_contrasts": cue_contrasts(res)}
+    try:
+        res._cue_tables = (n_bands, tables)
+    except AttributeError:             # a result that takes no new attributes: recompute next time
+        pass
+    return tables
+
+
+def band_summary(res, lag: int = 1, n_bands: int = N_BANDS) -> pd.DataFrame:
+    """Raw p(lag) in the first, middle (band ``(B − 1) // 2``) and last cue-position band per
+    condition: columns condition, kind, k, draw, then ``first``, ``middle``, ``last`` each with
+    ``_ci_low`` / ``_ci_high`` and ``_band`` (``"a–b"``, the band's cue positions)."""
+    b = cue_tables(res, n_bands)["lag_crp_bands"]
+    b = b[b.lag == lag]
+    ids = sorted(set(b.band))
+    which = {"first": ids[0], "middle": ids[(len(ids) - 1) // 2], "last": ids[-1]}
+    rows = []
+    for (name, kind, k, draw), d in b.groupby(["condition", "kind", "k", "draw"], sort=False):
+        row = {"condition": name, "kind": kind, "k": k, "draw": draw}
+        for tag, band in which.items():
+            r = d[d.band == band]
+            if r.empty:
+                continue
+            r = r.iloc[0]
+            row.update({tag: r["mean"], f"{tag}_ci_low": r.ci_low, f"{tag}_ci_high": r.ci_high,
+                        f"{tag}_band": f"{r.band_first}–{r.band_last}"})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def cue_json(res, n_bands: int = N_BANDS) -> dict:
+    """The ``lag_cues`` block of results.json: the cues, the bands, definitions, the temporal
+    factor and the random − induction contrasts per condition / k, p(+1) in the first / middle /
+    last band (full tables in the CSVs)."""
+    t = cue_tables(res, n_bands)
+    cp = np.asarray(res.cue_positions)
+    return {"cue_positions": {"first": int(cp.min()), "last": int(cp.max()), "n_cues": int(len(cp))},
+            "n_lists": int(next(iter(res.cue_probs.values())).shape[0]),
+            "bands": [list(b) for b in band_edges(cp, n_bands)],
+            "definitions": {
+                "clustering": "every measure is reduced per list (mean over its cues) first; mean and 95% CI over lists",
+                "pooled_lag_curve": "per list and lag, mean over the cues at which the lag exists",
+                "log_enrichment": f"log p − log baseline(word), nats; baseline = the word's mean probability over the "
+                                  f"(list, cue) pairs where it sits at |lag| > {getattr(res.config, 'far_lag', 20)}, "
+                                  "within the condition",
+                "lag_crp_bands": "distribution renormalised over the list words, pooled by lag over a band's cues",
+                "temporal_factor": "percentile rank of the lag +1 word's probability among the list words other than "
+                                   "the cue word (ties at their average rank; 1 = most likely, 0.5 = chance)"},
+            "temporal_factor": t["temporal_factor"].to_dict(orient="records"),
+            "contrasts": t["cue_contrasts"].to_dict(orient="records"),
+            "lag_plus1_by_band": band_summary(res, 1, n_bands).to_dict(orient="records")}
