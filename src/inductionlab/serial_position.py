@@ -213,17 +213,17 @@ def band_edges(cue_positions, n_bands: int = N_BANDS) -> list[tuple[int, int]]:
 
 
 # -- tidy tables over a lag-probe result -----------------------------------------------------------
-def _arms(res):
-    """(name, kind, k, draw, members): every condition, then pooled random-k (stats.pooled_arms)."""
-    return pooled_arms(res.conditions)
-
-
 def _per_arm(res, per_condition) -> list[tuple[tuple, np.ndarray]]:
-    """``per_condition(name) -> [n_trials, ...]`` per-list values; pooled arms average their members per list."""
+    """``[((name, kind, k, draw), per-list values), …]`` over every condition, then the pooled
+    random-k arms (:func:`inductionlab.stats.pooled_arms`), which average their draws per list.
+    ``per_condition(name) -> [n_trials, ...]`` is called once per condition."""
     cache = {}
     out = []
-    for name, kind, k, draw, members in _arms(res):
-        vals = [cache.setdefault(m, per_condition(m)) for m in members]
+    for name, kind, k, draw, members in pooled_arms(res.conditions):
+        for m in members:
+            if m not in cache:
+                cache[m] = per_condition(m)
+        vals = [cache[m] for m in members]
         out.append(((name, kind, k, draw), vals[0] if len(vals) == 1 else np.mean(vals, axis=0)))
     return out
 
@@ -282,9 +282,12 @@ def serial_position(res) -> pd.DataFrame:
     cp = np.asarray(res.cue_positions)
     sp = {}
 
+    mass = getattr(res, "cue_list_mass", None) or {}
+
     def measures(n):
         if n not in sp:
-            sp[n] = serial_position_measures(res.cue_probs[n], res.cue_list_mass[n], cp)
+            sp[n] = serial_position_measures(res.cue_probs[n], mass[n] if n in mass else
+                                             np.asarray(res.cue_probs[n]).sum(2, dtype=np.float64), cp)
         return sp[n]
     rows = []
     for measure in (*SERIAL_MEASURES, "list_mass"):
@@ -352,7 +355,11 @@ def cue_contrasts(res, lag: int = 1) -> pd.DataFrame:
     rows = []
     for measure, f in measures.items():
         cache = {}
-        get = lambda n: cache.setdefault(n, f(n))  # noqa: E731
+
+        def get(n, f=f):
+            if n not in cache:
+                cache[n] = f(n)
+            return cache[n]
         for k, ind in draws_by_k(res.conditions, "induction").items():
             if k not in random:
                 continue
