@@ -128,7 +128,7 @@ def cue_lines(lag, figs: str = "") -> list[str]:
         lines += ["", "Random − induction, paired per list (random = mean of draws):", "",
                   "| k | measure | induction | random | random − induction [95% CI] | z |", "|---|---|---|---|---|---|"]
         for _, r in con.iterrows():
-            fmt = fmt_signed3 if r["measure"] != "prob" else lambda m, lo, hi: f"{m:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+            fmt = fmt_signed3 if r["measure"] != "prob" else lambda m, lo, hi: f"{m:+.3g} [{lo:+.3g}, {hi:+.3g}]"
             lines.append(f"| {int(r['k'])} | {r['measure']}{' +1' if r['measure'] != 'temporal_factor' else ''} | "
                          f"{r['induction']:.4g} | {r['random']:.4g} | "
                          f"{fmt(r['random_minus_induction'], r['ci_low'], r['ci_high'])} | "
