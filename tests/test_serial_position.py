@@ -293,6 +293,11 @@ def test_analyze_outputs_with_cue_arrays(tmp_path):
     assert r["mean"].iloc[0] == pytest.approx(want.mean())
     bands = pd.read_csv(tmp_path / "full" / "lag_crp_bands.csv")
     assert sorted(set(zip(bands.band_first, bands.band_last))) == [(1 + 3 * b, 3 * b + 3) for b in range(10)]
+    bs = sp.band_summary(full.lag).set_index("condition").loc["intact"]        # cues 1–3, 13–15, 28–30
+    p = full.lag.cue_probs["intact"].astype(np.float64)
+    assert (bs.first_band, bs.middle_band, bs.last_band) == ("1–3", "13–15", "28–30")
+    assert bs["first"] == pytest.approx(np.mean([p[:, i - 1, i] for i in (1, 2, 3)]))
+    assert bs["last"] == pytest.approx(np.mean([p[:, i - 1, i] for i in (28, 29)]))      # cue 30 has no +1
     text = report.analyze_report(full)
     assert "## All-cue lag probe" in text and "serial_position.png" in text and "| random-2 |" in text
     assert "All-cue" not in report.analyze_report(seed)
