@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import lag_probe, report
+from . import lag_probe, report, serial_position
 from .ablation import ablation_conditions, default_exclude_top_n, top_k_heads
 from .distributed import Dist
 from .errors import InductionLabError
@@ -155,6 +155,7 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
                   "score_params": hs.params},
         "top_induction_heads": [{"layer": l, "head": h, "score": float(hs["induction"][l, h])} for l, h in top],
         "lag_probe": lag.to_json(),
+        **({"lag_cues": serial_position.cue_json(lag)} if serial_position.has_cues(lag) else {}),
         "distributed": (dist or Dist()).record(),
         "timings": timings,
     }

@@ -11,6 +11,7 @@ import io
 from pathlib import Path
 
 import matplotlib
+import matplotlib.colors
 import matplotlib.ticker
 
 matplotlib.use("Agg")
@@ -97,6 +98,74 @@ def lag_curves(summary: pd.DataFrame, path: str | Path, lags=range(-10, 11), con
     ax.legend(fontsize=7, ncol=2)
     if title:
         ax.set_title(title)
+    save(fig, path)
+
+
+def serial_position_curve(table: pd.DataFrame, path: str | Path, conditions=None, title: str = "",
+                          measures=(("lag_plus1", "p(lag +1)"), ("lag0", "p(lag 0): the cue repeated"),
+                                    ("list_mass", "list mass"))) -> None:
+    """One panel per measure: mean by cue position per condition, 95% CI (over lists) as a band.
+
+    ``table``: :func:`inductionlab.serial_position.serial_position` (columns condition, measure,
+    cue_position, mean, ci_low, ci_high)."""
+    if conditions is None:
+        conditions = list(dict.fromkeys(table["condition"]))
+    ks = sorted({int(c.split("-")[1]) for c in conditions if c.count("-") >= 1 and c.split("-")[1].isdigit()})
+    fig, axes = plt.subplots(1, len(measures), figsize=(5.2 * len(measures), 3.9), squeeze=False)
+    for ax, (m, label) in zip(axes[0], measures):
+        for name in conditions:
+            d = table[(table.condition == name) & (table.measure == m)].sort_values("cue_position")
+            if d.empty:
+                continue
+            st = _style(name, ks)
+            line, = ax.plot(d.cue_position, d["mean"], label=name, marker="o" if len(d) <= 30 else None, ms=3,
+                            **{**st, "lw": 1.0})
+            ax.fill_between(d.cue_position, d.ci_low, d.ci_high, alpha=0.15, color=line.get_color(), lw=0)
+        ax.set_xlabel("cue position in the list")
+        ax.set_title(label, fontsize=9)
+        ax.set_ylim(bottom=0)
+    axes[0][0].set_ylabel("next-token probability")
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def lag_crp_heatmap(bands: pd.DataFrame, path: str | Path, conditions, lags=range(-10, 11),
+                    column: str = "mean_renorm", title: str = "") -> None:
+    """One heat map per condition: cue-position band (rows) × lag (columns), colour = ``column``
+    (default the lag-CRP renormalised over the list), one square-root colour scale for all panels
+    (so lags far below the peak stay visible); lag 0
+    (the cue repeated) is left blank so it does not set the scale.
+
+    ``bands``: :func:`inductionlab.serial_position.lag_crp_bands`."""
+    lags = [l for l in lags if l != 0]
+    cols = list(range(min(lags), max(lags) + 1))
+    shown = [c for c in conditions if (bands.condition == c).any()]
+    grids = []
+    for name in shown:
+        d = bands[bands.condition == name]
+        g = d.pivot_table(index=["band", "band_first", "band_last"], columns="lag", values=column).reindex(columns=cols)
+        g.loc[:, 0] = np.nan
+        grids.append(g)
+    vals = np.concatenate([g.to_numpy().ravel() for g in grids])
+    vmax = float(np.nanmax(vals)) if np.isfinite(vals).any() else 1.0
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.4 * len(shown), 0.28 * len(grids[0]) + 2.4), squeeze=False,
+                             layout="constrained")
+    for ax, name, g in zip(axes[0], shown, grids):
+        im = ax.imshow(g.to_numpy(), aspect="auto", cmap="viridis", interpolation="nearest",
+                       norm=matplotlib.colors.PowerNorm(0.5, vmin=0, vmax=vmax))
+        ax.set_xticks(range(len(cols)), [str(c) if c % 2 == 0 or len(cols) <= 11 else "" for c in cols], fontsize=7)
+        ax.set_yticks(range(len(g)), [f"{a}–{b}" for _, a, b in g.index], fontsize=7)
+        ax.set_xlabel("lag (0 left blank)")
+        ax.set_title(name, fontsize=9)
+    axes[0][0].set_ylabel("cue positions (band)")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8,
+                 label=("p(word at lag), renormalised over the list" if column == "mean_renorm" else column)
+                 + " (square-root colour scale)")
+    if title:
+        fig.suptitle(title, fontsize=10)
     save(fig, path)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import plots
+from . import plots, serial_position
 from .crp import lag_probe_crp
 from .runs import atomic_write_bytes, atomic_write_json, atomic_write_text
 
@@ -82,6 +82,86 @@ def corrected_lines(lag) -> list[str]:
     return lines
 
 
+CUE_FILES = ("lag_cues_curve.csv", "lag_cues_curve.png", "lag_cues_curve_corrected.png", "serial_position.csv",
+             "serial_position.png", "lag_crp_bands.csv", "lag_crp_bands.png", "temporal_factor.csv", "cue_contrasts.csv")
+
+
+def cue_lines(lag, figs: str = "") -> list[str]:
+    """Report lines of the all-cue lag probe (:mod:`inductionlab.serial_position`): pooled lag +1,
+    its word-prior correction, the temporal factor, p(+1) in the first / middle / last cue band,
+    and the random − induction contrasts; none when the result carries no per-cue arrays.
+    ``figs``: the folder of the figures, relative to report.md (``"plots/"`` or ``""``)."""
+    if not serial_position.has_cues(lag):
+        return []
+    t = serial_position.cue_tables(lag)
+    j = serial_position.cue_json(lag)
+    cp = j["cue_positions"]
+    curve = t["lag_cues_curve"]
+    at1 = curve[curve.lag == 1].set_index(["measure", "condition"])
+    tf = t["temporal_factor"].set_index("condition")
+    bs = serial_position.band_summary(lag).set_index("condition")
+    first = bs.iloc[0]
+    head = (f"p(+1), first band (cues {first['first_band']})", f"middle band ({first['middle_band']})",
+            f"last band ({first['last_band']})")
+    lines = ["", "## All-cue lag probe: serial position and temporal factor", "",
+             f"Every list position {cp['first']}–{cp['last']} cued in turn ({cp['n_cues']} cues × {j['n_lists']} lists "
+             "per condition; the seed numbers above use the cue at "
+             f"{lag.config.cue_position} only). Each measure is reduced per list first (mean over its cues), then "
+             "mean [95% CI] over lists — the cues of one list are not independent. Temporal factor: percentile rank "
+             "of the lag +1 word's probability among the list words other than the cue (1 = most likely, "
+             "0.5 = chance).", "",
+             "| condition | pooled p(+1) | log-enrichment +1 | temporal factor | " + " | ".join(head) + " |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in tf.iterrows():
+        if r["kind"] == "random" and "mean" not in str(r["draw"]):
+            continue
+        p1 = at1.loc[("prob", name)]
+        e = at1.loc[("log_enrichment", name)] if ("log_enrichment", name) in at1.index else None
+        e1 = "—" if e is None else fmt_signed3(e["mean"], e.ci_low, e.ci_high)
+        cells = [fmt_ci4(p1["mean"], p1.ci_low, p1.ci_high), e1, row_ci(r, "temporal_factor", fmt_ci4)]
+        b = bs.loc[name]
+        cells += [fmt_ci4(b[x], b[f"{x}_ci_low"], b[f"{x}_ci_high"]) if isinstance(b.get(x), float) else "—"
+                  for x in ("first", "middle", "last")]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    con = t["cue_contrasts"]
+    if len(con):
+        lines += ["", "Random − induction, paired per list (random = mean of draws):", "",
+                  "| k | measure | induction | random | random − induction [95% CI] | z |", "|---|---|---|---|---|---|"]
+        for _, r in con.iterrows():
+            fmt = fmt_signed3 if r["measure"] != "prob" else lambda m, lo, hi: f"{m:+.3g} [{lo:+.3g}, {hi:+.3g}]"
+            lines.append(f"| {int(r['k'])} | {r['measure']}{' +1' if r['measure'] != 'temporal_factor' else ''} | "
+                         f"{r['induction']:.4g} | {r['random']:.4g} | "
+                         f"{fmt(r['random_minus_induction'], r['ci_low'], r['ci_high'])} | "
+                         f"{'—' if pd.isna(r['z']) else format(r['z'], '.1f')} |")
+    lines += ["", f"![serial position]({figs}serial_position.png)", "",
+              f"![lag-CRP by cue band]({figs}lag_crp_bands.png)", ""]
+    return lines
+
+
+def write_cue_outputs(tables: Path, figs: Path, lag, name: str, shown: list[str], heat: list[str], sub: str = "") -> None:
+    """The all-cue tables (``<stem>.csv`` in ``tables``) and figures (in ``figs``) of a lag-probe
+    result that carries per-cue arrays (:func:`inductionlab.serial_position.has_cues`; otherwise
+    nothing is written). ``shown``: conditions of the curve figures; ``heat``: of the heat map."""
+    if not serial_position.has_cues(lag):
+        return
+    t = serial_position.cue_tables(lag)
+    for stem, df in t.items():
+        atomic_write_text(tables / f"{stem}.csv", df.to_csv(index=False))
+    cp = np.asarray(lag.cue_positions)
+    what = f"cues {cp.min()}–{cp.max()}, {len(cp)} per list, 95% CI over lists" + (f"; {sub}" if sub else "")
+    curve = t["lag_cues_curve"]
+    plots.lag_curves(curve[curve.measure == "prob"], figs / "lag_cues_curve.png", conditions=shown,
+                     title=f"{name}: all-cue lag probe, pooled over cues\n{what}")
+    if (curve.measure == "log_enrichment").any():
+        plots.lag_curves(curve[curve.measure == "log_enrichment"], figs / "lag_cues_curve_corrected.png",
+                         conditions=shown, ylabel=ENRICH_LABEL, zero_line=True,
+                         title=f"{name}: all-cue lag probe, word-prior corrected\n{what}")
+    plots.serial_position_curve(t["serial_position"], figs / "serial_position.png", conditions=shown,
+                                title=f"{name}: serial-position curve of the lag probe\n{what}")
+    plots.lag_crp_heatmap(t["lag_crp_bands"], figs / "lag_crp_bands.png", heat,
+                          title=f"{name}: lag-CRP by cue-position band\n{what}")
+
+
 def analyze_report(res) -> str:
     """A short Markdown report of the main job (:func:`inductionlab.analyze.analyze`)."""
     idn, cfg = res.record["model"], res.record["params"]
@@ -127,13 +207,15 @@ def analyze_report(res) -> str:
                      f"{r['random_minus_induction']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] |")
     lines += corrected_lines(res.lag)
     lines += ["",
-              "Random rows pool the draws (per-trial mean over draws); per-draw rows are in `lag_headline.csv`.", "",
-              "## Timings", ""]
+              "Random rows pool the draws (per-trial mean over draws); per-draw rows are in `lag_headline.csv`."]
+    lines += cue_lines(res.lag)
+    lines += ["", "## Timings", ""]
     lines += [f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in res.timings.items()]
     lines += ["", "Files: `results.json` (everything, incl. parameters and versions), `head_scores.csv`, "
               "`lag_curves.csv`, `lag_headline.csv`, `lag_trials.npz`, `head_scores.png`, `lag_curve.png`, "
               "`lag_curve_renorm.png`" + (", `lag_curves_corrected.csv`, `lag_curve_corrected.png`"
-                                          if res.lag.has_corrected else "") + ".", ""]
+                                          if res.lag.has_corrected else "")
+              + ("".join(f", `{f}`" for f in CUE_FILES) if serial_position.has_cues(res.lag) else "") + ".", ""]
     return "\n".join(lines)
 
 
@@ -184,6 +266,7 @@ def temporal_report(study, measures: dict[str, str]) -> str:
     if lag.has_corrected:
         lines += ["", "## Word-prior-corrected lag curve"] + corrected_lines(lag) + [""]
         lines += [f"![corrected lag curves k={k}](plots/lag_curves_corrected_k{k}.png)" for k in ks]
+    lines += cue_lines(lag, "plots/")
     lines += ["", "## Serial recall", "",
               "Teacher-forced accuracy per position, the renormalised transition lag curve and the psifr-style CRP of the "
               "greedy recalls are in `tables/recall_positions.csv`, `tables/recall_transition_curve.csv` and "
@@ -250,6 +333,8 @@ def write_analyze_outputs(d: Path, res) -> None:
         atomic_write_text(d / "lag_curves_corrected.csv", corrected.to_csv(index=False))
         plots.lag_curves(corrected, d / "lag_curve_corrected.png", conditions=shown, ylabel=ENRICH_LABEL, zero_line=True,
                          title=f"{name}: lag probe, word-prior corrected\n{sub}")
+    kmax = max((c.k for c in res.lag.conditions if c.kind == "induction"), default=None)
+    write_cue_outputs(d, d, res.lag, name, shown, ["intact", f"induction-{kmax}", f"random-{kmax}"], sub)
 
 
 def write_temporal_outputs(out: Path, study, measures: dict[str, str]) -> None:
@@ -301,6 +386,8 @@ def write_temporal_outputs(out: Path, study, measures: dict[str, str]) -> None:
     shown = ["intact", f"induction-{kmax}"] + [c.name for c in lag.conditions if c.kind == "random" and c.k == kmax][:1]
     plots.tidy_curves(crp[crp.lag.abs() <= 10], figs / "lag_crp_argmax.png", shown, "lag", "CRP (arg-max response)",
                       f"{name}: psifr-style lag-CRP of the arg-max response", value="prob")
+    write_cue_outputs(tables, figs, lag, name, ["intact", f"induction-{kmax}", f"random-{kmax}"],
+                      ["intact", f"induction-{kmax}", f"random-{kmax}"], f"{method} ablation")
     if lb_table is not None:
         plots.load_bearing_scatter(lb_table, {m: measures[m] for m in conc}, figs / "load_bearing.png",
                                    title=f"{name}: per-head effect of ablating one induction head ({method})")

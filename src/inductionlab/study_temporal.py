@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import lag_probe, report, serial_recall
+from . import lag_probe, report, serial_position, serial_recall
 from .ablation import Condition, ablation_conditions, default_exclude_top_n
 from .crp import lag_probe_crp
 from .errors import InductionLabError
@@ -253,6 +253,7 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
         "headline": head.to_dict(orient="records"),
         "verdicts": verd,
         "lag_probe": lag.to_json(),
+        **({"lag_cues": serial_position.cue_json(lag)} if serial_position.has_cues(lag) else {}),
         "lag_crp_argmax": _crp_block(lag_probe_crp(lag)),
         "serial_recall": recall.to_json(),
         "load_bearing": None if lb_table is None else {"table": lb_table.to_dict(orient="records"),
