@@ -96,7 +96,10 @@ class ResidualCache:
             return False
         for k, x in a.items():
             y = b[k]
-            if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if isinstance(x, dict) or isinstance(y, dict):   # masks by layer type (the all-cue lag probe)
+                if not (isinstance(x, dict) and isinstance(y, dict) and ResidualCache._same(x, y)):
+                    return False
+            elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
                 if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape
                         and x.dtype == y.dtype and torch.equal(x.cpu(), y.cpu())):
                     return False
@@ -161,8 +164,7 @@ class ResidualCache:
                     return
                 h = output[0] if isinstance(output, tuple) else output
                 state = h.detach().to("cpu", copy=True)
-                key = {k: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else x
-                       for k, x in call["key"].items()}
+                key = _to_cpu(call["key"])
                 self.states.setdefault((v, call["fp"]), []).append((key, state, isinstance(output, tuple)))
                 self.nbytes += state.numel() * state.element_size()
             return hook
@@ -177,3 +179,9 @@ class ResidualCache:
         finally:
             for h in handles:
                 h.remove()
+
+
+def _to_cpu(d: dict) -> dict:
+    """A copy of a call's arguments with every tensor (also inside a dict of masks) on the CPU."""
+    return {k: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else _to_cpu(x) if isinstance(x, dict) else x
+            for k, x in d.items()}
