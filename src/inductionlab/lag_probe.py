@@ -116,9 +116,9 @@ class LagProbeConfig:
         need = self.n_permutations * n_cues * self.list_length * 4
         if need > self.max_cue_bytes:
             raise InductionLabError(
-                f"the per-cue probabilities need {need / 2**30:.1f} GiB per condition ({self.n_permutations} trials x "
-                f"{n_cues} cues x {self.list_length} words x 4 bytes), over the limit of "
-                f"{self.max_cue_bytes / 2**30:.1f} GiB; use fewer cues (--cues A-B) or fewer permutations")
+                f"--n-permutations {self.n_permutations:,} x {n_cues} cues x {self.list_length} words: the per-cue "
+                f"probabilities need {need / 2**30:.1f} GiB per condition, over the limit of "
+                f"{self.max_cue_bytes / 2**30:.1f} GiB; use fewer cues (--cues A-B) or a lower --n-permutations")
 
 
 @dataclass
@@ -357,6 +357,11 @@ class LagProbeResult:
         out = {"config": asdict(self.config), "words": self.words, "conditions": conds,
                "headline": self.headline().to_dict(orient="records"),
                "contrasts_lag_plus1": self.contrasts(1).to_dict(orient="records")}
+        if self.cue_positions is not None:
+            out["cues"] = {"n_cues": len(self.cue_positions), "first": int(self.cue_positions[0]),
+                           "last": int(self.cue_positions[-1]), "headline_cue": self.config.cue_position,
+                           "note": "headline, curves and contrasts: the seed cue (cue_position) only; "
+                                   "per-cue arrays in lag_trials.npz (cue_probs/<condition>, …)"}
         if e is not None:
             out["log_enrichment_definition"] = (
                 f"log p(word at lag) − log baseline(word), nats; baseline = the word's mean probability over "
@@ -484,6 +489,13 @@ def check_packed_support(model) -> None:
                                 "use --cues seed (one cue per forward)")
 
 
+def check_cues(loaded: LoadedModel, cfg: LagProbeConfig) -> None:
+    """Before a run: the model can take the cues asked for (``seed`` always; otherwise
+    :func:`check_packed_support`). Raises InductionLabError (one line, the fix: ``--cues seed``)."""
+    if cfg.cues.strip() != "seed":
+        check_packed_support(loaded.model)
+
+
 def packed_cue_batch(model, ids: torch.Tensor, list_ids: torch.Tensor, start: int, cues: list[int]):
     """The all-cue forward's inputs for one chunk of cues.
 
@@ -562,6 +574,7 @@ def run_lag_probe(loaded: LoadedModel, conditions: list[Condition], cfg: LagProb
     """
     cfg = cfg or LagProbeConfig()
     trials = build_trials(loaded, cfg)
+    check_cues(loaded, cfg)
     data = run_conditions(loaded, conditions, trials, method=cfg.method,
                           batch_size=cfg.batch_size, measure_batch=partial(measure_batch, cfg=cfg), progress=progress,
                           dist=dist, reuse=cfg.reuse_residual)
