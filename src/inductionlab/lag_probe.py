@@ -508,7 +508,7 @@ def packed_cue_batch(model, ids: torch.Tensor, list_ids: torch.Tensor, start: in
     Returns:
         ``(kwargs, readout)``: model keyword arguments ``input_ids`` ``[b, start + n·c]`` (the list,
         then each cue's ``sep w_i sep``), ``attention_mask`` additive in the model dtype
-        ``[b, 1, T', T']`` (a dict by layer type where the model has sliding-window layers) and
+        ``[1, 1, T', T']``, the same for every row (a dict by layer type where the model has sliding-window layers) and
         ``position_ids`` ``[b, T']``; ``readout`` LongTensor ``[n]``: index of each cue's last token.
     """
     b, T = ids.shape
@@ -530,7 +530,7 @@ def packed_cue_batch(model, ids: torch.Tensor, list_ids: torch.Tensor, start: in
     neg = torch.finfo(dtype).min
 
     def additive(ok):
-        return torch.zeros(Tp, Tp, dtype=dtype, device=dev).masked_fill(~ok, neg)[None, None].expand(b, 1, Tp, Tp)
+        return torch.zeros(Tp, Tp, dtype=dtype, device=dev).masked_fill(~ok, neg)[None, None]   # broadcast over b
 
     mask = additive(allowed)
     cfg = model.config

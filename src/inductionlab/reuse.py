@@ -56,7 +56,7 @@ class ResidualCache:
         levels: layers whose incoming state is worth keeping (the conditions' first ablated
             layers; 0 and ``n_layers`` are dropped: nothing to skip / nothing to feed).
         max_bytes: bound on the states held (CPU memory; one state is ``[B, T, hidden]`` in the
-            model dtype). Past it, calls run without recording.
+            model dtype, plus its call's tensor arguments). Past it, calls run without recording.
 
     Raises:
         ValueError: the architecture is not supported (check with :func:`decoder_layers`).
@@ -166,7 +166,7 @@ class ResidualCache:
                 state = h.detach().to("cpu", copy=True)
                 key = _to_cpu(call["key"])
                 self.states.setdefault((v, call["fp"]), []).append((key, state, isinstance(output, tuple)))
-                self.nbytes += state.numel() * state.element_size()
+                self.nbytes += state.numel() * state.element_size() + _nbytes(key)
             return hook
 
         handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
@@ -179,6 +179,12 @@ class ResidualCache:
         finally:
             for h in handles:
                 h.remove()
+
+
+def _nbytes(d: dict) -> int:
+    """Bytes of the tensors in a call's arguments (a key is held next to its state)."""
+    return sum(x.numel() * x.element_size() if isinstance(x, torch.Tensor) else _nbytes(x) if isinstance(x, dict) else 0
+               for x in d.values())
 
 
 def _to_cpu(d: dict) -> dict:
