@@ -489,6 +489,22 @@ def check_packed_support(model) -> None:
                                 "use --cues seed (one cue per forward)")
 
 
+def batch_size(loaded, cfg: LagProbeConfig, trials: Trials) -> int | None:
+    """Trials per forward: ``cfg.batch_size``; else None for the seed path (the runner's own
+    :func:`~inductionlab.protocol.auto_batch_size`), and for all cues that estimate at the packed
+    length with one logit row per cue of a chunk (a GPU would otherwise be sized for the seed trial)."""
+    if cfg.batch_size or cfg.cues.strip() == "seed" or not len(trials):
+        return cfg.batch_size
+    from .protocol import auto_batch_size
+
+    t = trials.tensors
+    start = int(t["cue_start"][0])
+    cue_len = t["ids"].shape[1] - start
+    n = len(cfg.cue_positions()) + (cfg.cue_position not in cfg.cue_positions())
+    chunk = min(n, cfg.cue_chunk or max(1, start // cue_len))
+    return auto_batch_size(loaded, start + chunk * cue_len, chunk)
+
+
 def check_cues(loaded: LoadedModel, cfg: LagProbeConfig) -> None:
     """Before a run: the model can take the cues asked for (``seed`` always; otherwise
     :func:`check_packed_support`). Raises InductionLabError (one line, the fix: ``--cues seed``)."""
@@ -576,7 +592,7 @@ def run_lag_probe(loaded: LoadedModel, conditions: list[Condition], cfg: LagProb
     trials = build_trials(loaded, cfg)
     check_cues(loaded, cfg)
     data = run_conditions(loaded, conditions, trials, method=cfg.method,
-                          batch_size=cfg.batch_size, measure_batch=partial(measure_batch, cfg=cfg), progress=progress,
+                          batch_size=batch_size(loaded, cfg, trials), measure_batch=partial(measure_batch, cfg=cfg), progress=progress,
                           dist=dist, reuse=cfg.reuse_residual)
     return LagProbeResult.from_parts(data, conditions, cfg, trials.words)
 
