@@ -50,7 +50,7 @@ class AnalyzeConfig:
     ks: tuple[int, ...] = (5, 10, 20)
     n_draws: int = 2                 # random-head draws per k
     exclude_top_n: int | None = None  # None: min(300, n_heads // 2)
-    lag: LagProbeConfig = field(default_factory=lambda: LagProbeConfig(n_permutations=64))
+    lag: LagProbeConfig = field(default_factory=lambda: LagProbeConfig(n_permutations=64, cues="all"))
 
     def protocol(self) -> LagProbeConfig:
         """The lag-probe config with the job's seed and method."""
@@ -114,6 +114,7 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
     lag_cfg = cfg.protocol()
     check_trial_ids(lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2)), loaded,   # pool, context,
                     "lag probe")                                                             # ids: before any file
+    lag_probe.check_cues(loaded, lag_cfg)
     params = {**asdict(cfg), "exclude_top_n": N, "lag": asdict(lag_cfg)}
     params["model"] = params_identity(ident)
     run = ResumableRun(out, "analyze", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
@@ -139,10 +140,7 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
     t = time.perf_counter()
     parts, words = run_phases(run, loaded, PHASES, PROTOCOLS, {"lag": lag_cfg}, {"ablation": conditions},
                               {"lag": lag_cfg.n_permutations}, progress=progress)
-    lag = LagProbeResult({n: a["probs"] for n, a in parts["lag"].items()},
-                         {n: a["list_mass"] for n, a in parts["lag"].items()},
-                         {n: a["argmax_lag"] for n, a in parts["lag"].items()}, conditions, lag_cfg, words["lag"],
-                         list_ids=lag_probe.list_ids_of(parts["lag"]))
+    lag = LagProbeResult.from_parts(parts["lag"], conditions, lag_cfg, words["lag"])
     timings["lag_probe_s"] = time.perf_counter() - t
 
     top = top_k_heads(hs["induction"], cfg.top)

@@ -207,6 +207,9 @@ lag_probe_options = _stack(
                  help="Trials per forward pass [default: from free GPU memory; 8 on CPU]."),
     click.option("--far-lag", type=int, default=20, show_default=True,
                  help="Word-prior-corrected curve: a word's baseline is its mean probability where it sits at |lag| > this."),
+    click.option("--cues", default="all", show_default=True,
+                 help="Cued list positions: all, seed (only --cue-position, one forward per cue) or A-B (1-based); "
+                      "the list runs once per trial and each cue appends its own tokens. The headline is the seed cue's."),
 )
 
 
@@ -218,7 +221,7 @@ def lag_probe_config(kw: dict):
                           cue_position=kw.pop("cue_position"), separator=kw.pop("separator").replace("\\n", "\n"),
                           instruction=kw.pop("instruction"), bos=not kw.pop("no_bos"),
                           resample_words=kw.pop("resample_words"), batch_size=kw["batch_size"],
-                          far_lag=kw.pop("far_lag"))
+                          far_lag=kw.pop("far_lag"), cues=kw.pop("cues"))
 
 
 recall_options = _stack(

@@ -7,6 +7,23 @@ fresh random order of a fixed set of the 500 most frequent single-token words (s
 one 500-word sequence, 5,000 permutations); ``resample_words`` draws a new set per trial.
 Every condition sees the same trials (paired design).
 
+**All cues at once** (``cues="all"`` or ``"A-B"``; issue 17): the list part of a trial
+(``[BOS] w1 … w500``) is the same whatever the cue, so it runs once and every chosen list
+position i is cued by the seed trial's own cue tokens ``sep w_i sep`` appended after it. One
+packed forward reads ``[list ; cue_1 ; cue_2 ; …]`` with a 4-D additive attention mask (list
+tokens: causal over the list; cue tokens: the whole list and their own cue, causally; a
+sliding-window layer also applies its window, on position ids) and explicit position ids (each
+cue's tokens take the positions they have in the single-cue trial), so cue i reads what the
+single-cue trial with ``cue_position=i`` reads (equal within 1e-5 in fp32:
+tests/test_lag_probe_cues.py). Cues go in chunks whose tokens do not outnumber the list's, so a
+forward holds at most twice the seed trial's tokens. The seed cue (``cue_position``) always
+runs, an extra cue when it is not among the chosen ones: the headline, curves and contrasts
+are the seed protocol's, from the same run; the per-cue arrays (``cue_probs`` …) add the other
+cues for the serial-position analyses. Chosen over a KV cache of the list reused by the cue
+tokens: that forward was 10% faster (SmolLM2, fp32, one thread: 3.5 s against 4.0 s per trial)
+but a cached call cannot take the residual reuse across conditions (:mod:`inductionlab.reuse`,
+20% of the lag-probe phase), and the packed forward is one ordinary call of the model.
+
 Reported per condition: mean raw probability per lag with a 95% CI over trials (normal
 approximation, mean ± 1.96·sd/√n), the same renormalised over the list tokens, the list mass
 (total probability on list tokens), and the arg-max response's lag (for the psifr-style CRP).
@@ -52,6 +69,32 @@ class LagProbeConfig:
     method: str = "zero"            # ablation method: zero | mean | sink
     far_lag: int = 20               # word-prior baseline: trials where the word sits at |lag| > far_lag
     reuse_residual: bool = True     # skip layers below a condition's first ablated head (bit-identical; reuse.py)
+    cues: str = "seed"              # "seed": one cue (cue_position) per forward; "all" | "A-B": these list positions
+    #                                 (1-based, inclusive) cued after one pass over the list (module docstring)
+    cue_chunk: int | None = None    # cues per packed forward; None: as many as keep cue tokens <= list tokens
+    max_cue_bytes: int = 1 << 30    # per condition: n_trials x n_cues x list_length x 4 bytes of cue_probs
+
+    def cue_positions(self) -> list[int]:
+        """The chosen cue positions, 1-based, ascending (``[cue_position]`` for ``"seed"``).
+
+        Raises:
+            InductionLabError: ``cues`` is not ``all``, ``seed`` or ``A-B`` inside the list with A <= B."""
+        c = self.cues.strip() if isinstance(self.cues, str) else self.cues
+        if c == "seed":
+            return [self.cue_position]
+        if c == "all":
+            return list(range(1, self.list_length + 1))
+        a, sep, b = c.partition("-") if isinstance(c, str) else ("", "", "")
+        if not (sep and a.strip().isdigit() and b.strip().isdigit()):
+            raise InductionLabError(f"cues {self.cues!r}: use all, seed or a range A-B of list positions "
+                                    f"(1-based, e.g. 1-{self.list_length})")
+        a, b = int(a), int(b)
+        if a > b:
+            raise InductionLabError(f"cues {self.cues!r}: the range starts after it ends; use A-B with A <= B")
+        if a < 1 or b > self.list_length:
+            raise InductionLabError(f"cues {self.cues!r}: outside the list of {self.list_length} words; "
+                                    f"use a range within 1-{self.list_length}")
+        return list(range(a, b + 1))
 
     def validate(self) -> None:
         """Check the options that need no model (called before any model is loaded).
@@ -70,6 +113,15 @@ class LagProbeConfig:
         if self.far_lag < 0:
             raise InductionLabError(f"far lag {self.far_lag} must be at least 0 (the default is 20)")
         check_method(self.method)
+        n_cues = len(self.cue_positions())
+        if self.cue_chunk is not None and self.cue_chunk < 1:
+            raise InductionLabError(f"cue chunk {self.cue_chunk} must be at least 1 (None: automatic)")
+        need = self.n_permutations * n_cues * self.list_length * 4
+        if need > self.max_cue_bytes:
+            raise InductionLabError(
+                f"--n-permutations {self.n_permutations:,} x {n_cues} cues x {self.list_length} words: the per-cue "
+                f"probabilities need {need / 2**30:.1f} GiB per condition, over the limit of "
+                f"{self.max_cue_bytes / 2**30:.1f} GiB; use fewer cues (--cues A-B) or a lower --n-permutations")
 
 
 @dataclass
@@ -148,6 +200,13 @@ class LagProbeResult:
         config: the :class:`LagProbeConfig` used; words: the word set (fixed mode).
         list_ids: ``[n_trials, list_length]`` word at each list position (same in every
             condition); None (e.g. a run from before it was stored): no corrected curve.
+        cue_probs: condition name -> float32 ``[n_trials, n_cues, list_length]``: probability of
+            each list position's word after cue c (the word at list position ``cue_positions[c]``;
+            column j ↔ lag ``j + 1 - cue_positions[c]``). ``cues="seed"``: one cue, equal to ``probs``.
+        cue_list_mass: condition name -> float64 ``[n_trials, n_cues]`` total probability on list tokens.
+        cue_argmax_lag: condition name -> float64 ``[n_trials, n_cues]`` lag of the arg-max token
+            relative to its cue (NaN if it is not a list word).
+        cue_positions: int ``[n_cues]`` the cued list positions, 1-based (None: not stored).
     """
     probs: dict[str, np.ndarray]
     list_mass: dict[str, np.ndarray]
@@ -156,6 +215,22 @@ class LagProbeResult:
     config: LagProbeConfig
     words: list[str] = field(default_factory=list)
     list_ids: np.ndarray | None = None
+    cue_probs: dict[str, np.ndarray] = field(default_factory=dict)
+    cue_list_mass: dict[str, np.ndarray] = field(default_factory=dict)
+    cue_argmax_lag: dict[str, np.ndarray] = field(default_factory=dict)
+    cue_positions: np.ndarray | None = None
+
+    @classmethod
+    def from_parts(cls, parts: dict, conditions, config: "LagProbeConfig", words=()) -> "LagProbeResult":
+        """A result from per-condition measures (condition name -> measure -> array, as from
+        :func:`~inductionlab.protocol.run_conditions` or a resumable run's pieces); the per-cue
+        arrays are taken where they were stored (runs from before them have none)."""
+        get = lambda key: {n: a[key] for n, a in parts.items() if key in a}   # noqa: E731
+        cue_probs = get("cue_probs")
+        return cls(get("probs"), get("list_mass"), get("argmax_lag"), list(conditions), config, list(words),
+                   list_ids=list_ids_of(parts), cue_probs=cue_probs, cue_list_mass=get("cue_list_mass"),
+                   cue_argmax_lag=get("cue_argmax_lag"),
+                   cue_positions=np.asarray(config.cue_positions()) if cue_probs else None)
 
     @property
     def has_corrected(self) -> bool:
@@ -285,6 +360,11 @@ class LagProbeResult:
         out = {"config": asdict(self.config), "words": self.words, "conditions": conds,
                "headline": self.headline().to_dict(orient="records"),
                "contrasts_lag_plus1": self.contrasts(1).to_dict(orient="records")}
+        if self.cue_positions is not None:
+            out["cues"] = {"n_cues": len(self.cue_positions), "first": int(self.cue_positions[0]),
+                           "last": int(self.cue_positions[-1]), "headline_cue": self.config.cue_position,
+                           "note": "headline, curves and contrasts: the seed cue (cue_position) only; "
+                                   "per-cue arrays in lag_trials.npz (cue_probs/<condition>, …)"}
         if e is not None:
             out["log_enrichment_definition"] = (
                 f"log p(word at lag) − log baseline(word), nats; baseline = the word's mean probability over "
@@ -297,8 +377,9 @@ def build_trials(loaded: LoadedModel, cfg: LagProbeConfig) -> Trials:
     """All trials of a run.
 
     Returns: :class:`~inductionlab.protocol.Trials` with ``ids`` LongTensor ``[n_trials, T]``,
-    ``list_ids`` LongTensor ``[n_trials, list_length]`` (the word at each list position), and the
-    word set (fixed mode; empty when resampling).
+    ``list_ids`` LongTensor ``[n_trials, list_length]`` (the word at each list position),
+    ``cue_start`` LongTensor ``[n_trials]`` (index of the seed cue's first token: the list part is
+    ``ids[:, :cue_start]``), and the word set (fixed mode; empty when resampling).
 
     Raises:
         InductionLabError: word pool smaller than the list; trial longer than the model's context;
@@ -327,20 +408,173 @@ def build_trials(loaded: LoadedModel, cfg: LagProbeConfig) -> Trials:
         ids.append(stim.trial(chosen, cfg.cue_position))
         lists.append(chosen)
     words = [] if cfg.resample_words else [p.text for p in pool]
-    return Trials({"ids": torch.tensor(ids), "list_ids": torch.tensor(lists)}, words)
+    start = length - (2 * len(stim.sep_ids) + 1)                       # where the seed cue's tokens begin
+    return Trials({"ids": torch.tensor(ids), "list_ids": torch.tensor(lists),
+                   "cue_start": torch.full((len(ids),), start, dtype=torch.long)}, words)
 
 
 def measure_batch(model, batch: dict[str, torch.Tensor], cfg: LagProbeConfig) -> dict[str, torch.Tensor]:
-    """One batch of trials: ``ids`` ``[b, T]``, ``list_ids`` ``[b, list_length]`` →
-    ``probs`` float32 ``[b, list_length]`` (raw probability of each list position's word),
-    ``list_mass`` float64 ``[b]``, ``argmax_lag`` float64 ``[b]`` (NaN: arg-max not a list word)."""
+    """One batch of trials: ``ids`` ``[b, T]`` (the seed trials), ``list_ids`` ``[b, list_length]``,
+    ``cue_start`` ``[b]`` (where the seed trial's cue tokens begin) →
+    ``probs`` float32 ``[b, list_length]`` (raw probability of each list position's word after the
+    seed cue ``cue_position``), ``list_mass`` float64 ``[b]``, ``argmax_lag`` float64 ``[b]`` (NaN:
+    arg-max not a list word), and per chosen cue c (``cfg.cue_positions()``): ``cue_probs`` float32
+    ``[b, n_cues, list_length]``, ``cue_list_mass`` float64 ``[b, n_cues]``, ``cue_argmax_lag``
+    float64 ``[b, n_cues]`` (lag relative to cue c).
+
+    ``cues="seed"``: one forward of the seed trial, the last position read. Otherwise one packed
+    forward per cue chunk (:func:`packed_cue_batch`).
+
+    Raises:
+        InductionLabError: (all-cue) the architecture cannot take a custom 4-D mask (:func:`check_packed_support`).
+    """
     lst = batch["list_ids"]
-    p = torch.softmax(forward_logits(model, batch["ids"], 1)[:, -1], dim=-1)   # [b, V], last position only
-    pl = p.gather(1, lst)                                                     # [b, list_length]
-    hit = lst == p.argmax(1, keepdim=True)
-    col = hit.float().argmax(1).double() + 1 - cfg.cue_position
-    col[~hit.any(1)] = float("nan")
-    return {"probs": pl, "list_mass": pl.sum(1).double(), "argmax_lag": col, "list_ids": lst.cpu()}
+    positions = cfg.cue_positions()
+    if cfg.cues.strip() == "seed":
+        p = torch.softmax(forward_logits(model, batch["ids"], 1)[:, -1], dim=-1)   # [b, V], last position only
+        pl, mass, col = _read(p[:, None], lst, torch.tensor([cfg.cue_position], device=lst.device))
+        return {"probs": pl[:, 0], "list_mass": mass[:, 0], "argmax_lag": col[:, 0], "list_ids": lst.cpu(),
+                "cue_probs": pl, "cue_list_mass": mass, "cue_argmax_lag": col}
+    check_packed_support(model)
+    run = positions if cfg.cue_position in positions else positions + [cfg.cue_position]
+    ids, start = batch["ids"], int(batch["cue_start"][0])
+    cue_len = ids.shape[1] - start
+    chunk = cfg.cue_chunk or max(1, start // cue_len)
+    pls, masses, cols = [], [], []
+    for c0 in range(0, len(run), chunk):
+        cues = run[c0:c0 + chunk]
+        kw, readout = packed_cue_batch(model, ids, lst, start, cues)
+        logits = _logits_at(model, kw, readout)                                  # [b, n, V] float32
+        for j in range(0, len(cues), _SOFTMAX_CUES):                            # bounded softmax copies
+            part = torch.softmax(logits[:, j:j + _SOFTMAX_CUES], dim=-1)
+            pl, mass, col = _read(part, lst, torch.tensor(cues[j:j + _SOFTMAX_CUES], device=lst.device))
+            pls.append(pl), masses.append(mass), cols.append(col)
+        del logits
+    pl, mass, col = torch.cat(pls, 1), torch.cat(masses, 1), torch.cat(cols, 1)
+    seed = run.index(cfg.cue_position)
+    n = len(positions)
+    return {"probs": pl[:, seed], "list_mass": mass[:, seed], "argmax_lag": col[:, seed], "list_ids": lst.cpu(),
+            "cue_probs": pl[:, :n], "cue_list_mass": mass[:, :n], "cue_argmax_lag": col[:, :n]}
+
+
+_SOFTMAX_CUES = 16     # cues per softmax over the vocabulary (bounds the copy of the logits)
+
+
+def _read(p: torch.Tensor, lst: torch.Tensor, cues: torch.Tensor):
+    """``p`` ``[b, n, V]`` next-token probabilities after ``n`` cues at 1-based list positions
+    ``cues`` ``[n]``, ``lst`` ``[b, L]`` → (float32 ``[b, n, L]`` probability of each list word,
+    float64 ``[b, n]`` list mass, float64 ``[b, n]`` lag of the arg-max, NaN if not a list word)."""
+    b, n, _ = p.shape
+    pl = p.gather(2, lst[:, None, :].expand(b, n, -1)).float()
+    hit = lst[:, None, :] == p.argmax(-1, keepdim=True)                      # [b, n, L]
+    col = hit.float().argmax(-1).double() + 1 - cues.double()[None, :]
+    col[~hit.any(-1)] = float("nan")
+    return pl, pl.sum(-1).double(), col
+
+
+def check_packed_support(model) -> None:
+    """Refuse an architecture that cannot take the all-cue forward: it must build its masks with
+    transformers' ``masking_utils`` (which passes a prepared 4-D mask through as it is), take
+    ``position_ids``, and have no chunked attention.
+
+    Raises:
+        InductionLabError: one line naming the model class and the fix (``--cues seed``)."""
+    import inspect
+    import sys
+
+    mod = sys.modules.get(type(getattr(model, "base_model", model)).__module__)
+    cfg = getattr(model, "config", None)
+    ok = (mod is not None and hasattr(mod, "create_causal_mask") and cfg is not None
+          and "position_ids" in inspect.signature(model.forward).parameters
+          and getattr(cfg, "attention_chunk_size", None) is None)
+    if not ok:
+        raise InductionLabError(f"{type(model).__name__} cannot take the all-cue lag probe's custom attention mask; "
+                                "use --cues seed (one cue per forward)")
+
+
+def batch_size(loaded, cfg: LagProbeConfig, trials: Trials) -> int | None:
+    """Trials per forward: ``cfg.batch_size``; else None for the seed path (the runner's own
+    :func:`~inductionlab.protocol.auto_batch_size`), and for all cues that estimate at the packed
+    length with one logit row per cue of a chunk (a GPU would otherwise be sized for the seed trial)."""
+    if cfg.batch_size or cfg.cues.strip() == "seed" or not len(trials):
+        return cfg.batch_size
+    from .protocol import auto_batch_size
+
+    t = trials.tensors
+    start = int(t["cue_start"][0])
+    cue_len = t["ids"].shape[1] - start
+    n = len(cfg.cue_positions()) + (cfg.cue_position not in cfg.cue_positions())
+    chunk = min(n, cfg.cue_chunk or max(1, start // cue_len))
+    return auto_batch_size(loaded, start + chunk * cue_len, chunk)
+
+
+def check_cues(loaded: LoadedModel, cfg: LagProbeConfig) -> None:
+    """Before a run: the model can take the cues asked for (``seed`` always; otherwise
+    :func:`check_packed_support`). Raises InductionLabError (one line, the fix: ``--cues seed``)."""
+    if cfg.cues.strip() != "seed":
+        check_packed_support(loaded.model)
+
+
+def packed_cue_batch(model, ids: torch.Tensor, list_ids: torch.Tensor, start: int, cues: list[int]):
+    """The all-cue forward's inputs for one chunk of cues.
+
+    Args:
+        ids: ``[b, T]`` seed trials; ``ids[:, :start]`` is the list part (prefix + words and
+            separators) and ``ids[:, start:]`` the seed cue's tokens ``sep w sep``.
+        list_ids: ``[b, L]`` the word at each list position.
+        cues: 1-based list positions to cue.
+
+    Returns:
+        ``(kwargs, readout)``: model keyword arguments ``input_ids`` ``[b, start + n·c]`` (the list,
+        then each cue's ``sep w_i sep``), ``attention_mask`` additive in the model dtype
+        ``[1, 1, T', T']``, the same for every row (a dict by layer type where the model has sliding-window layers) and
+        ``position_ids`` ``[b, T']``; ``readout`` LongTensor ``[n]``: index of each cue's last token.
+    """
+    b, T = ids.shape
+    c = T - start
+    s = (c - 1) // 2
+    dev = ids.device
+    sep = ids[:, start:start + s]
+    idx = torch.as_tensor(cues, device=dev) - 1
+    words = list_ids[:, idx]                                                   # [b, n]
+    n = len(cues)
+    block = torch.cat([sep[:, None, :].expand(b, n, s), words[:, :, None], sep[:, None, :].expand(b, n, s)], 2)
+    input_ids = torch.cat([ids[:, :start], block.reshape(b, n * c)], 1)
+    Tp = input_ids.shape[1]
+    pos = torch.cat([torch.arange(start, device=dev), (start + torch.arange(c, device=dev)).repeat(n)])
+    group = torch.cat([torch.full((start,), -1, device=dev), torch.arange(n, device=dev).repeat_interleave(c)])
+    q, k = torch.arange(Tp, device=dev)[:, None], torch.arange(Tp, device=dev)[None, :]
+    allowed = (k <= q) & ((group[None, :] == -1) | (group[None, :] == group[:, None]))
+    dtype = next(model.parameters()).dtype
+    neg = torch.finfo(dtype).min
+
+    def additive(ok):
+        return torch.zeros(Tp, Tp, dtype=dtype, device=dev).masked_fill(~ok, neg)[None, None]   # broadcast over b
+
+    mask = additive(allowed)
+    cfg = model.config
+    types = set(getattr(cfg, "layer_types", None) or ())
+    window = getattr(cfg, "sliding_window", None)
+    if "sliding_attention" in types and window:
+        near = (pos[:, None] - pos[None, :]) < window                          # transformers: kv > q - window
+        mask = {t: (additive(allowed & near) if t == "sliding_attention" else mask) for t in types}
+    elif types - {"full_attention"}:
+        raise InductionLabError(f"{type(model).__name__} has layer types {sorted(types)} the all-cue lag probe "
+                                "does not handle; use --cues seed")
+    readout = start + torch.arange(n, device=dev) * c + c - 1
+    return {"input_ids": input_ids, "attention_mask": mask, "position_ids": pos[None].expand(b, Tp)}, readout
+
+
+def _logits_at(model, kw: dict, readout: torch.Tensor) -> torch.Tensor:
+    """Float32 logits ``[b, n, V]`` at the ``readout`` positions ``[n]`` (``logits_to_keep`` as an
+    index tensor where the model takes it, so the LM head runs on those positions only)."""
+    try:
+        out = model(**kw, logits_to_keep=readout).logits
+        if out.shape[1] == len(readout):
+            return out.float()
+    except TypeError:   # architectures without logits_to_keep
+        pass
+    return model(**kw).logits[:, readout].float()
 
 
 def run_lag_probe(loaded: LoadedModel, conditions: list[Condition], cfg: LagProbeConfig | None = None,
@@ -359,12 +593,11 @@ def run_lag_probe(loaded: LoadedModel, conditions: list[Condition], cfg: LagProb
     """
     cfg = cfg or LagProbeConfig()
     trials = build_trials(loaded, cfg)
+    check_cues(loaded, cfg)
     data = run_conditions(loaded, conditions, trials, method=cfg.method,
-                          batch_size=cfg.batch_size, measure_batch=partial(measure_batch, cfg=cfg), progress=progress,
+                          batch_size=batch_size(loaded, cfg, trials), measure_batch=partial(measure_batch, cfg=cfg), progress=progress,
                           dist=dist, reuse=cfg.reuse_residual)
-    return LagProbeResult({n: d["probs"] for n, d in data.items()}, {n: d["list_mass"] for n, d in data.items()},
-                          {n: d["argmax_lag"] for n, d in data.items()}, list(conditions), cfg, trials.words,
-                          list_ids=list_ids_of(data))
+    return LagProbeResult.from_parts(data, conditions, cfg, trials.words)
 
 
 def list_ids_of(parts: dict) -> np.ndarray | None:

@@ -315,7 +315,11 @@ def write_analyze_outputs(d: Path, res) -> None:
     for df, name in ((heads, "head_scores.csv"), (summary, "lag_curves.csv"), (headline, "lag_headline.csv")):
         atomic_write_text(d / name, df.to_csv(index=False))
     buf = io.BytesIO()
-    np.savez_compressed(buf, **{f"probs/{k}": v for k, v in res.lag.probs.items()})
+    lag = res.lag
+    cue = {f"{m}/{k}": v for m in ("cue_probs", "cue_list_mass", "cue_argmax_lag") for k, v in getattr(lag, m).items()}
+    if lag.cue_positions is not None:
+        cue["cue_positions"] = lag.cue_positions
+    np.savez_compressed(buf, **{f"probs/{k}": v for k, v in res.lag.probs.items()}, **cue)
     atomic_write_bytes(d / "lag_trials.npz", buf.getvalue())
     name = res.loaded.identity["name"]
     plots.head_heatmaps(hs.scores, d / "head_scores.png", title=name)

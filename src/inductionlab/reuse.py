@@ -56,7 +56,7 @@ class ResidualCache:
         levels: layers whose incoming state is worth keeping (the conditions' first ablated
             layers; 0 and ``n_layers`` are dropped: nothing to skip / nothing to feed).
         max_bytes: bound on the states held (CPU memory; one state is ``[B, T, hidden]`` in the
-            model dtype). Past it, calls run without recording.
+            model dtype, plus its call's tensor arguments). Past it, calls run without recording.
 
     Raises:
         ValueError: the architecture is not supported (check with :func:`decoder_layers`).
@@ -96,7 +96,10 @@ class ResidualCache:
             return False
         for k, x in a.items():
             y = b[k]
-            if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if isinstance(x, dict) or isinstance(y, dict):   # masks by layer type (the all-cue lag probe)
+                if not (isinstance(x, dict) and isinstance(y, dict) and ResidualCache._same(x, y)):
+                    return False
+            elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
                 if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape
                         and x.dtype == y.dtype and torch.equal(x.cpu(), y.cpu())):
                     return False
@@ -161,10 +164,9 @@ class ResidualCache:
                     return
                 h = output[0] if isinstance(output, tuple) else output
                 state = h.detach().to("cpu", copy=True)
-                key = {k: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else x
-                       for k, x in call["key"].items()}
+                key = _to_cpu(call["key"])
                 self.states.setdefault((v, call["fp"]), []).append((key, state, isinstance(output, tuple)))
-                self.nbytes += state.numel() * state.element_size()
+                self.nbytes += state.numel() * state.element_size() + _nbytes(key)
             return hook
 
         handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
@@ -177,3 +179,15 @@ class ResidualCache:
         finally:
             for h in handles:
                 h.remove()
+
+
+def _nbytes(d: dict) -> int:
+    """Bytes of the tensors in a call's arguments (a key is held next to its state)."""
+    return sum(x.numel() * x.element_size() if isinstance(x, torch.Tensor) else _nbytes(x) if isinstance(x, dict) else 0
+               for x in d.values())
+
+
+def _to_cpu(d: dict) -> dict:
+    """A copy of a call's arguments with every tensor (also inside a dict of masks) on the CPU."""
+    return {k: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else _to_cpu(x) if isinstance(x, dict) else x
+            for k, x in d.items()}

@@ -194,7 +194,8 @@ def run_phases(run: ResumableRun, loaded, phases: Sequence[Phase], protocols: Ma
                 if ph.protocol not in trials:
                     trials[ph.protocol] = module.build_trials(loaded, cfg)
                 tr = trials[ph.protocol].head(n_trials[ph.key])
-                arrays = run_conditions(loaded, [c], tr, method=cfg.method, batch_size=cfg.batch_size,
+                bs = module.batch_size(loaded, cfg, tr) if hasattr(module, "batch_size") else cfg.batch_size
+                arrays = run_conditions(loaded, [c], tr, method=cfg.method, batch_size=bs,
                                         measure_batch=lambda m, b: module.measure_batch(m, b, cfg),
                                         progress=bar.update, dist=run.dist,
                                         reuse=caches.get(ph.protocol) or False)[c.name]

@@ -90,7 +90,7 @@ class TemporalStudyConfig:
     n_draws: int = 3                        # random-head draws per k
     exclude_top_n: int | None = None        # None: min(300, n_heads_total // 2) (SPEC §4)
     seed: int = 0
-    lag: LagProbeConfig = field(default_factory=lambda: LagProbeConfig(n_permutations=64))  # seed protocol: 5,000
+    lag: LagProbeConfig = field(default_factory=lambda: LagProbeConfig(n_permutations=64, cues="all"))  # seed: 5,000
     recall: SerialRecallConfig = field(default_factory=SerialRecallConfig)
     # per-head load-bearing map
     load_bearing_top: int = 10              # 0 disables
@@ -136,8 +136,8 @@ class TemporalStudyConfig:
 
 
 PHASES = (Phase("lag", "lag", "ablation"), Phase("recall", "recall", "ablation"),
-          Phase("single", "lag", "single"), Phase("single_recall", "recall", "single"))
-PROTOCOLS = {"lag": lag_probe, "recall": serial_recall}
+          Phase("single", "lag_seed", "single"), Phase("single_recall", "recall", "single"))
+PROTOCOLS = {"lag": lag_probe, "lag_seed": lag_probe, "recall": serial_recall}   # lag_seed: the seed cue only
 
 
 # -- the study ----------------------------------------------------------------------------
@@ -214,6 +214,7 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     lb_n = cfg.load_bearing_n
     # model-dependent checks (pool, context) before any file is written
     check_trial_ids(lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2)), loaded, "lag probe")
+    lag_probe.check_cues(loaded, lag_cfg)
     check_trial_ids(serial_recall.build_trials(loaded, replace(rec_cfg, n_trials=1)), loaded, "serial recall")
     run = ResumableRun(out, "study-temporal", _params(loaded, cfg, ks, N, lag_cfg, rec_cfg), overwrite=overwrite,
                        on_checkpoint=on_checkpoint, inputs=[loaded.identity.get("path")], dist=dist)
@@ -228,15 +229,14 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     induction = hs["induction"]
     conditions = ablation_conditions(induction, ks, n_draws=cfg.n_draws, exclude_top_n=N, seed=cfg.seed)
     singles = single_head_conditions(induction, cfg.load_bearing_top) if cfg.load_bearing_top > 0 else []
-    parts, words = run_phases(run, loaded, PHASES, PROTOCOLS, {"lag": lag_cfg, "recall": rec_cfg},
+    parts, words = run_phases(run, loaded, PHASES, PROTOCOLS, {"lag": lag_cfg, "lag_seed": replace(lag_cfg, cues="seed"),
+                                                               "recall": rec_cfg},
                               {"ablation": conditions, "single": singles},
                               {"lag": lag_cfg.n_permutations, "recall": rec_cfg.n_trials, "single": lb_n,
                                "single_recall": rec_cfg.n_trials}, progress=progress, timings=timings)
 
     lag_parts = parts["lag"]
-    lag = LagProbeResult({n: a["probs"] for n, a in lag_parts.items()}, {n: a["list_mass"] for n, a in lag_parts.items()},
-                         {n: a["argmax_lag"] for n, a in lag_parts.items()}, conditions, lag_cfg, words["lag"],
-                         list_ids=lag_probe.list_ids_of(lag_parts))
+    lag = LagProbeResult.from_parts(lag_parts, conditions, lag_cfg, words["lag"])
     recall = SerialRecallResult(parts["recall"], conditions, rec_cfg, words["recall"])
     lb_table = conc = None
     if singles:
