@@ -129,10 +129,30 @@ def test_residual_reuse_serves_the_packed_forward_bit_for_bit(word_tokenizer, ar
 @pytest.mark.parametrize("cues,message", [
     ("junk", "use all, seed or a range A-B"), ("3", "use all, seed or a range A-B"), ("-3", "A-B"),
     ("0-5", "outside the list of 30 words"), ("5-31", "outside the list of 30 words"),
-    ("6-5", "starts after it ends")])
+    ("6-5", "starts after it ends"), ("all:0", "step must be at least 1"), ("all:x", "optionally with a step"),
+    ("3-9:", "optionally with a step"), ("all:-2", "optionally with a step")])
 def test_bad_cues_refused(cues, message):
     with pytest.raises(InductionLabError, match=message):
         config(cues=cues).validate()
+
+
+@pytest.mark.parametrize("cues,expected", [
+    ("all", list(range(1, 31))), ("all:10", [1, 11, 21]), ("all:30", [1]), ("all:31", [1]),
+    ("4-12:4", [4, 8, 12]), ("4-13:4", [4, 8, 12]), ("7-7:3", [7]), (" 2-5 ", [2, 3, 4, 5]), ("seed", [CUE])])
+def test_cue_positions_with_a_step(cues, expected):
+    """Steps count from the range's first position; the seed cue is the config's own."""
+    assert config(cues=cues).cue_positions() == expected
+
+
+def test_a_stepped_run_stores_exactly_those_cues(word_tokenizer):
+    """``all:S`` stores the cues 1, 1+S, … and their arrays equal the same cues of ``all``."""
+    lm = loaded_tiny("llama", word_tokenizer)
+    every = run_lag_probe(lm, [INTACT, ABLATED], config(cues="all"))
+    some = run_lag_probe(lm, [INTACT, ABLATED], config(cues="all:7"))
+    assert some.cue_positions.tolist() == list(range(1, 31, 7))
+    for c in ("intact", ABLATED.name):
+        np.testing.assert_allclose(some.cue_probs[c], every.cue_probs[c][:, ::7], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(some.probs[c], every.probs[c], rtol=0, atol=1e-6)
 
 
 def test_memory_guard_names_the_limit_and_the_fix():

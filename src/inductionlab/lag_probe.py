@@ -77,24 +77,38 @@ class LagProbeConfig:
     def cue_positions(self) -> list[int]:
         """The chosen cue positions, 1-based, ascending (``[cue_position]`` for ``"seed"``).
 
+        ``cues`` is ``seed``, ``all`` (every list position), ``A-B`` (positions A..B inclusive), or
+        either of the last two with a step: ``all:S`` / ``A-B:S`` (every S-th position from the
+        first: ``all:10`` = 1, 11, …, 491).
+
         Raises:
-            InductionLabError: ``cues`` is not ``all``, ``seed`` or ``A-B`` inside the list with A <= B."""
+            InductionLabError: ``cues`` is none of these, a range outside the list or with A > B, a step < 1."""
         c = self.cues.strip() if isinstance(self.cues, str) else self.cues
         if c == "seed":
             return [self.cue_position]
-        if c == "all":
-            return list(range(1, self.list_length + 1))
-        a, sep, b = c.partition("-") if isinstance(c, str) else ("", "", "")
+        usage = (f"cues {self.cues!r}: use all, seed or a range A-B of list positions, optionally with a step "
+                 f"(all:S, A-B:S; 1-based, e.g. 1-{self.list_length} or all:10)")
+        if not isinstance(c, str):
+            raise InductionLabError(usage)
+        span, colon, step = c.partition(":")
+        if colon and not step.strip().isdigit():
+            raise InductionLabError(usage)
+        step = int(step) if colon else 1
+        if step < 1:
+            raise InductionLabError(f"cues {self.cues!r}: the step must be at least 1 (e.g. all:10)")
+        span = span.strip()
+        if span == "all":
+            return list(range(1, self.list_length + 1, step))
+        a, sep, b = span.partition("-")
         if not (sep and a.strip().isdigit() and b.strip().isdigit()):
-            raise InductionLabError(f"cues {self.cues!r}: use all, seed or a range A-B of list positions "
-                                    f"(1-based, e.g. 1-{self.list_length})")
+            raise InductionLabError(usage)
         a, b = int(a), int(b)
         if a > b:
             raise InductionLabError(f"cues {self.cues!r}: the range starts after it ends; use A-B with A <= B")
         if a < 1 or b > self.list_length:
             raise InductionLabError(f"cues {self.cues!r}: outside the list of {self.list_length} words; "
                                     f"use a range within 1-{self.list_length}")
-        return list(range(a, b + 1))
+        return list(range(a, b + 1, step))
 
     def validate(self) -> None:
         """Check the options that need no model (called before any model is loaded).
