@@ -160,6 +160,9 @@ def main() -> None:
     rows = {}
     res = {}
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for mode in modes:                                          # untimed warm-up of every path (first-call costs)
+        run_lag_probe(lm, conds[:1], LagProbeConfig(**{**base.__dict__, "cues": mode, "n_permutations": 2,
+                                                       "batch_size": min(2, args.batch_size)}))
     for mode in modes:
         c0, w0 = time.process_time(), time.perf_counter()
         res[mode] = r = run_lag_probe(lm, conds, LagProbeConfig(**{**base.__dict__, "cues": mode}))
