@@ -165,6 +165,16 @@ def _read_checkpoint_telemetry(p: Path) -> dict[str, Any]:
     return t
 
 
+def check_telemetry(run_dir: str | Path) -> None:
+    """Check every checkpoint ``telemetry.json`` of a run (:func:`_read_checkpoint_telemetry`); a run
+    without any passes.
+
+    Raises:
+        InductionLabError: one is damaged (the message names it and the fix)."""
+    for p in sorted((Path(run_dir) / "checkpoints").glob("step_*/telemetry.json")):
+        _read_checkpoint_telemetry(p)
+
+
 def read_telemetry(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Telemetry of a run from its checkpoints' ``telemetry.json``.
 
