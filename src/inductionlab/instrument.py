@@ -35,9 +35,10 @@ function and one entry; validation and the CLI read the table (:func:`ablation_m
 On exit the model's original attention implementation (and each module's train / eval mode:
 measurements run in eval mode) is restored; registering the name is the only global change and
 it alters no other model. A context edits only the forwards of the thread that opened it, and a
-KV cache computed under other interventions than the context's is refused. Any intervention that provably did
-nothing (a head whose output was already what we wrote, edges that were already masked) and
-any model whose attention never dispatched through the registry raise an error.
+KV cache computed under other interventions than the context's is refused. Any intervention
+that provably did nothing (a head whose output was already what we wrote, edges that were
+already masked) and any model whose attention never dispatched through the registry raise an
+error.
 """
 
 from __future__ import annotations
