@@ -115,7 +115,7 @@ def telemetry_cmd(runs, out, overwrite, threshold):
     from .outputs import check_output_dir
     from .plots import training_curves, training_heatmaps
     from .runs import atomic_write_json, staged_run_dir, versions
-    from .train.flops import check_iso_flops, read_budgets
+    from .train.flops import check_iso_flops, read_budgets, read_run_record
     from .train.telemetry import DEFAULT_THRESHOLDS, read_telemetry, run_summary, summarize
 
     if threshold is not None and not (math.isfinite(threshold) and 0 <= threshold <= 1):
@@ -131,7 +131,7 @@ def telemetry_cmd(runs, out, overwrite, threshold):
     budgets = read_budgets(runs)
     if len(runs) > 1:
         check_iso_flops(budgets)
-    records = {Path(r).name: json.loads((Path(r) / "run.json").read_text()) for r in runs}
+    records = {Path(r).name: read_run_record(r) for r in runs}
     if threshold is None:
         threshold = float(next(iter(records.values()))["config"].get("induction_threshold", 0.4))
     tables = {Path(r).name: read_telemetry(r) for r in runs}          # raises before anything is written

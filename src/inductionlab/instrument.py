@@ -32,18 +32,23 @@ each entry is either a **mask edit** (``cut``: which query→key edges to mask b
 softmax) or an **output edit** (``replace``: the head's new output). Adding a method is one
 function and one entry; validation and the CLI read the table (:func:`ablation_methods`).
 
-On exit the model's original attention implementation is restored; registering the name is
-the only global change and it alters no other model. Any intervention that provably did
-nothing (a head whose output was already what we wrote, edges that were already masked) and
-any model whose attention never dispatched through the registry raise an error.
+On exit the model's original attention implementation (and each module's train / eval mode:
+measurements run in eval mode) is restored; registering the name is the only global change and
+it alters no other model. A context edits only the forwards of the thread that opened it, and a
+KV cache computed under other interventions than the context's is refused. Any intervention
+that provably did nothing (a head whose output was already what we wrote, edges that were
+already masked) and any model whose attention never dispatched through the registry raise an
+error.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import inspect
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -66,6 +71,16 @@ class UnsupportedArchitecture(InductionLabError):
 
 class NoOpIntervention(RuntimeError):
     """An intervention ran but provably changed nothing."""
+
+
+class AlreadyInstrumented(InductionLabError, RuntimeError):
+    """The model is inside another :func:`instrument` / :func:`ablate` context (this thread's or
+    another's): one context per model at a time."""
+
+
+class StaleKVCache(InductionLabError):
+    """A KV cache computed under other interventions (or none) was passed into a context whose
+    interventions differ: its cached keys and values would silently mix two models."""
 
 
 @dataclass(frozen=True)
@@ -251,11 +266,18 @@ _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 _ACTIVE: dict[int, _Slot] = {}  # id(attention module) -> slot, only while a context is open
 
 
+_ACTIVE_LOCK = threading.Lock()   # guards the check-then-register of instrument()
+
+
 def _dispatch(module, query, key, value, attention_mask, **kwargs):
     slot = _ACTIVE.get(id(module))
     if slot is None:
         raise RuntimeError("inductionlab attention called outside an instrument() context; "
                            "reset the model with model.set_attn_implementation('sdpa')")
+    if slot.inst.thread != threading.get_ident():
+        # another thread's forward of the same model: the context belongs to the thread that opened
+        # it, so this call runs the model's own attention, untouched (no intervention, no reduction)
+        return slot.inst._plain_attention(module, query, key, value, attention_mask, **kwargs)
     return slot.inst._attention(slot.layer, module, query, key, value, attention_mask, **kwargs)
 
 
@@ -313,6 +335,49 @@ def _model_attention_modules(model) -> dict[int, int]:
         if name.endswith(("attn", "attention", "self_attn")) and hasattr(m, "layer_idx") and isinstance(m.layer_idx, int):
             mods[id(m)] = m.layer_idx
     return mods
+
+
+CACHE_TAG = "_inductionlab_interventions"   # attribute set on a KV cache: the interventions it was computed under
+
+
+def _digest(t) -> str | None:
+    if t is None:
+        return None
+    t = torch.as_tensor(t).detach()
+    data = t.float().cpu().contiguous().numpy().tobytes() if t.dtype != torch.bool else t.cpu().numpy().tobytes()
+    return hashlib.sha1(str(tuple(t.shape)).encode() + data).hexdigest()[:16]
+
+
+def _interventions_key(ivs) -> tuple:
+    """A comparable record of a context's interventions: () when it has none (a plain forward's
+    cache is intact too)."""
+    return tuple(sorted((iv.method, iv.layer, iv.head, _digest(iv.value), _digest(iv.edges)) for iv in ivs))
+
+
+def _describe_key(key: tuple) -> str:
+    if not key:
+        return "without interventions"
+    heads = ", ".join(f"{m} ({l}, {h})" for m, l, h, *_ in key[:4]) + (f" and {len(key) - 4} more" if len(key) > 4 else "")
+    return f"with {heads}"
+
+
+def _tag_cache(cache, key: tuple) -> None:
+    with contextlib.suppress(AttributeError, TypeError):     # a tuple cache cannot carry the tag
+        setattr(cache, CACHE_TAG, key)
+
+
+@contextlib.contextmanager
+def eval_mode(model) -> Iterator[None]:
+    """Every submodule of ``model`` in eval mode (dropout off) for the block; each module's own
+    train / eval flag restored after. Measurements run under it, so a model left in ``train()``
+    gives the same scores on identical calls."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 class Instrumentation:
@@ -374,10 +439,51 @@ class Instrumentation:
         self._pos_cache: dict[tuple[int, int, int], Positions] = {}
         self._causal_cache: dict[tuple, bool] = {}   # per forward: is this (shared) layer mask plain causal?
         self._signature = None
+        self.thread = threading.get_ident()          # the one thread whose forwards this context edits
+        self.cache_tag = _interventions_key(checked)  # what a KV cache computed here was computed under
+
+    # -- KV caches ----------------------------------------------------------------------------
+    def _check_cache(self, cache) -> None:
+        """Refuse a KV cache with cached positions computed under other interventions than this
+        context's (a plain forward's cache inside ablate(), or another ablation's); tag an empty one."""
+        if cache is None:
+            return
+        past = int(cache.get_seq_length()) if hasattr(cache, "get_seq_length") else 0
+        tag = getattr(cache, CACHE_TAG, ())
+        if past > 0 and tag != self.cache_tag:
+            now = _describe_key(self.cache_tag)
+            was = _describe_key(tag)
+            raise StaleKVCache(f"the KV cache passed in holds {past} positions computed {was}, but this context "
+                               f"runs {now}: its keys and values were computed without the same interventions; "
+                               "recompute the prefix inside the context (pass no cache, or an empty one)")
+        if past == 0:
+            _tag_cache(cache, self.cache_tag)
+
+    def _post_forward(self, module, args, kwargs, output):
+        """Model forward hook: tag the KV cache this forward returned with this context's interventions."""
+        if threading.get_ident() != self.thread:
+            return
+        cache = getattr(output, "past_key_values", None)
+        cache = getattr(output, "cache", None) if cache is None else cache
+        if cache is not None:
+            _tag_cache(cache, self.cache_tag)
+
+    def _plain_attention(self, module, query, key, value, attention_mask, **kwargs):
+        """The model's own attention for a forward of another thread (see :func:`_dispatch`)."""
+        eager = kwargs.get("softcap") is not None or self._orig_impl == "eager"
+        fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None) if eager else None
+        if fn is None:
+            return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
+        if attention_mask is None and query.shape[-2] > 1:       # _mask skipped it: eager needs it
+            attention_mask = _causal_mask(query.shape[-2], key.shape[-2], query.dtype, query.device)
+        return fn(module, query, key, value, attention_mask, **kwargs)
 
     # -- absolute positions ---------------------------------------------------------------
     def _pre_forward(self, module, args, kwargs):
-        """Model forward pre-hook: absolute positions of this forward from its 2-D mask and cache."""
+        """Model forward pre-hook: absolute positions of this forward from its 2-D mask and cache;
+        the cache's check (:meth:`_check_cache`). Another thread's forward is left alone."""
+        if threading.get_ident() != self.thread:
+            return
         if self._signature is None:
             self._signature = inspect.signature(module.forward)
         try:
@@ -397,6 +503,7 @@ class Instrumentation:
         mask = get("attention_mask")
         cache = get("cache")
         cache = get("past_key_values") if cache is None else cache
+        self._check_cache(cache)
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[0] == B and mask.shape[1] >= T:
             past = mask.shape[1] - T
             real = mask.to(torch.bool)
@@ -646,9 +753,20 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
             probabilities are needed or the model was loaded with eager attention.
         strict: on exit, raise :class:`NoOpIntervention` if an intervention changed nothing.
 
+    The model runs in eval mode inside the block (dropout off, :func:`eval_mode`; each module's
+    mode restored on exit). The context belongs to the thread that opened it: another thread's
+    forward of the same model meanwhile runs the model's own attention, with no intervention and
+    no reduction. A KV cache passed to a forward inside the block must have been computed under
+    the same interventions (in this context or an equal one); the model's own cache, built
+    inside, is.
+
     Raises:
         InductionLabError: head out of range or not an integer, unknown method, missing mean
             value / edges, malformed edges or targets.
+        AlreadyInstrumented: the model is already inside a context (this thread's: nest the
+            interventions in one call; another thread's: one context per model at a time).
+        StaleKVCache: (from a forward in the block) a KV cache with cached positions computed
+            under other interventions, e.g. a plain forward's cache reused inside :func:`ablate`.
         UnsupportedArchitecture: the model never called the registered attention function.
         NoOpIntervention: (``strict``) an intervention provably did nothing.
     """
@@ -659,16 +777,24 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
     if not modules:
         raise UnsupportedArchitecture(f"{type(model).__name__}: no attention modules with layer_idx found; "
                                       "only architectures that dispatch through transformers' AttentionInterface are supported")
-    clash = [m for m in modules if m in _ACTIVE]
-    if clash:
-        raise RuntimeError("this model is already instrumented; nest interventions in one instrument() call")
+    with _ACTIVE_LOCK:
+        clash = [_ACTIVE[m] for m in modules if m in _ACTIVE]
+        if clash:
+            if clash[0].inst.thread != inst.thread:
+                raise AlreadyInstrumented("this model is inside an instrument() / ablate() context of another thread; "
+                                          "one context per model at a time: give each thread its own copy of the "
+                                          "model, or wait until that context closes")
+            raise AlreadyInstrumented("this model is already instrumented; nest interventions in one instrument() call")
+        for mid, layer in modules.items():
+            _ACTIVE[mid] = _Slot(inst, layer)
     orig = model.config._attn_implementation
     inst._orig_impl = orig
-    for mid, layer in modules.items():
-        _ACTIVE[mid] = _Slot(inst, layer)
     hook = model.register_forward_pre_hook(inst._pre_forward, with_kwargs=True)
+    post = model.register_forward_hook(inst._post_forward, with_kwargs=True)
+    modes = eval_mode(model)
     ok = False
     try:
+        modes.__enter__()
         model.set_attn_implementation(FUNCTION_NAME)
         if model.config._attn_implementation != FUNCTION_NAME:
             raise UnsupportedArchitecture(f"{type(model).__name__} does not support setting its attention "
@@ -677,9 +803,12 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
         ok = True
     finally:
         hook.remove()
-        for mid in modules:
-            _ACTIVE.pop(mid, None)
+        post.remove()
         model.set_attn_implementation(orig)
+        modes.__exit__(None, None, None)
+        with _ACTIVE_LOCK:
+            for mid in modules:
+                _ACTIVE.pop(mid, None)
     if ok:
         if inst.calls == 0 and (inst.interventions or inst.reduction_targets):
             raise UnsupportedArchitecture(f"{type(model).__name__} ran without calling the registered attention "
@@ -727,9 +856,17 @@ def ablate(model, heads: Iterable[tuple[int, int]], method: str = "zero", *,
         reference_mask: optional ``[B, T]`` attention mask of the reference batch (padding is
             left out of the mean).
 
+    The ablation is per thread and per model: it edits only the forwards of the thread that
+    opened it (another thread's forward of the same model meanwhile runs unablated), a second
+    ``ablate()`` / :func:`instrument` of the same model while it is open is refused, and the
+    model runs in eval mode inside. A KV cache computed outside the block (or under another
+    ablation) is refused when passed to a forward inside it (:class:`StaleKVCache`): recompute
+    the prefix inside the block.
+
     Raises:
         InductionLabError: unknown method, head out of range or not an integer, ``mean``
-            without reference_ids.
+            without reference_ids; :class:`AlreadyInstrumented`, :class:`StaleKVCache` (see
+            :func:`instrument`).
     """
     model = unwrap_model(model)
     m = ablation_method(method)

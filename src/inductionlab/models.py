@@ -287,6 +287,96 @@ def resolve(spec: str) -> tuple[str, Path | str, str | None, str]:
     return "hub", spec, None, spec
 
 
+def _first_sentence(e: BaseException) -> str:
+    """A library error's message on one line, cut after its first sentence (at most 300 characters)."""
+    text = " ".join(str(e).split())
+    cut = text.find(". ")
+    return (text[:cut + 1] if cut > 0 else text)[:300] or type(e).__name__
+
+
+def _config_fix(path) -> str:
+    return f"fix {Path(path) / 'config.json'} or save the model again with save_pretrained"
+
+
+def _config(path, local_files_only: bool):
+    """The model's config, read (and validated by transformers) before anything else loads.
+
+    Raises:
+        InductionLabError: config.json is not JSON, has no or an unknown ``model_type``, or fails
+            transformers' own checks (heads that do not divide the hidden size, a wrong type)."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    f = Path(path) / "config.json"
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=local_files_only)
+    except (StrictDataclassError, ValueError, TypeError, KeyError, AttributeError) as e:
+        detail = _first_sentence(e)
+        raise InductionLabError(f"could not load model from {path}: {f} is not a valid model config ({detail}); "
+                                f"{_config_fix(path)}") from e
+    except OSError as e:
+        if not f.is_file():
+            raise                                     # no config.json: the caller's missing-file error
+        detail = _first_sentence(e)
+        raise InductionLabError(f"could not load model from {path}: {f} cannot be read as a model config ({detail}); "
+                                f"{_config_fix(path)}") from e
+
+
+def _weight_files(path, gguf: str | None) -> str:
+    if gguf:
+        return str(Path(path) / gguf)
+    files = sorted(Path(path).glob("*.safetensors")) or sorted(Path(path).glob("*.bin"))
+    return ", ".join(str(f) for f in files) or str(path)
+
+
+def _weights(path, *, gguf_file: str | None = None, gguf_fix: str = "", **kw):
+    """``AutoModelForCausalLM.from_pretrained`` that refuses a checkpoint whose weights do not match
+    the model its config describes, instead of leaving a weight randomly initialised (transformers'
+    default for a missing one) or reporting a shape mismatch only in a log table.
+
+    Tied weights (``lm_head`` tied to the embeddings, saved once) are not missing: transformers
+    leaves them out of its loading info.
+
+    Raises:
+        InductionLabError: a weight missing from the files, one the model has no place for, or one
+            whose shape differs from the model's (the first is named, with the count of others);
+            the model cannot be built from its config (e.g. a negative size)."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()      # the load report table: our one line below says it
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf_file, output_loading_info=True,
+                                                           ignore_mismatched_sizes=True, **kw)
+    except (RuntimeError, TypeError, StrictDataclassError) as e:
+        if "out of memory" in str(e).lower():
+            raise
+        detail = _first_sentence(e)
+        raise InductionLabError(f"the model of {Path(path) / (gguf_file or 'config.json')} cannot be built or its "
+                                f"weights loaded ({detail}); {gguf_fix if gguf_file else _config_fix(path)}") from e
+    finally:
+        hf_logging.set_verbosity(level)
+    files = _weight_files(path, gguf_file)
+    fix = ("the checkpoint is incomplete or belongs to another config; save the model again with save_pretrained"
+           if not gguf_file else f"the GGUF file does not match its architecture; {gguf_fix}")
+    problems = []
+    for key in sorted(info.get("missing_keys") or ()):
+        problems.append(f"weight {key} is missing from {files} (it would be left randomly initialised)")
+    for key in sorted(info.get("unexpected_keys") or ()):
+        problems.append(f"{files} holds weight {key}, which the model of its config has no place for")
+    for item in sorted(info.get("mismatched_keys") or (), key=str):
+        key, got, want = (tuple(item) + (None, None))[:3] if isinstance(item, (tuple, list)) else (item, None, None)
+        shapes = f" has shape {list(got)} but the model's config gives {list(want)}" if got is not None else \
+            " has a shape other than the model's config gives"
+        problems.append(f"weight {key} in {files}{shapes}")
+    if problems:
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise InductionLabError(f"{problems[0]}{more}; {fix}")
+    return model
+
+
 def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto",
                device: str = "cpu", device_map: str | None = None,
                attn_implementation: str = "sdpa") -> LoadedModel:
@@ -317,7 +407,7 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto",
         (:func:`check_device`), a GGUF file that is corrupt or truncated, a model directory whose
         files do not load.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     if isinstance(dtype, str) and dtype != "auto" and dtype not in DTYPES:
         raise InductionLabError(f"unknown dtype {dtype!r}; use one of auto, float32, bfloat16, float16")
@@ -344,24 +434,27 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto",
             try:
                 tok = AutoTokenizer.from_pretrained(Path(path).parent, gguf_file=gguf)
                 # dequantise in float32 (transformers' fast path), then cast
-                model = AutoModelForCausalLM.from_pretrained(Path(path).parent, gguf_file=gguf,
-                                                             **{**kw, "dtype": torch.float32})
+                model = _weights(Path(path).parent, gguf_file=gguf, gguf_fix=_gguf_fix(spec),
+                                 **{**kw, "dtype": torch.float32})
                 choice = choose(lambda: model.config)
                 model = model.to(choice.torch_dtype)
+            except InductionLabError:
+                raise
             except (OSError, ValueError, struct.error, EOFError, IndexError, KeyError) as e:
                 # the gguf reader fails on a short file with whatever its parse hits first
                 raise InductionLabError(f"GGUF file {path} is corrupt or truncated ({type(e).__name__}: "
                                         f"{str(e).splitlines()[0] if str(e) else ''}); {_gguf_fix(spec)}") from e
-        elif source == "checkpoint":
-            tok, tok_source = checkpoint_tokenizer(path)
-            choice = choose(lambda: AutoConfig.from_pretrained(path, local_files_only=True))
-            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=choice.torch_dtype, **kw)
         else:
-            local_only = source == "hub"
-            tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
-            choice = choose(lambda: AutoConfig.from_pretrained(path, local_files_only=local_only))
-            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=local_only, dtype=choice.torch_dtype,
-                                                         **kw)
+            local_only = source in ("hub", "checkpoint")
+            config = _config(path, local_only)              # its errors name config.json
+            if source == "checkpoint":
+                tok, tok_source = checkpoint_tokenizer(path)
+            else:
+                tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+            choice = choose(lambda: config)
+            model = _weights(path, config=config, local_files_only=local_only, dtype=choice.torch_dtype, **kw)
+    except InductionLabError:
+        raise
     except (SafetensorError, EOFError, pickle.UnpicklingError) as e:
         raise InductionLabError(f"the weights of model {spec!r} in {path} are corrupt or truncated "
                                 f"({str(e).splitlines()[0]}); save or copy the model again") from e

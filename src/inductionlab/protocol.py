@@ -159,7 +159,8 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
             calls (a study that runs one condition per call).
 
     Returns:
-        condition name -> measure -> numpy array ``[n_trials, ...]`` (dtype as measured).
+        condition name -> measure -> numpy array ``[n_trials, ...]`` (dtype as measured). The model
+        runs in eval mode (:func:`~inductionlab.instrument.eval_mode`; its mode restored after).
 
     Raises:
         InductionLabError: unknown method, head out of range (from :func:`~inductionlab.instrument.ablate`).
@@ -175,7 +176,9 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
     main = dist is None or dist.is_main
     cache = residual_cache(model, conditions) if reuse is True else reuse or None
     out: dict[str, dict[str, np.ndarray]] = {}
-    with torch.inference_mode():
+    from .instrument import eval_mode   # here: importing this module does not import transformers
+
+    with torch.inference_mode(), eval_mode(model):      # dropout off (a model left in train()), mode restored
         for c in conditions:
             batches: list[dict[str, torch.Tensor]] = []
             serve = cache.use(first_ablated_layer(c.heads, len(cache.layers))) if cache else contextlib.nullcontext()

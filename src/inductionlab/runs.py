@@ -305,28 +305,50 @@ class ResumableRun:
         if self.on_checkpoint is not None:
             self.on_checkpoint(key)
 
+    def _read(self, p: Path, read: Callable[[Path], Any]) -> tuple[bool, Any]:
+        """``(True, read(p))`` for a finished piece; ``(False, None)`` when ``p`` is absent or damaged.
+
+        The one place pieces are read. A damaged piece (truncated, overwritten, not the format its
+        name says: what a disk fault or a copy cut short leaves, since each piece is written
+        atomically) is said on stderr, deleted and recomputed by the caller."""
+        import zipfile
+        import zlib
+
+        if not p.exists():
+            return False, None
+        try:
+            return True, read(p)
+        except (OSError, ValueError, EOFError, KeyError, TypeError, zipfile.BadZipFile, zlib.error) as e:
+            detail = " ".join(str(e).split())[:200] or type(e).__name__
+            print(f"note: checkpoint piece {p} is damaged ({detail}); deleting it and computing it again",
+                  file=sys.stderr, flush=True)
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+            return False, None
+
+    @staticmethod
+    def _read_npz(p: Path) -> dict:
+        import numpy as np
+
+        with np.load(p, allow_pickle=False) as z:
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise ValueError("not an .npz archive")
+            arrays = {k: z[k] for k in z.files}       # reads every member: a bad CRC raises here
+        if not arrays:
+            raise ValueError("no arrays")
+        return arrays
+
     def arrays(self, key: str, compute: Callable[[], dict]) -> dict:
         """The piece ``key`` as a dict of numpy arrays: loaded if finished, else computed by
-        ``compute()``, written atomically (``.npz``) and returned.
-
-        Raises:
-            InductionLabError: the checkpoint file is corrupt (delete it to recompute)."""
+        ``compute()``, written atomically (``.npz``) and returned. A damaged piece file is
+        recomputed (:meth:`_read` says so on stderr)."""
         import numpy as np
 
         from .distributed import on_main
 
         p = self.path(key, "npz")
-
-        def load():
-            if not p.exists():
-                return None
-            try:
-                with np.load(p, allow_pickle=False) as z:
-                    return {k: z[k] for k in z.files}
-            except (OSError, ValueError) as e:
-                raise InductionLabError(f"checkpoint {p} is corrupt ({e}); delete it and re-run to recompute it") from e
-        arrays = on_main(load, self.dist)
-        if arrays is not None:
+        found, arrays = on_main(lambda: self._read(p, self._read_npz), self.dist)
+        if found:
             return arrays
         arrays = compute()
         if self.is_main:
@@ -338,19 +360,17 @@ class ResumableRun:
 
     def json(self, key: str, compute: Callable[[], Any]) -> Any:
         """The piece ``key`` as JSON (``.json``): loaded if finished, else ``compute()`` written
-        atomically. Returns what a reload returns (JSON types), so a resumed run sees the same values."""
+        atomically. Returns what a reload returns (JSON types), so a resumed run sees the same values.
+        A damaged piece file is recomputed (:meth:`_read` says so on stderr)."""
         from .distributed import on_main
 
         p = self.path(key, "json")
-        if not self.done(key, "json"):
-            value = compute()
-            if self.is_main:
-                atomic_write_json(p, value)
-                self._saved(key)
-
-        def load():
-            try:
-                return json.loads(p.read_text())
-            except (OSError, ValueError) as e:
-                raise InductionLabError(f"checkpoint {p} is corrupt ({e}); delete it and re-run to recompute it") from e
-        return on_main(load, self.dist)
+        read = lambda f: json.loads(f.read_text())       # noqa: E731
+        found, value = on_main(lambda: self._read(p, read), self.dist)
+        if found:
+            return value
+        value = compute()
+        if self.is_main:
+            atomic_write_json(p, value)
+            self._saved(key)
+        return on_main(lambda: read(p), self.dist)

@@ -381,9 +381,10 @@ def train_runs(cfg: BiInductStudyConfig, out: Path, *, progress: bool = True,
 
 def run_piece(run_dir: Path) -> dict:
     """Summary of one finished run: its budget, results (run_summary) and telemetry summary rows."""
+    from .train.flops import read_run_record
     from .train.telemetry import read_telemetry, summarize
 
-    rec = json.loads((run_dir / "run.json").read_text())
+    rec = read_run_record(run_dir)
     heads, evals = read_telemetry(run_dir)
     s = summarize(heads)
     s = s[s["score"].isin(["induction", "anti_induction", "copy_offset", "copy_offset_control"])]

@@ -145,17 +145,24 @@ class TokenShards:
             check_token_ids(getattr(self, split), vocab_size or self.vocab_size, f"{self.path / (split + '.bin')}")
 
     def verify(self) -> None:
-        """Check the token files' sha256 against the manifest.
+        """Check the token files' and the tokenizer's sha256 against the manifest.
 
         Raises:
-            InductionLabError: a file's hash differs.
+            InductionLabError: a file's hash differs, or the manifest records no sha256 for it
+                (a damaged or edited manifest: nothing to verify against).
         """
-        for split in SPLITS:
-            want = self.manifest["splits"][split]["sha256"]
-            got = sha256_file(self.path / f"{split}.bin")
-            if got != want:
-                raise InductionLabError(f"{self.path / (split + '.bin')} sha256 {got[:12]}... "
-                                        f"!= manifest {want[:12]}...; prepare the corpus again")
+        mf = self.path / "manifest.json"
+        files = [(self.path / f"{split}.bin", self.manifest["splits"][split].get("sha256"), f"splits.{split}.sha256")
+                 for split in SPLITS]
+        tok = self.manifest.get("tokenizer") or {}
+        files.append((self.tokenizer_path, tok.get("sha256"), "tokenizer.sha256"))
+        for f, want, where in files:
+            if not (isinstance(want, str) and len(want) == 64):
+                raise InductionLabError(f"{mf} records no checksum of {f.name} ({where} is {want!r}): the manifest is "
+                                        "damaged and the corpus cannot be verified; prepare the corpus again")
+            got = sha256_file(f)
+            if got != want.lower():
+                raise InductionLabError(f"{f} sha256 {got[:12]}... != manifest {want[:12]}...; prepare the corpus again")
 
 
 def _limited(docs: Iterator[str], max_documents: int | None) -> Iterator[str]:

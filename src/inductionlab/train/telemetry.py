@@ -115,6 +115,66 @@ def measure(model, *, vocab_size: int, special_ids: Sequence[int] = (), bos_id: 
 
 # ---- tables ----------------------------------------------------------------------------------
 
+def _read_checkpoint_telemetry(p: Path) -> dict[str, Any]:
+    """One checkpoint's ``telemetry.json``, checked: valid JSON, integer ``step`` / ``tokens``, every
+    score a rectangular ``[n_layers][n_heads]`` grid of numbers (null for NaN), the same shape for
+    all, and (when the checkpoint's ``meta.json`` records it) the SHA-256 written with it.
+
+    Raises:
+        InductionLabError: the file is unreadable, not JSON, of another shape, or fails its checksum
+            (naming the file and the fix)."""
+    from ..runs import sha256_file
+
+    fix = (f"restore it from a copy of the run, or delete the checkpoint {p.parent} to leave step "
+           f"{p.parent.name.removeprefix('step_').lstrip('0') or '0'} out of the telemetry")
+
+    def bad(why: str):
+        return InductionLabError(f"checkpoint telemetry {p} is damaged ({why}); {fix}")
+    try:
+        t = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise bad(" ".join(str(e).split())[:160] or type(e).__name__) from None
+    if not isinstance(t, dict):
+        raise bad(f"a JSON {type(t).__name__}, not an object")
+    for k in ("step", "tokens"):
+        if isinstance(t.get(k), bool) or not isinstance(t.get(k), int) or t[k] < 0:
+            raise bad(f"{k!r} is {t.get(k)!r}, not a count")
+    scores = t.get("scores")
+    if not isinstance(scores, dict) or not {"induction", "anti_induction"} <= set(scores):
+        raise bad("no 'scores' with induction and anti_induction")
+    shape = None
+    for name, grid in scores.items():
+        ok = isinstance(grid, list) and grid and all(isinstance(r, list) and r for r in grid)
+        ok = ok and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for r in grid for v in r)
+        if not ok or len({len(r) for r in grid}) != 1:
+            raise bad(f"score {name!r} is not a [layers][heads] grid of numbers")
+        if shape is None:
+            shape = (len(grid), len(grid[0]))
+        elif (len(grid), len(grid[0])) != shape:
+            raise bad(f"score {name!r} is {len(grid)} x {len(grid[0])}, the others {shape[0]} x {shape[1]}")
+    for k in ("heldout_loss", "heldout_ppl"):
+        v = t.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise bad(f"{k!r} is {v!r}, not a number")
+    try:
+        want = json.loads((p.parent / "meta.json").read_text()).get("sha256", {}).get(p.name)
+    except (OSError, ValueError, AttributeError):
+        want = None
+    if isinstance(want, str) and sha256_file(p) != want:
+        raise bad("its SHA-256 differs from the one meta.json recorded when the checkpoint was written")
+    return t
+
+
+def check_telemetry(run_dir: str | Path) -> None:
+    """Check every checkpoint ``telemetry.json`` of a run (:func:`_read_checkpoint_telemetry`); a run
+    without any passes.
+
+    Raises:
+        InductionLabError: one is damaged (the message names it and the fix)."""
+    for p in sorted((Path(run_dir) / "checkpoints").glob("step_*/telemetry.json")):
+        _read_checkpoint_telemetry(p)
+
+
 def read_telemetry(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Telemetry of a run from its checkpoints' ``telemetry.json``.
 
@@ -122,11 +182,12 @@ def read_telemetry(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     ``evals`` rows (step, tokens, heldout_loss, heldout_ppl).
 
     Raises:
-        InductionLabError: the directory holds no telemetry.
+        InductionLabError: the directory holds no telemetry, or a checkpoint's telemetry.json is
+            damaged (:func:`_read_checkpoint_telemetry`).
     """
     rows, evals = [], []
     for p in sorted((Path(run_dir) / "checkpoints").glob("step_*/telemetry.json")):
-        t = json.loads(p.read_text())
+        t = _read_checkpoint_telemetry(p)
         step, tokens = t["step"], t["tokens"]
         evals.append({"step": step, "tokens": tokens, "heldout_loss": t.get("heldout_loss"),
                       "heldout_ppl": t.get("heldout_ppl")})

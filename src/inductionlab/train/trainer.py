@@ -43,7 +43,7 @@ from .config import TrainConfig, model_config
 from .flops import budget as make_budget
 from .metrics import MetricsLogger
 from .schedule import build_scheduler, lr_factor
-from .telemetry import Telemetry, read_telemetry, run_summary, write_tables
+from .telemetry import Telemetry, check_telemetry, read_telemetry, run_summary, write_tables
 
 
 @dataclass
@@ -256,6 +256,8 @@ def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist, overwrite: bo
         r = existing.get("results", {})
         return TrainResult(run_dir, steps, existing["budget"]["tokens"], r.get("final_loss"), r.get("tokens_per_s"),
                            existing)
+    if existing is not None and cfg.telemetry:
+        check_telemetry(run_dir)        # a damaged checkpoint telemetry.json: refused before any work
 
     # ---- build, resume --------------------------------------------------------------------------
     resume = ckpts.latest_resumable() if existing is not None else None
