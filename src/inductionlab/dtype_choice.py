@@ -123,13 +123,16 @@ def resolve_dtype(requested: str | torch.dtype, device: str | torch.device = "cp
 
 
 def mlp_shape(config) -> tuple[int, int] | None:
-    """``(hidden, intermediate)`` of a transformers config (its text config), or None if it says nothing."""
+    """``(hidden, intermediate)`` of a transformers config (its text config), or None if it says
+    nothing usable (absent, not a positive integer: the model load then refuses the config itself)."""
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     h = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", None)
-    if not h:
+    if not isinstance(h, int) or isinstance(h, bool) or h < 1:
         return None
     i = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * h
-    return int(h), int(i)
+    if not isinstance(i, int) or isinstance(i, bool) or i < 1:
+        i = 4 * h
+    return h, i
 
 
 def _cuda_choice(index: int | None) -> DtypeChoice:
