@@ -247,7 +247,8 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32
             (its newest checkpoint: :func:`final_checkpoint`), or a hub id (loaded from the
             local cache only; no network).
         dtype: ``float32`` | ``bfloat16`` | ``float16`` (GGUF weights are dequantised to it).
-        device: ``cpu`` | ``cuda`` | ``cuda:N``; ignored when ``device_map`` is given.
+        device: ``cpu`` | ``cuda`` | ``cuda:N``; with ``device_map`` leave it at ``cpu`` (another
+            device beside a device map is refused: the map decides).
         device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` for models larger than one GPU).
 
     Returns:
@@ -256,6 +257,7 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32
         (+ ``checkpoint``: run, step, tokens, tokenizer source, for a trainer checkpoint).
 
     Raises:
+        TypeError: ``spec`` not a str or a path (None included).
         InductionLabError: unknown spec, missing package or file (the message names the install
         command), a hub id absent from the local cache, a bad or absent device
         (:func:`check_device`), a GGUF file that is corrupt or truncated, a model directory whose
@@ -263,6 +265,12 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .checks import check_path_like
+
+    spec = check_path_like(spec, "load_model: spec")       # a pathlib.Path is a path
+    if device_map and device not in (None, "cpu"):
+        raise InductionLabError(f"device {device!r} and device_map {device_map!r} conflict: device_map places the "
+                                "model itself; pass one of them")
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise InductionLabError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
