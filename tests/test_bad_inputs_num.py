@@ -320,3 +320,40 @@ def test_run_conditions_intact_and_empty(loaded):
         run_conditions(loaded, [], {"ids": ids}, measure_batch=last)
     with pytest.raises(TypeError, match="run_conditions: loaded"):
         run_conditions(None, [Condition("intact", "intact")], {"ids": ids}, measure_batch=last)
+
+
+def _call_with_none(name):
+    import inductionlab as il
+    from inductionlab.instrument import instrument
+
+    intact = [Condition("intact", "intact")]
+    calls = {
+        "load_model": lambda: il.load_model(None),
+        "instrument": lambda: instrument(None).__enter__(),   # il.instrument is the module once it is imported
+        "ablate": lambda: il.ablate(None, [(0, 0)]).__enter__(),
+        "compute_head_scores": lambda: il.compute_head_scores(None),
+        "ablation_conditions": lambda: il.ablation_conditions(None, [1]),
+        "top_k_heads": lambda: il.top_k_heads(None, 1),
+        "per_layer_top_p": lambda: il.per_layer_top_p(None, 0.5),
+        "run_lag_probe": lambda: il.run_lag_probe(None, intact),
+        "run_serial_recall": lambda: il.run_serial_recall(None, intact),
+        "run_conditions": lambda: il.run_conditions(None, intact, {"ids": torch.zeros(1, 2, dtype=torch.long)},
+                                                    measure_batch=lambda m, b: {}),
+        "run_temporal_study": lambda: il.run_temporal_study(None, il.TemporalStudyConfig(), "never"),
+        "mean_ci": lambda: il.mean_ci(None),
+    }
+    return calls[name]
+
+
+@pytest.mark.parametrize("name", ["load_model", "instrument", "ablate", "compute_head_scores", "ablation_conditions",
+                                  "top_k_heads", "per_layer_top_p", "run_lag_probe", "run_serial_recall",
+                                  "run_conditions", "run_temporal_study", "mean_ci"])
+def test_public_entry_points_refuse_none(name, tmp_path, monkeypatch):
+    """Every public function of inductionlab/__init__.py that takes a model, a loaded model, scores
+    or values: None gives a TypeError that names what is expected (not an AttributeError deep inside)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError) as e:
+        _call_with_none(name)()
+    assert "NoneType' object" not in str(e.value) and re.search(
+        r"must be|expected|needs", str(e.value)), str(e.value)
+    assert list(tmp_path.iterdir()) == []

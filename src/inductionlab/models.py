@@ -234,7 +234,7 @@ def resolve(spec: str) -> tuple[str, Path | str, str | None, str]:
     return "hub", spec, None, spec
 
 
-def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32",
+def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float32",
                device: str = "cpu", device_map: str | None = None,
                attn_implementation: str = "sdpa") -> LoadedModel:
     """Load a causal LM and its tokenizer from a spec.
