@@ -177,6 +177,9 @@ CONFLICTS = [
     ("evaluate", ["--lm-eval-fewshot", "1"], "--lm-eval-fewshot has no effect without --lm-eval-tasks"),
     ("study bi-induct", ["--estimate", "--partial"], "--partial and --estimate conflict"),
     ("study bi-induct", ["--estimate", "--overwrite"], "--overwrite and --estimate conflict"),
+    ("study bi-induct", ["--partial", "--overwrite"], "--partial and --overwrite conflict"),
+    ("train", ["--print-config", "--overwrite"], "--overwrite and --print-config conflict"),
+    ("corpus prepare", ["--no-shuffle", "--seed", "3"], "--seed orders the shuffled documents"),
     ("train", ["--span-range", "4,8"], "--span-length and --span-range conflict"),   # tiny_flags sets --span-length
     ("curriculum preview", ["--span-length", "4", "--span-range", "4,8"], "--span-length and --span-range conflict"),
 ]

@@ -43,6 +43,9 @@ def corpus_prepare(source, out, tokenizer, vocab_size, heldout_fraction, seed, t
     Face dataset) into memory-mapped shards with an MD5 held-out split."""
     from .data.shards import TokenShards, prepare_corpus   # lazy: tokenizers, numpy
 
+    if no_shuffle and given("seed"):
+        raise InductionLabError("--seed orders the shuffled documents; with --no-shuffle it has no effect: drop one "
+                                "of them")
     if tokenizer != "bpe" and given("vocab_size"):
         raise InductionLabError(f"--vocab-size sizes the BPE trained by --tokenizer bpe; --tokenizer {tokenizer} brings "
                                 "its own vocabulary: drop --vocab-size (or use --tokenizer bpe)")

@@ -10,9 +10,12 @@ Each group is a decorator that adds its options to a click command, e.g.::
     @lag_probe_options
     def analyze(**kw): cfg = AnalyzeConfig(lag=lag_probe_config(kw), ...)
 
-Values are range-checked in one place, the configs' ``validate()``, which the Python API calls
-too (so a bad value gives the same one-line error from both); defaults a command must keep
-(``analyze``'s k list) are parameters of the groups.
+Every numeric option of every command has the type :data:`INT` or :data:`FLOAT` (NaN, infinities
+and integers beyond 64 bits refused while parsing, naming the option); ranges are checked in one
+place, the configs' ``validate()``, which the Python API calls too (so a bad value gives the same
+one-line error from both); options that contradict each other are refused
+(:func:`refuse_conflicts`), never one silently ignored. Defaults a command must keep (``analyze``'s
+k list) are parameters of the groups.
 """
 
 from __future__ import annotations

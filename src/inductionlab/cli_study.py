@@ -11,6 +11,7 @@ import click
 from .cli_options import (FLOAT, INT, ablation_options, refuse_conflicts, accelerator_options, head_score_options, join_processes, lag_probe_config,
                           lag_probe_options, start_run, model_options, quiet_option, recall_config,
                           recall_options, run_dir_options)
+from .errors import InductionLabError
 from .runs import timestamp
 
 
@@ -90,6 +91,9 @@ def bi_induct(preset, shards, budget, seeds, jobs, nproc, variants, no_evaluate,
     from .study_bi_induct import BiInductStudyConfig, gpu_estimate, run_bi_induct_study
 
     refuse_conflicts(("--partial", "--estimate", estimate and partial), ("--overwrite", "--estimate", estimate and overwrite))
+    if partial and overwrite:
+        raise InductionLabError("--partial and --overwrite conflict: --partial reports the runs finished in --out, "
+                                "--overwrite deletes them first; drop one of them")
     if shards is None:
         shards = "data/demo-512" if preset == "cpu-control" else ""
     cfg = BiInductStudyConfig(preset=preset, shards=shards, budget=None if budget is None else int(budget),

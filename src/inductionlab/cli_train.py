@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from .cli_data import curriculum_options, curriculum_overrides
-from .cli_options import FLOAT, INT, run_dir_options
+from .cli_options import FLOAT, INT, refuse_conflicts, run_dir_options
 from .errors import InductionLabError
 
 
@@ -57,6 +57,7 @@ def train_cmd(config_file, print_config, out, overwrite, **flags):
     Resumes automatically when --out holds the same run (e.g. after a crash); refuses an --out
     that holds a different one.
     """
+    refuse_conflicts(("--overwrite", "--print-config", print_config and overwrite))
     from .train import TrainConfig, config_from_dict, load_config, train
     from .train.config import model_config
     from .train.flops import budget
