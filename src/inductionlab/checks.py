@@ -70,7 +70,7 @@ def check_draws(n_draws, name: str = "--n-draws") -> int:
     """Random-head draws: 1 .. :data:`MAX_DRAWS` (each draw is one more condition run over every trial)."""
     n = check_int(n_draws, name)
     if n < 1:
-        raise InductionLabError(f"{name} {n}: at least 1 random-head draw per k is needed (the control)")
+        raise InductionLabError(f"{name} {n} must be >= 1: at least 1 random-head draw is needed (the control)")
     if n > MAX_DRAWS:
         raise InductionLabError(f"{name} {n:,}: at most {MAX_DRAWS:,} random-head draws (each is a full pass over "
                                 f"every trial and a checkpoint piece; the CI over draws needs a few)")

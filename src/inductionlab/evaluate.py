@@ -118,7 +118,8 @@ class ICLScoreConfig:
         if self.window < 1 or self.n_sequences < 2 or self.batch_size < 1:
             raise InductionLabError(f"ICL score: window {self.window} >= 1, sequences {self.n_sequences} >= 2, "
                                     f"batch size {self.batch_size} >= 1")
-        check_trials_fit(self.n_sequences, self.late + 1, "--icl-sequences")
+        # windows are late + 1 tokens, capped at the model's context (a later late is scaled down to it)
+        check_trials_fit(self.n_sequences, min(self.late + 1, 1 << 17), "--icl-sequences")
 
 
 @dataclass
