@@ -360,3 +360,14 @@ def test_public_entry_points_refuse_none(name, tmp_path, monkeypatch):
     assert "NoneType' object" not in str(e.value) and re.search(
         r"must be|expected|needs", str(e.value)), str(e.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_training_entry_points_refuse_a_dict(tmp_path, corpus):
+    from inductionlab.study_bi_induct import BiInductStudyConfig, run_bi_induct_study
+    from inductionlab.train import TrainConfig, train
+
+    with pytest.raises(TypeError, match=r"train: cfg must be a TrainConfig, got dict; build one with .*config_from_dict"):
+        train(dataclasses.asdict(TrainConfig(data=str(corpus), out=str(tmp_path / "t"))))
+    with pytest.raises(TypeError, match="run_bi_induct_study: cfg must be a BiInductStudyConfig, got dict"):
+        run_bi_induct_study({"preset": "tiny", "shards": str(corpus)}, tmp_path / "s")
+    assert list(tmp_path.iterdir()) == []

@@ -690,8 +690,12 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite:
     Raises:
         InductionLabError: invalid config (before anything is written); ``out`` holding a study
             with other parameters (e.g. another budget); a training run that fails.
+        TypeError: ``cfg`` not a BiInductStudyConfig (a dict included).
     """
     t_start = time.perf_counter()
+    from .checks import check_type
+
+    check_type(cfg, BiInductStudyConfig, "run_bi_induct_study: cfg")
     cfg.validate()
     out = Path(out)
     ResumableRun.check_out(out, overwrite)
