@@ -46,6 +46,9 @@ def _int(name: str, value, minimum: int) -> int:
 
 
 def _scores(scores) -> np.ndarray:
+    if scores is None or isinstance(scores, (str, bytes, dict)):
+        raise TypeError(f"scores must be a [n_layers, n_heads] array (e.g. compute_head_scores(...)['induction']), "
+                        f"got {type(scores).__name__}")
     scores = np.asarray(scores, dtype=float)
     if scores.ndim != 2 or scores.size == 0:
         raise InductionLabError(f"scores must be a [n_layers, n_heads] array, got shape {scores.shape}")

@@ -17,6 +17,7 @@ import torch
 
 from . import lag_probe, report, serial_position
 from .ablation import ablation_conditions, default_exclude_top_n, top_k_heads
+from .checks import check_fields, check_loaded, check_type
 from .distributed import Dist
 from .errors import InductionLabError
 from .instrument import self_check
@@ -61,8 +62,11 @@ class AnalyzeConfig:
 
         Raises:
             InductionLabError: k < 1 or repeated, negative draws, sizes below their minimum, bad method,
-                the lag probe's own checks.
+                the lag probe's own checks, a NaN / infinite / beyond-64-bit number.
+            TypeError: a field of the wrong type (the nested ``lag`` not a LagProbeConfig).
         """
+        check_fields(self)
+        check_type(self.lag, LagProbeConfig, "AnalyzeConfig.lag")
         check_method(self.method)
         check_study_options(ks=self.ks, n_draws=self.n_draws, exclude_top_n=self.exclude_top_n, seed=self.seed,
                             score_seq_len=self.score_seq_len, score_batch_size=self.score_batch_size)
@@ -97,8 +101,11 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
         InductionLabError: bad config (:meth:`AnalyzeConfig.validate`), k larger than the heads
             available (or than those left outside the top N), word pool smaller than the list,
             list longer than the context, ``out`` holding another run.
+        TypeError: ``loaded`` not a LoadedModel, ``cfg`` not an AnalyzeConfig (a dict included).
     """
     t0 = time.perf_counter()
+    check_loaded(loaded, "analyze")
+    check_type(cfg, AnalyzeConfig, "analyze: cfg")
     cfg.validate()
     out = Path(out)
     agree_dtype(loaded, dist)             # torchrun: every rank in rank 0's dtype

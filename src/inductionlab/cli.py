@@ -10,7 +10,7 @@ import threading
 
 import click
 
-from .cli_options import (ablation_options, accelerator_options, head_score_options, lag_probe_config,
+from .cli_options import (INT, ablation_options, accelerator_options, head_score_options, lag_probe_config,
                           join_processes, lag_probe_options, start_run, model_options, quiet_option, run_dir_options)
 from .errors import InductionLabError
 
@@ -79,7 +79,7 @@ def main() -> None:
 @run_dir_options("analyze")
 @quiet_option
 @ablation_options(ks="5,10,20", n_draws=2)
-@click.option("--top", type=int, default=10, show_default=True, help="Induction heads listed in the headline.")
+@click.option("--top", type=INT, default=10, show_default=True, help="Induction heads listed in the headline.")
 @head_score_options
 @lag_probe_options
 def analyze(**kw):

@@ -13,7 +13,7 @@ import numpy as np
 
 from .curriculum import SPAN_SOURCES, VARIANTS, BiInductStream, Batch, CurriculumConfig
 from .errors import InductionLabError
-from .cli_options import run_dir_options
+from .cli_options import FLOAT, INT, given, refuse_conflicts, run_dir_options
 from .outputs import check_output_file
 
 
@@ -27,13 +27,13 @@ def corpus() -> None:
 @click.option("--tokenizer", default="bpe", show_default=True,
               help="'bpe' (train a byte-level BPE on the training split), a tokenizer.json, a "
                    "directory holding one, or a model spec such as smollm2-135m.")
-@click.option("--vocab-size", default=4096, show_default=True, help="BPE vocabulary size.")
-@click.option("--heldout-fraction", type=float, default=None,
+@click.option("--vocab-size", type=INT, default=4096, show_default=True, help="BPE vocabulary size.")
+@click.option("--heldout-fraction", type=FLOAT, default=None,
               help="Fraction of documents held out by MD5 [default: auto, 0.2%..5%].")
-@click.option("--seed", default=0, show_default=True, help="Seed of the document order.")
+@click.option("--seed", type=INT, default=0, show_default=True, help="Seed of the document order.")
 @click.option("--text-field", default="text", show_default=True, help="JSONL/Parquet/dataset field.")
-@click.option("--max-documents", type=int, default=None, help="Use only the first N documents.")
-@click.option("--chunk-chars", default=4000, show_default=True,
+@click.option("--max-documents", type=INT, default=None, help="Use only the first N documents.")
+@click.option("--chunk-chars", type=INT, default=4000, show_default=True,
               help="Plain text: group paragraphs into documents of at least this many characters.")
 @click.option("--no-shuffle", is_flag=True, help="Keep source document order.")
 @run_dir_options("corpus", required=True)
@@ -43,6 +43,12 @@ def corpus_prepare(source, out, tokenizer, vocab_size, heldout_fraction, seed, t
     Face dataset) into memory-mapped shards with an MD5 held-out split."""
     from .data.shards import TokenShards, prepare_corpus   # lazy: tokenizers, numpy
 
+    if no_shuffle and given("seed"):
+        raise InductionLabError("--seed orders the shuffled documents; with --no-shuffle it has no effect: drop one "
+                                "of them")
+    if tokenizer != "bpe" and given("vocab_size"):
+        raise InductionLabError(f"--vocab-size sizes the BPE trained by --tokenizer bpe; --tokenizer {tokenizer} brings "
+                                "its own vocabulary: drop --vocab-size (or use --tokenizer bpe)")
     shards = prepare_corpus(source, out, tokenizer=tokenizer, vocab_size=vocab_size,
                             heldout_fraction=heldout_fraction, seed=seed, text_field=text_field,
                             max_documents=max_documents, chunk_chars=chunk_chars,
@@ -91,15 +97,15 @@ def curriculum_options(f):
     opts = [
         click.option("--curriculum", "--variant", "cur_variant", type=click.Choice(VARIANTS), default=None,
                      help=_cur_help("variant") + " [default: none; preview: balanced]"),
-        click.option("--span-length", "cur_span_length", type=int, default=None,
+        click.option("--span-length", "cur_span_length", type=INT, default=None,
                      help=_cur_help("span_length") + " [default: 20]"),
         click.option("--span-range", "cur_span_length_range", default=None, metavar="LO,HI",
                      help=_cur_help("span_length_range")),
-        click.option("--m0", "cur_m0", type=float, default=None, help=_cur_help("m0") + " [default: 0.5]"),
-        click.option("--anneal-tokens", "cur_anneal_tokens", type=int, default=None, help=_cur_help("anneal_tokens")),
+        click.option("--m0", "cur_m0", type=FLOAT, default=None, help=_cur_help("m0") + " [default: 0.5]"),
+        click.option("--anneal-tokens", "cur_anneal_tokens", type=INT, default=None, help=_cur_help("anneal_tokens")),
         click.option("--span-source", "cur_span_source", type=click.Choice(SPAN_SOURCES), default=None,
                      help=_cur_help("span_source") + " [default: natural]"),
-        click.option("--sep-id", "cur_sep_id", type=int, default=None, help=_cur_help("sep_id")),
+        click.option("--sep-id", "cur_sep_id", type=INT, default=None, help=_cur_help("sep_id")),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -109,6 +115,8 @@ def curriculum_options(f):
 def curriculum_overrides(kwargs: dict) -> dict:
     """Pop the ``cur_*`` options from a command's kwargs: ``{CurriculumConfig field: value}`` of
     those given (``--span-range`` parsed to a (lo, hi) tuple)."""
+    refuse_conflicts(("--span-length", "--span-range", kwargs.get("cur_span_length") is not None
+                      and kwargs.get("cur_span_length_range") is not None))
     out = {}
     for k in [k for k in kwargs if k.startswith("cur_")]:
         v = kwargs.pop(k)
@@ -166,12 +174,12 @@ def _parse_range(value: str | None) -> tuple[int, int] | None:
 @curriculum.command("preview")
 @click.argument("corpus_dir", type=click.Path(path_type=Path))
 @curriculum_options
-@click.option("--seed", default=0, show_default=True, help="Seed of snippet placement.")
-@click.option("--batch-size", default=8, show_default=True)
-@click.option("--seq-len", default=128, show_default=True)
-@click.option("--total-tokens", type=int, default=1_000_000, show_default=True)
-@click.option("--step", default=0, show_default=True, help="Batch to show.")
-@click.option("--windows", default=2, show_default=True, help="Rows of that batch to print.")
+@click.option("--seed", type=INT, default=0, show_default=True, help="Seed of snippet placement.")
+@click.option("--batch-size", type=INT, default=8, show_default=True)
+@click.option("--seq-len", type=INT, default=128, show_default=True)
+@click.option("--total-tokens", type=INT, default=1_000_000, show_default=True)
+@click.option("--step", type=INT, default=0, show_default=True, help="Batch to show.")
+@click.option("--windows", type=INT, default=2, show_default=True, help="Rows of that batch to print.")
 @click.option("--plot", type=click.Path(path_type=Path), default=None,
               help="Write a PNG of realised synthetic fraction vs the schedule.")
 @click.option("--color/--no-color", default=None, help="Colour snippets [default: if a terminal].")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from .cli_options import (accelerator_options, head_score_options, start_run, model_options, quiet_option,
+from .cli_options import (INT, accelerator_options, given, head_score_options, start_run, model_options, quiet_option,
                           run_dir_options)
 from .errors import InductionLabError
 from .runs import timestamp
@@ -40,32 +40,32 @@ def _names(value: str | None) -> tuple[str, ...] | None:
                    "held-out text for the ICL score and the perplexity guard [default: both skipped].")
 @click.option("--tasks", default=None, help="ICL probe tasks, comma-separated [default: all 13].")
 @click.option("--shots", default="0,1,10", show_default=True, help="Numbers of demonstrations, comma-separated.")
-@click.option("--prompts", "n_prompts", type=int, default=32, show_default=True,
+@click.option("--prompts", "n_prompts", type=INT, default=32, show_default=True,
               help="Prompts per task and number of shots.")
 @click.option("--no-permutation-control", is_flag=True, help="Skip the label-permuted prompts.")
 @click.option("--ablate", default="per-layer-2pct,top-10", show_default=True,
               help="Ablation variants: per-layer-<p>pct (top p% heads per layer, ceil, >= 1) and/or top-<k>.")
-@click.option("--draws", "--n-draws", "n_draws", type=int, default=3, show_default=True,
+@click.option("--draws", "--n-draws", "n_draws", type=INT, default=3, show_default=True,
               help="Seeded matched random-head draws per variant.")
-@click.option("--ablation-shots", type=int, default=10, show_default=True,
+@click.option("--ablation-shots", type=INT, default=10, show_default=True,
               help="Probe shots under ablation (must be among --shots).")
 @click.option("--method", default="zero", show_default=True, help="Ablation method: zero | mean | sink.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--induction-seq-len", type=int, default=50, show_default=True,
+@click.option("--seed", type=INT, default=0, show_default=True)
+@click.option("--induction-seq-len", type=INT, default=50, show_default=True,
               help="T of the induction-loss sequences [BOS] S S.")
-@click.option("--icl-sequences", type=int, default=16, show_default=True, help="Held-out windows for the ICL score.")
-@click.option("--icl-late", type=int, default=500, show_default=True, help="Late token (Olsson et al.: 500).")
-@click.option("--icl-early", type=int, default=50, show_default=True, help="Early token (Olsson et al.: 50).")
-@click.option("--icl-window", type=int, default=1, show_default=True,
+@click.option("--icl-sequences", type=INT, default=16, show_default=True, help="Held-out windows for the ICL score.")
+@click.option("--icl-late", type=INT, default=500, show_default=True, help="Late token (Olsson et al.: 500).")
+@click.option("--icl-early", type=INT, default=50, show_default=True, help="Early token (Olsson et al.: 50).")
+@click.option("--icl-window", type=INT, default=1, show_default=True,
               help="Tokens averaged at each position (1 = Olsson et al.; more = less noise per window).")
-@click.option("--perplexity-tokens", type=int, default=32768, show_default=True,
+@click.option("--perplexity-tokens", type=INT, default=32768, show_default=True,
               help="Held-out tokens for the perplexity guard (0 = the whole split).")
 @click.option("--lm-eval-tasks", default=None,
               help="lm-eval tasks, comma-separated: inductionlab_icl (our probes, exported offline), "
                    "inductionlab_icl_<task>, or installed lm-eval task names.")
-@click.option("--lm-eval-fewshot", type=int, default=None, help="lm-eval few-shot [default: each task's].")
-@click.option("--lm-eval-limit", type=int, default=50, show_default=True, help="lm-eval test documents per task.")
-@click.option("--batch-size", type=int, default=16, show_default=True, help="Prompts per forward pass.")
+@click.option("--lm-eval-fewshot", type=INT, default=None, help="lm-eval few-shot [default: each task's].")
+@click.option("--lm-eval-limit", type=INT, default=50, show_default=True, help="lm-eval test documents per task.")
+@click.option("--batch-size", type=INT, default=16, show_default=True, help="Prompts per forward pass.")
 def evaluate(**kw) -> None:
     """Evaluate MODEL (an embedded name, a model directory, a .gguf file, a checkpoint of our trainer
     or a training run directory): function-style ICL probes (HITS@1/@3 at each number of shots,
@@ -76,8 +76,14 @@ def evaluate(**kw) -> None:
                            PerplexityConfig, ProbeConfig, run_evaluate)
 
     arg = kw.pop("model_arg")
+    if arg is not None and given("model"):
+        raise InductionLabError(f"the model is named twice: MODEL {arg!r} and --model {kw['model']!r}; pass one of "
+                                "them")
     if arg is not None:
         kw["model"] = arg
+    for o in ("fewshot", "limit"):
+        if given(f"lm_eval_{o}") and not kw["lm_eval_tasks"]:
+            raise InductionLabError(f"--lm-eval-{o} has no effect without --lm-eval-tasks; add the tasks or drop it")
     shots = _ints("--shots", kw["shots"])
     ppl_tokens = kw["perplexity_tokens"]
     cfg = EvaluateConfig(

@@ -10,9 +10,12 @@ Each group is a decorator that adds its options to a click command, e.g.::
     @lag_probe_options
     def analyze(**kw): cfg = AnalyzeConfig(lag=lag_probe_config(kw), ...)
 
-Values are range-checked in one place, the configs' ``validate()``, which the Python API calls
-too (so a bad value gives the same one-line error from both); defaults a command must keep
-(``analyze``'s k list) are parameters of the groups.
+Every numeric option of every command has the type :data:`INT` or :data:`FLOAT` (NaN, infinities
+and integers beyond 64 bits refused while parsing, naming the option); ranges are checked in one
+place, the configs' ``validate()``, which the Python API calls too (so a bad value gives the same
+one-line error from both); options that contradict each other are refused
+(:func:`refuse_conflicts`), never one silently ignored. Defaults a command must keep (``analyze``'s
+k list) are parameters of the groups.
 """
 
 from __future__ import annotations
@@ -31,6 +34,32 @@ def _stack(*decorators: Callable) -> Callable:
             f = d(f)
         return f
     return apply
+
+
+class _Number(click.ParamType):
+    """An ``int`` or ``float`` option that refuses what no command can use, with one ``error:``
+    line naming the option: NaN and infinities, integers beyond 64 bits, values below ``lo``
+    (options without a config to check them). Ranges proper are the configs' ``validate()``."""
+
+    def __init__(self, kind: type, lo=None):
+        self.kind, self.lo = kind, lo
+        self.name = "integer" if kind is int else "float"
+
+    def convert(self, value, param, ctx):
+        from .checks import check_float, check_int
+
+        if isinstance(value, self.kind) and not isinstance(value, bool):
+            v = value
+        else:
+            try:
+                v = self.kind(str(value).strip()) if self.kind is int else float(value)
+            except ValueError:
+                self.fail(f"{value!r} is not a valid {self.name}", param, ctx)
+        name = param.opts[0] if param is not None and param.opts else "value"
+        return (check_int if self.kind is int else check_float)(v, name, lo=self.lo)
+
+
+INT, FLOAT = _Number(int), _Number(float)   # type=INT / type=FLOAT in every command's numeric options
 
 
 def _int_list(ctx, param, value):
@@ -55,10 +84,32 @@ model_options = _stack(
 
 accelerator_options = _stack(
     click.option("--device-map", default=None, help='e.g. "auto" to spread a model over several GPUs'),
-    click.option("--threads", type=int, default=None, help="torch CPU threads [default: torch's]"),
+    click.option("--threads", type=INT, default=None, help="torch CPU threads [default: torch's]"),
 )
 
 quiet_option = click.option("--quiet", "--no-progress", "quiet", is_flag=True, help="No progress bars.")
+
+
+def given(name: str) -> bool:
+    """Whether the option ``name`` (its parameter name) was given on the command line or through
+    the environment, not left at its default (False outside a click command)."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE,
+                                                                  ParameterSource.ENVIRONMENT)
+
+
+def refuse_conflicts(*pairs: tuple[str, str, bool]) -> None:
+    """Options that contradict each other are refused, never one silently ignored: each
+    ``(flag, other flag, both given)``.
+
+    Raises:
+        InductionLabError: the first pair given together, naming both."""
+    for a, b, both in pairs:
+        if both:
+            raise InductionLabError(f"{a} and {b} conflict: {b} decides alone, so {a} would be ignored; "
+                                    f"drop one of them")
 
 
 def start_run(kw: dict, out, overwrite: bool, quiet: bool, inputs=()) -> tuple:
@@ -70,13 +121,14 @@ def start_run(kw: dict, out, overwrite: bool, quiet: bool, inputs=()) -> tuple:
     Returns: ``(loaded, load_s)``, the model bundle and its load time in seconds.
 
     Raises:
-        InductionLabError: as :meth:`~inductionlab.runs.ResumableRun.check_out` and
-            :func:`load_from_options`."""
+        InductionLabError: ``--device`` beside ``--device-map``; as
+            :meth:`~inductionlab.runs.ResumableRun.check_out` and :func:`load_from_options`."""
     import os
     import time
 
     from .runs import ResumableRun
 
+    refuse_conflicts(("--device", "--device-map", bool(kw.get("device_map")) and given("device")))
     ResumableRun.check_out(out, overwrite, inputs=[kw["model"], *inputs])
     if quiet:
         os.environ["TQDM_DISABLE"] = "1"
@@ -176,36 +228,36 @@ def ablation_options(*, ks: str | None = None, n_draws: int = 3) -> Callable:
         click.option("--method", type=click.Choice(list(_ablation_methods())), default="zero", show_default=True,
                      help="Ablation method (zero: the paper's attention scores set to −∞)."),
         click.option("--ks", callback=_int_list, default=ks, help=ks_help),
-        click.option("--n-draws", type=int, default=n_draws, show_default=True,
+        click.option("--n-draws", type=INT, default=n_draws, show_default=True,
                      help="Random-head draws per k."),
-        click.option("--exclude-top-n", "--exclude-top", "exclude_top_n", type=int, default=None,
+        click.option("--exclude-top-n", "--exclude-top", "exclude_top_n", type=INT, default=None,
                      help="Random heads come from outside the top N by induction score [default: min(300, heads/2)]."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Seed of trials and random draws."),
+        click.option("--seed", type=INT, default=0, show_default=True, help="Seed of trials and random draws."),
     )
 
 
 head_score_options = _stack(
-    click.option("--score-seq-len", type=int, default=50, show_default=True,
+    click.option("--score-seq-len", type=INT, default=50, show_default=True,
                  help="T, tokens per copy for head scores."),
-    click.option("--score-batch-size", type=int, default=16, show_default=True,
+    click.option("--score-batch-size", type=INT, default=16, show_default=True,
                  help="Sequences for head scores."),
 )
 
 
 lag_probe_options = _stack(
-    click.option("--n-permutations", "--permutations", "n_permutations", type=int, default=64,
+    click.option("--n-permutations", "--permutations", "n_permutations", type=INT, default=64,
                  show_default=True, help="Lag-probe trials per condition (seed protocol: 5000)."),
-    click.option("--list-length", type=int, default=500, show_default=True, help="Words per lag-probe list."),
-    click.option("--cue-position", type=int, default=250, show_default=True,
+    click.option("--list-length", type=INT, default=500, show_default=True, help="Words per lag-probe list."),
+    click.option("--cue-position", type=INT, default=250, show_default=True,
                  help="1-based list position of the repeated word (lag k = the word at cue + k)."),
     click.option("--separator", default=" ",
                  help='Between words: " " (default: each word is its own leading-space token), ", " or "\\n".'),
     click.option("--instruction", default="", help="Text after BOS, before the list."),
     click.option("--no-bos", is_flag=True, help="Do not prepend BOS."),
     click.option("--resample-words", is_flag=True, help="Draw a new word set per trial instead of permuting a fixed set."),
-    click.option("--batch-size", type=int, default=None,
+    click.option("--batch-size", type=INT, default=None,
                  help="Trials per forward pass [default: from free GPU memory; 8 on CPU]."),
-    click.option("--far-lag", type=int, default=20, show_default=True,
+    click.option("--far-lag", type=INT, default=20, show_default=True,
                  help="Word-prior-corrected curve: a word's baseline is its mean probability where it sits at |lag| > this."),
     click.option("--cues", default="all", show_default=True,
                  help="Cued list positions: all, seed (only --cue-position, one forward per cue) or A-B (1-based), "
@@ -226,10 +278,10 @@ def lag_probe_config(kw: dict):
 
 
 recall_options = _stack(
-    click.option("--recall-trials", type=int, default=64, show_default=True,
+    click.option("--recall-trials", type=INT, default=64, show_default=True,
                  help="Serial-recall prompts per condition."),
-    click.option("--recall-list-length", type=int, default=14, show_default=True, help="Words per serial-recall list."),
-    click.option("--shots", type=int, default=3, show_default=True, help="Solved study/recall examples before the test list."),
+    click.option("--recall-list-length", type=INT, default=14, show_default=True, help="Words per serial-recall list."),
+    click.option("--shots", type=INT, default=3, show_default=True, help="Solved study/recall examples before the test list."),
     click.option("--no-generate", is_flag=True, help="Skip greedy generation (exact match, CRP of recalls)."),
 )
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import click
 
-from .cli_options import (ablation_options, accelerator_options, head_score_options, join_processes, lag_probe_config,
+from .cli_options import (FLOAT, INT, ablation_options, refuse_conflicts, accelerator_options, head_score_options, join_processes, lag_probe_config,
                           lag_probe_options, start_run, model_options, quiet_option, recall_config,
                           recall_options, run_dir_options)
+from .errors import InductionLabError
 from .runs import timestamp
 
 
@@ -28,9 +29,9 @@ def study() -> None:
 @head_score_options
 @lag_probe_options
 @recall_options
-@click.option("--load-bearing-top", type=int, default=10, show_default=True,
+@click.option("--load-bearing-top", type=INT, default=10, show_default=True,
               help="Per-head map over the top N induction heads (0 = off).")
-@click.option("--load-bearing-permutations", type=int, default=None,
+@click.option("--load-bearing-permutations", type=INT, default=None,
               help="Trials per single-head condition [default: --n-permutations].")
 def temporal(**kw) -> None:
     """Lag probe + few-shot serial recall, intact and under top-k induction vs k random head ablation,
@@ -65,12 +66,12 @@ def temporal(**kw) -> None:
                    "0.13b (paper size, GPUs).")
 @click.option("--shards", type=click.Path(file_okay=False), default=None,
               help="Prepared corpus (`inductionlab corpus prepare`) [default: data/demo-512 for cpu-control].")
-@click.option("--budget", type=float, default=None,
+@click.option("--budget", type=FLOAT, default=None,
               help="Training tokens per run (rounded down to whole updates) [default: the preset's].")
-@click.option("--seeds", type=int, default=None, help="Seeds per variant [default: the preset's].")
-@click.option("--jobs", type=int, default=1, show_default=True,
+@click.option("--seeds", type=INT, default=None, help="Seeds per variant [default: the preset's].")
+@click.option("--jobs", type=INT, default=1, show_default=True,
               help="Training runs at a time (subprocesses with one torch thread each).")
-@click.option("--nproc", type=int, default=1, show_default=True,
+@click.option("--nproc", type=INT, default=1, show_default=True,
               help="Processes per run: > 1 runs each training under torchrun --nproc_per_node=N (GPUs).")
 @click.option("--variants", default=",".join(("none", "induction", "anti", "balanced")), show_default=True,
               help="Comma-separated curriculum variants (none is the baseline and required).")
@@ -89,6 +90,10 @@ def bi_induct(preset, shards, budget, seeds, jobs, nproc, variants, no_evaluate,
     --out is resumed (finished runs reused)."""
     from .study_bi_induct import BiInductStudyConfig, gpu_estimate, run_bi_induct_study
 
+    refuse_conflicts(("--partial", "--estimate", estimate and partial), ("--overwrite", "--estimate", estimate and overwrite))
+    if partial and overwrite:
+        raise InductionLabError("--partial and --overwrite conflict: --partial reports the runs finished in --out, "
+                                "--overwrite deletes them first; drop one of them")
     if shards is None:
         shards = "data/demo-512" if preset == "cpu-control" else ""
     cfg = BiInductStudyConfig(preset=preset, shards=shards, budget=None if budget is None else int(budget),

@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from .cli_data import curriculum_options, curriculum_overrides
-from .cli_options import run_dir_options
+from .cli_options import FLOAT, INT, refuse_conflicts, run_dir_options
 from .errors import InductionLabError
 
 
@@ -38,7 +38,7 @@ def _config_options(f):
             f = click.option(f"--{flag}", fld.name, type=click.Choice(list(fld.metadata["choices"])), default=None,
                              help=f"{note} [default: {fld.default}]".strip())(f)
         else:
-            typ = {"int": int, "float": float}.get(fld.type, str)
+            typ = {"int": INT, "float": FLOAT}.get(fld.type, str)
             f = click.option(f"--{flag}", fld.name, type=typ, default=None,
                              help=f"{note} [default: {fld.default!r}]".strip())(f)
     return f
@@ -57,6 +57,7 @@ def train_cmd(config_file, print_config, out, overwrite, **flags):
     Resumes automatically when --out holds the same run (e.g. after a crash); refuses an --out
     that holds a different one.
     """
+    refuse_conflicts(("--overwrite", "--print-config", print_config and overwrite))
     from .train import TrainConfig, config_from_dict, load_config, train
     from .train.config import model_config
     from .train.flops import budget
@@ -103,7 +104,7 @@ def train_cmd(config_file, print_config, out, overwrite, **flags):
 @click.command("telemetry")
 @click.argument("runs", nargs=-1, required=True, type=click.Path())
 @run_dir_options("telemetry")
-@click.option("--threshold", type=float, default=None,
+@click.option("--threshold", type=FLOAT, default=None,
               help="Induction-score threshold of the emergence step (default: the run's induction_threshold).")
 def telemetry_cmd(runs, out, overwrite, threshold):
     """Plot head telemetry over training: score heat maps, max / top-2% mean / heads-above-threshold

@@ -94,7 +94,9 @@ class CurriculumConfig:
 
         Raises:
             InductionLabError: unknown variant or span source, m0 not in [0, 1] (or NaN), span
-                length < 1, a range with lo > hi, anneal_tokens <= 0, negative sep_id or seed.
+                length < 1, a range with lo > hi, anneal_tokens <= 0, negative sep_id or seed, a NaN /
+                infinite / beyond-64-bit number.
+            TypeError: a number field of the wrong type.
         """
         if self.variant not in VARIANTS:
             raise InductionLabError(f"unknown curriculum variant {self.variant!r}; use one of {', '.join(VARIANTS)}")
@@ -114,6 +116,9 @@ class CurriculumConfig:
             raise InductionLabError(f"sep_id must be a token id >= 0, got {self.sep_id}")
         if self.seed is not None and self.seed < 0:
             raise InductionLabError(f"seed must be >= 0, got {self.seed}")
+        from .checks import check_fields
+
+        check_fields(self)
 
 
 @dataclass

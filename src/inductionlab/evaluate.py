@@ -57,13 +57,14 @@ from .errors import InductionLabError
 from .function_probes import run_probes, summarize_hits
 from .icl_score import heldout_windows, icl_positions, icl_score, induction_loss, model_context
 from .icl_tasks import TASK_NAMES, Prompt, build_tasks, make_all_prompts
+from .checks import check_draws, check_fields, check_loaded, check_seed, check_type
 from .load_bearing_eval import drops_table, score_concentration
 from .models import LoadedModel, announce_dtype, params_identity, ran_identity, with_dtype_choice
 from .protocol import check_method
 from .runs import ResumableRun, atomic_write_json, versions
 from .scores import HeadScores
 from .stats import ci
-from .study import check_ks, head_scores_piece
+from .study import check_ks, check_trials_fit, head_scores_piece
 
 KIND = "evaluate"
 _VARIANT = re.compile(r"^(?:per-layer-(?P<pct>\d+(?:\.\d+)?)pct|top-(?P<k>\d+))$")
@@ -81,7 +82,9 @@ class ProbeConfig:
     batch_size: int = 16
 
     def validate(self) -> None:
-        """Raises InductionLabError: unknown task, no shots or shots < 0 or repeated, sizes < 1."""
+        """Raises InductionLabError: unknown task, no shots or shots < 0 or repeated, sizes < 1, more
+        prompts than memory holds; TypeError: a field of the wrong type."""
+        check_fields(self)
         if self.tasks is not None:
             bad = [t for t in self.tasks if t not in TASK_NAMES]
             if bad or not self.tasks:
@@ -93,6 +96,9 @@ class ProbeConfig:
         if self.n_prompts < 2 or self.batch_size < 1:
             raise InductionLabError(f"prompts per task {self.n_prompts} must be >= 2 (a CI needs two) and batch size "
                                     f"{self.batch_size} >= 1")
+        n_tasks = len(self.tasks) if self.tasks is not None else len(TASK_NAMES)
+        check_trials_fit(self.n_prompts * n_tasks * len(self.shots) * (2 if self.permutation_control else 1),
+                         4 * (max(self.shots) + 1) + 2, "--prompts", self.n_prompts)
 
 
 @dataclass
@@ -106,11 +112,14 @@ class ICLScoreConfig:
     batch_size: int = 2
 
     def validate(self) -> None:
+        check_fields(self, "icl-")
         if not 1 <= self.early < self.late:
             raise InductionLabError(f"ICL score positions need 1 <= early < late, got {self.early}, {self.late}")
         if self.window < 1 or self.n_sequences < 2 or self.batch_size < 1:
             raise InductionLabError(f"ICL score: window {self.window} >= 1, sequences {self.n_sequences} >= 2, "
                                     f"batch size {self.batch_size} >= 1")
+        # windows are late + 1 tokens, capped at the model's context (a later late is scaled down to it)
+        check_trials_fit(self.n_sequences, min(self.late + 1, 1 << 17), "--icl-sequences")
 
 
 @dataclass
@@ -121,9 +130,11 @@ class InductionLossConfig:
     batch_size: int = 16
 
     def validate(self) -> None:
+        check_fields(self, "induction-")
         if self.seq_len < 2 or self.n_sequences < 2 or self.batch_size < 1:
             raise InductionLabError(f"induction loss: seq_len {self.seq_len} >= 2, sequences {self.n_sequences} >= 2, "
                                     f"batch size {self.batch_size} >= 1")
+        check_trials_fit(self.n_sequences, 2 * self.seq_len + 1, "--induction-seq-len", self.seq_len)
 
 
 @dataclass
@@ -134,6 +145,7 @@ class PerplexityConfig:
     batch_size: int = 4
 
     def validate(self) -> None:
+        check_fields(self, "perplexity-")
         if (self.max_tokens is not None and self.max_tokens < 2) or (self.context is not None and self.context < 2) \
                 or self.batch_size < 1:
             raise InductionLabError(f"perplexity: max_tokens {self.max_tokens} and context {self.context} must be "
@@ -149,13 +161,13 @@ class LoadBearingConfig:
     shots: int = 10                           # probes under ablation at this number of shots
 
     def validate(self) -> None:
+        check_fields(self)
         check_method(self.method)
         for v in self.ablate:
             parse_variant(v)
         if len(set(self.ablate)) != len(self.ablate):
             raise InductionLabError(f"--ablate {','.join(self.ablate)} repeats a variant; give each once")
-        if self.n_draws < 1:
-            raise InductionLabError(f"draws {self.n_draws} must be >= 1 (the matched random control)")
+        check_draws(self.n_draws, "--draws")
 
 
 @dataclass
@@ -167,6 +179,7 @@ class LmEvalConfig:
     batch_size: int = 8
 
     def validate(self) -> None:
+        check_fields(self, "lm-eval-")
         if (self.num_fewshot is not None and self.num_fewshot < 0) or (self.limit is not None and self.limit < 1) \
                 or self.batch_size < 1:
             raise InductionLabError(f"lm-eval: few-shot {self.num_fewshot} >= 0, limit {self.limit} >= 1, batch size "
@@ -192,7 +205,15 @@ class EvaluateConfig:
 
         Raises:
             InductionLabError: unknown task, shots < 0, unknown ablation variant or method, draws < 1,
-                ablation shots not among the probe shots, sizes below their minimum."""
+                ablation shots not among the probe shots, sizes below their minimum, a seed outside
+                0 .. 2**63 - 1, a NaN / infinite / beyond-64-bit number.
+            TypeError: a field of the wrong type (a nested config that is not its dataclass)."""
+        check_fields(self)
+        check_seed(self.seed, "--seed")
+        for name, kind in (("probes", ProbeConfig), ("icl", ICLScoreConfig), ("induction", InductionLossConfig),
+                           ("perplexity", PerplexityConfig), ("load_bearing", LoadBearingConfig),
+                           ("lm_eval", LmEvalConfig)):
+            check_type(getattr(self, name), kind, f"EvaluateConfig.{name}")
         for c in (self.probes, self.icl, self.induction, self.perplexity, self.load_bearing, self.lm_eval):
             c.validate()
         if self.load_bearing.ablate and self.load_bearing.shots not in self.probes.shots:
@@ -201,6 +222,7 @@ class EvaluateConfig:
         if self.score_seq_len < 2 or self.score_batch_size < 1:
             raise InductionLabError(f"head scores need score_seq_len >= 2 and score_batch_size >= 1 "
                                     f"(got {self.score_seq_len}, {self.score_batch_size})")
+        check_trials_fit(self.score_batch_size, 2 * self.score_seq_len + 1, "--score-batch-size")
 
 
 def parse_variant(name: str) -> tuple[str, float | int]:
@@ -439,12 +461,15 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     Returns: :class:`EvaluateResult` (``.record`` = results.json).
 
     Raises:
+        TypeError: ``loaded`` not a LoadedModel, ``cfg`` not an EvaluateConfig (a dict included).
         InductionLabError — before anything is written: bad config, ``out`` unusable or holding
         another run, shards from another tokenizer or without a long enough document, a task
         with too few well-defined items for the shots, an ablation larger than the model allows,
         an unknown lm-eval task or one whose dataset is not on disk.
     """
     t_start = time.perf_counter()
+    check_loaded(loaded, "run_evaluate")
+    check_type(cfg, EvaluateConfig, "run_evaluate: cfg")
     cfg.validate()
     out = Path(out)
     ResumableRun.check_out(out, overwrite)

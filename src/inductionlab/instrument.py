@@ -723,14 +723,15 @@ def unwrap_model(model):
     """The ``torch.nn.Module`` of ``model``: itself, or the ``.model`` of a LoadedModel bundle.
 
     Raises:
-        InductionLabError: neither a module with a ``config`` nor a bundle holding one.
+        TypeError: neither a module with a ``config`` nor a bundle holding one (None included).
     """
     if isinstance(model, torch.nn.Module) and hasattr(model, "config"):
         return model
     inner = getattr(model, "model", None)
     if isinstance(inner, torch.nn.Module) and hasattr(inner, "config"):
         return inner
-    raise InductionLabError(f"expected a transformers model (or a LoadedModel bundle), got {type(model).__name__}")
+    raise TypeError(f"expected a transformers model (or a LoadedModel bundle from inductionlab.load_model), got "
+                    f"{type(model).__name__}")
 
 
 @contextlib.contextmanager
@@ -865,9 +866,14 @@ def ablate(model, heads: Iterable[tuple[int, int]], method: str = "zero", *,
 
     Raises:
         InductionLabError: unknown method, head out of range or not an integer, ``mean``
-            without reference_ids; :class:`AlreadyInstrumented`, :class:`StaleKVCache` (see
-            :func:`instrument`).
+            without reference_ids, no heads (nothing would be ablated: almost surely a bug; run
+            the model without ``ablate()`` for the intact model); :class:`AlreadyInstrumented`,
+            :class:`StaleKVCache` (see :func:`instrument`).
     """
+    heads = list(heads)
+    if not heads:
+        raise InductionLabError("ablate(): heads is empty, so nothing would be ablated; pass at least one "
+                                "(layer, head) pair, or run the model without ablate() for the intact model")
     model = unwrap_model(model)
     m = ablation_method(method)
     if m.needs == "edges":

@@ -46,6 +46,7 @@ import pandas as pd
 import torch
 
 from .ablation import Condition
+from .checks import check_conditions, check_fields, check_loaded, check_type
 from .errors import InductionLabError
 from .models import LoadedModel
 from .protocol import Trials, check_method, forward_logits, run_conditions
@@ -114,8 +115,11 @@ class LagProbeConfig:
         """Check the options that need no model (called before any model is loaded).
 
         Raises:
-            InductionLabError: cue outside the list, fewer than 2 trials (no CI), bad batch size or method.
+            InductionLabError: cue outside the list, fewer than 2 trials (no CI), bad batch size or method,
+                a NaN / infinite / beyond-64-bit number (:func:`~inductionlab.checks.check_fields`).
+            TypeError: a field of the wrong type.
         """
+        check_fields(self)
         if self.list_length < 2:
             raise InductionLabError(f"list length {self.list_length} is too short; use at least 2 words")
         if not 1 <= self.cue_position <= self.list_length:
@@ -603,9 +607,13 @@ def run_lag_probe(loaded: LoadedModel, conditions: list[Condition], cfg: LagProb
             calls with the same arguments and gets the same result; :func:`~inductionlab.protocol.run_conditions`).
 
     Raises:
-        InductionLabError: see :func:`build_trials`; head out of range; unknown method.
+        InductionLabError: see :func:`build_trials`; head out of range; unknown method; no conditions.
+        TypeError: ``loaded`` not a LoadedModel, ``cfg`` not a LagProbeConfig, a condition not a Condition.
     """
-    cfg = cfg or LagProbeConfig()
+    check_loaded(loaded, "run_lag_probe")
+    cfg = LagProbeConfig() if cfg is None else cfg
+    check_type(cfg, LagProbeConfig, "run_lag_probe: cfg")
+    check_conditions(conditions, "run_lag_probe")
     trials = build_trials(loaded, cfg)
     check_cues(loaded, cfg)
     data = run_conditions(loaded, conditions, trials, method=cfg.method,

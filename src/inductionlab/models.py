@@ -377,7 +377,7 @@ def _weights(path, *, gguf_file: str | None = None, gguf_fix: str = "", **kw):
     return model
 
 
-def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto",
+def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto",
                device: str = "cpu", device_map: str | None = None,
                attn_implementation: str = "sdpa") -> LoadedModel:
     """Load a causal LM and its tokenizer from a spec.
@@ -392,7 +392,8 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto",
         dtype: ``auto`` (default: bfloat16 where the device runs it fast, float32 otherwise, decided
             once per process by :func:`inductionlab.dtype_choice.resolve_dtype`) | ``float32`` |
             ``bfloat16`` | ``float16`` | a ``torch.dtype`` (GGUF weights are dequantised to it).
-        device: ``cpu`` | ``cuda`` | ``cuda:N``; ignored when ``device_map`` is given.
+        device: ``cpu`` | ``cuda`` | ``cuda:N``; with ``device_map`` leave it at ``cpu`` (another
+            device beside a device map is refused: the map decides).
         device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` for models larger than one GPU).
 
     Returns:
@@ -402,6 +403,7 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto",
         (+ ``checkpoint``: run, step, tokens, tokenizer source, for a trainer checkpoint).
 
     Raises:
+        TypeError: ``spec`` not a str or a path (None included).
         InductionLabError: unknown spec or dtype, missing package or file (the message names the install
         command), a hub id absent from the local cache, a bad or absent device
         (:func:`check_device`), a GGUF file that is corrupt or truncated, a model directory whose
@@ -409,6 +411,12 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto",
     """
     from transformers import AutoTokenizer
 
+    from .checks import check_path_like
+
+    spec = check_path_like(spec, "load_model: spec")       # a pathlib.Path is a path
+    if device_map and device not in (None, "cpu"):
+        raise InductionLabError(f"device {device!r} and device_map {device_map!r} conflict: device_map places the "
+                                "model itself; pass one of them")
     if isinstance(dtype, str) and dtype != "auto" and dtype not in DTYPES:
         raise InductionLabError(f"unknown dtype {dtype!r}; use one of auto, float32, bfloat16, float16")
     if not device_map:

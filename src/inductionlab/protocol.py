@@ -111,12 +111,13 @@ def auto_batch_size(loaded, seq_len: int, logit_positions: int = 1, cap: int = 6
 
 def ablation_context(model, heads, method: str = "zero", reference_ids: torch.Tensor | None = None):
     """:func:`inductionlab.instrument.ablate` over ``heads`` (``(layer, head)`` pairs), or a no-op
-    context when ``heads`` is None, so every protocol runs intact and ablated through one code path.
+    context when ``heads`` is None or empty (an intact condition), so every protocol runs intact and
+    ablated through one code path (:func:`~inductionlab.instrument.ablate` itself refuses no heads).
 
     Raises:
         InductionLabError: as :func:`~inductionlab.instrument.ablate` (unknown method, a head that is
             not an integer pair in range)."""
-    if heads is None:
+    if heads is None or not len(heads):
         return contextlib.nullcontext()
     from .instrument import ablate   # here: importing this module does not import transformers
 
@@ -163,8 +164,14 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
         runs in eval mode (:func:`~inductionlab.instrument.eval_mode`; its mode restored after).
 
     Raises:
-        InductionLabError: unknown method, head out of range (from :func:`~inductionlab.instrument.ablate`).
+        InductionLabError: unknown method, head out of range (from :func:`~inductionlab.instrument.ablate`),
+            no conditions.
+        TypeError: ``loaded`` without ``.model``, a condition not a Condition.
     """
+    from .checks import check_conditions, check_loaded
+
+    check_loaded(loaded, "run_conditions", needs=("model",))
+    check_conditions(conditions, "run_conditions")
     model = loaded.model
     device = next(model.parameters()).device
     if isinstance(trials, Trials):

@@ -47,6 +47,7 @@ import torch
 
 from .ablation import Condition
 from .crp import lag_crp, prob_lag_crp
+from .checks import check_conditions, check_fields, check_loaded, check_type
 from .errors import InductionLabError
 from .models import LoadedModel
 from .protocol import Trials, check_method, forward_logits, run_conditions
@@ -76,8 +77,10 @@ class SerialRecallConfig:
 
         Raises:
             InductionLabError: list shorter than 2, negative shots, fewer than 2 trials (no CI),
-                bad batch size or method.
+                bad batch size or method, a NaN / infinite / beyond-64-bit number.
+            TypeError: a field of the wrong type.
         """
+        check_fields(self)
         if self.list_length < 2 or self.n_shots < 0 or self.n_trials < 1:
             raise InductionLabError(f"serial recall needs list_length >= 2, n_shots >= 0 and n_trials >= 1 "
                                     f"(got {self.list_length}, {self.n_shots}, {self.n_trials})")
@@ -307,9 +310,14 @@ def run_serial_recall(loaded: LoadedModel, conditions: list[Condition], cfg: Ser
     Returns: :class:`SerialRecallResult`.
 
     Raises:
-        InductionLabError: see :func:`build_recall_trials`; head out of range; unknown method.
+        InductionLabError: see :func:`build_recall_trials`; head out of range; unknown method; no conditions.
+        TypeError: ``loaded`` without ``.model`` / ``.tokenizer`` / ``.identity``, ``cfg`` not a
+            SerialRecallConfig, a condition not a Condition.
     """
-    cfg = cfg or SerialRecallConfig()
+    check_loaded(loaded, "run_serial_recall")
+    cfg = SerialRecallConfig() if cfg is None else cfg
+    check_type(cfg, SerialRecallConfig, "run_serial_recall: cfg")
+    check_conditions(conditions, "run_serial_recall")
     trials = build_trials(loaded, cfg)
     data = run_conditions(loaded, conditions, trials, method=cfg.method,
                           batch_size=cfg.batch_size, measure_batch=partial(measure_batch, cfg=cfg), progress=progress,

@@ -29,7 +29,11 @@ def mean_ci(arr) -> tuple[np.ndarray, np.ndarray]:
         ``(mean, half)``, each of shape ``arr.shape[1:]`` (numpy scalars for 1-D input);
         ``half`` is NaN when there is a single trial.
     """
+    if arr is None or isinstance(arr, (str, bytes, dict)):
+        raise TypeError(f"mean_ci needs [n_trials, ...] numbers, got {type(arr).__name__}")
     arr = np.asarray(arr, dtype=np.float64)
+    if arr.ndim == 0:
+        raise TypeError(f"mean_ci needs [n_trials, ...] values (one per trial), got a scalar {float(arr)}")
     n = arr.shape[0]
     m = arr.mean(0)
     half = Z95 * arr.std(0, ddof=1) / np.sqrt(n) if n > 1 else np.full_like(m, np.nan)

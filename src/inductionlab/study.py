@@ -41,6 +41,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from .checks import check_draws, check_seed
 from .errors import InductionLabError
 from .protocol import residual_cache, run_conditions
 from .runs import ResumableRun
@@ -63,7 +64,8 @@ def check_study_options(*, ks: Sequence[int] | None, n_draws: int, exclude_top_n
     same name with underscores.
 
     Raises:
-        InductionLabError: a k below 1 or repeated, fewer than 1 random draw, a negative
+        InductionLabError: a k below 1 or repeated, fewer than 1 random draw or more than
+            :data:`~inductionlab.checks.MAX_DRAWS`, a negative
             exclusion or seed, a head-score sequence shorter than 2 tokens or an empty batch.
     """
     if ks is not None:
@@ -72,12 +74,10 @@ def check_study_options(*, ks: Sequence[int] | None, n_draws: int, exclude_top_n
                                     "(e.g. --ks 5,10,20)")
         if len(set(ks)) != len(ks):
             raise InductionLabError(f"--ks {','.join(map(str, ks))} repeats a k; give each k once")
-    if n_draws < 1:
-        raise InductionLabError(f"--n-draws {n_draws}: at least 1 random-head draw per k is needed (the control)")
+    check_draws(n_draws, "--n-draws")
     if exclude_top_n is not None and exclude_top_n < 0:
         raise InductionLabError(f"--exclude-top-n {exclude_top_n} must be >= 0 (or left unset for the default)")
-    if not 0 <= seed < 2 ** 63:
-        raise InductionLabError(f"--seed {seed} must be between 0 and 2**63 - 1 (torch's generator)")
+    check_seed(seed, "--seed")
     if score_seq_len < 2:
         raise InductionLabError(f"--score-seq-len {score_seq_len}: a head-score sequence needs at least 2 tokens "
                                 "per copy; use e.g. 50")
@@ -99,8 +99,9 @@ def check_lag_headline(lag) -> None:
                                 f"(--list-length {lag.list_length})")
 
 
-def check_trials_fit(n_trials: int, tokens_per_trial: int, option: str) -> None:
-    """A protocol's trials (token ids and list ids, int64) must fit in a quarter of memory.
+def check_trials_fit(n_trials: int, tokens_per_trial: int, option: str, value: int | None = None) -> None:
+    """A protocol's trials (token ids and list ids, int64) must fit in a quarter of memory
+    (``value``: the option's own value when ``n_trials`` is a product of it).
 
     Raises:
         InductionLabError: ``n_trials`` x ``tokens_per_trial`` too large, naming ``option``."""
@@ -108,7 +109,7 @@ def check_trials_fit(n_trials: int, tokens_per_trial: int, option: str) -> None:
 
     need, mem = 16 * int(n_trials) * int(tokens_per_trial), physical_memory()
     if mem and need > mem // 4:
-        raise InductionLabError(f"{option} {n_trials:,}: {n_trials:,} trials of ~{tokens_per_trial} tokens need "
+        raise InductionLabError(f"{option} {n_trials if value is None else value:,}: {n_trials:,} trials of ~{tokens_per_trial} tokens need "
                                 f"{need / 2**30:.1f} GiB, more than a quarter of this machine's {mem / 2**30:.0f} GiB; "
                                 f"lower {option}")
 

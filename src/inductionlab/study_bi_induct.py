@@ -42,6 +42,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from .checks import INT64_MAX, check_fields
 from .errors import InductionLabError
 from .runs import ResumableRun, atomic_write_json, atomic_write_text, versions
 from .stats import ci
@@ -51,6 +52,8 @@ BI_INDUCT = ("induction", "anti", "balanced")
 
 
 # ---- presets --------------------------------------------------------------------------------------
+
+MAX_SEEDS = 1000   # seeds per variant: each is a full training run
 
 @dataclass(frozen=True)
 class StudyPreset:
@@ -208,10 +211,20 @@ class BiInductStudyConfig:
         if not (Path(self.shards) / "manifest.json").is_file():
             raise InductionLabError(f"--shards {self.shards} is not a prepared corpus (no manifest.json); "
                                     f"prepare one: {self.recipe.data_hint}")
+        check_fields(self)
         if self.seeds is not None and self.seeds < 1:
             raise InductionLabError(f"--seeds must be >= 1, got {self.seeds}")
+        if self.seeds is not None and self.seeds > MAX_SEEDS:
+            raise InductionLabError(f"--seeds {self.seeds:,}: at most {MAX_SEEDS} seeds per variant (each is a full "
+                                    "training run)")
         if self.jobs < 1 or self.nproc < 1:
             raise InductionLabError(f"--jobs and --nproc must be >= 1, got {self.jobs} and {self.nproc}")
+        cpus = os.cpu_count() or 1
+        if self.jobs > cpus or self.nproc > cpus:
+            raise InductionLabError(f"--jobs {self.jobs} / --nproc {self.nproc}: this machine has {cpus} CPUs (each "
+                                    f"process takes one); use at most {cpus}")
+        if self.budget is not None and not 0 < self.budget <= INT64_MAX:
+            raise InductionLabError(f"--budget {self.budget:g} must be a positive number of tokens below 2**63")
         bad = [v for v in self.variants if v not in VARIANTS]
         if bad or "none" not in self.variants or len(set(self.variants)) != len(self.variants):
             raise InductionLabError(f"variants must be distinct names from {', '.join(VARIANTS)} and include none "
@@ -678,8 +691,12 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite:
     Raises:
         InductionLabError: invalid config (before anything is written); ``out`` holding a study
             with other parameters (e.g. another budget); a training run that fails.
+        TypeError: ``cfg`` not a BiInductStudyConfig (a dict included).
     """
     t_start = time.perf_counter()
+    from .checks import check_type
+
+    check_type(cfg, BiInductStudyConfig, "run_bi_induct_study: cfg")
     cfg.validate()
     out = Path(out)
     ResumableRun.check_out(out, overwrite)

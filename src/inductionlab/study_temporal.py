@@ -43,6 +43,7 @@ import pandas as pd
 
 from . import lag_probe, report, serial_position, serial_recall
 from .ablation import Condition, ablation_conditions, default_exclude_top_n
+from .checks import check_fields, check_loaded, check_type
 from .crp import lag_probe_crp
 from .errors import InductionLabError
 from .lag_probe import LagProbeConfig, LagProbeResult
@@ -113,8 +114,13 @@ class TemporalStudyConfig:
 
         Raises:
             InductionLabError: unknown method, k < 1, negative draws or sizes, a protocol's own
-                checks, more load-bearing trials than lag-probe trials.
+                checks, more load-bearing trials than lag-probe trials, --load-bearing-permutations
+                with the map off (--load-bearing-top 0), a NaN / infinite / beyond-64-bit number.
+            TypeError: a field of the wrong type (``lag`` / ``recall`` not their configs).
         """
+        check_fields(self)
+        check_type(self.lag, LagProbeConfig, "TemporalStudyConfig.lag")
+        check_type(self.recall, SerialRecallConfig, "TemporalStudyConfig.recall")
         check_method(self.method)
         check_study_options(ks=self.ks, n_draws=self.n_draws, exclude_top_n=self.exclude_top_n, seed=self.seed,
                             score_seq_len=self.score_seq_len, score_batch_size=self.score_batch_size)
@@ -129,6 +135,9 @@ class TemporalStudyConfig:
         if self.load_bearing_permutations is not None and self.load_bearing_permutations < 2:
             raise InductionLabError(f"--load-bearing-permutations {self.load_bearing_permutations}: at least 2 "
                                     "trials are needed for a CI")
+        if self.load_bearing_permutations is not None and self.load_bearing_top == 0:
+            raise InductionLabError(f"--load-bearing-permutations {self.load_bearing_permutations} has no effect with "
+                                    "--load-bearing-top 0 (no per-head map); drop one of them")
         if self.load_bearing_n > self.lag.n_permutations:
             raise InductionLabError(f"--load-bearing-permutations {self.load_bearing_n} exceeds --n-permutations "
                                     f"{self.lag.n_permutations}; the per-head map reuses the first trials of the lag "
@@ -166,6 +175,9 @@ def _resolve(loaded: LoadedModel, cfg: TemporalStudyConfig):
     N = default_exclude_top_n(n_total) if cfg.exclude_top_n is None else int(cfg.exclude_top_n)
     ks = sorted(set(int(k) for k in cfg.ks)) if cfg.ks else default_ks(n_total, N)
     check_ks(ks, n_total, N)
+    if cfg.load_bearing_top > n_total:
+        raise InductionLabError(f"--load-bearing-top {cfg.load_bearing_top:,} exceeds the model's {n_total} heads; use "
+                                f"at most {n_total}")
     lag_cfg, rec_cfg = cfg.protocols()
     lag_cfg = replace(lag_cfg, batch_size=lag_cfg.batch_size or auto_batch_size(loaded, lag_cfg.list_length + 4))
     rec_cfg = replace(rec_cfg, batch_size=rec_cfg.batch_size or auto_batch_size(
@@ -205,8 +217,11 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
         InductionLabError: bad config (:meth:`TemporalStudyConfig.validate`); ``out`` holds another
             study or other files; k larger than the heads available; pool / context too small
             (see the lag probe and serial recall).
+        TypeError: ``loaded`` not a LoadedModel, ``cfg`` not a TemporalStudyConfig (a dict included).
     """
     t_start = time.perf_counter()
+    check_loaded(loaded, "run_temporal_study")
+    check_type(cfg, TemporalStudyConfig, "run_temporal_study: cfg")
     cfg.validate()
     out = Path(out)
     agree_dtype(loaded, dist)             # torchrun: every rank in rank 0's dtype

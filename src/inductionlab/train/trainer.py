@@ -197,7 +197,11 @@ def train(cfg: TrainConfig, *, data: TrainData | None = None, overwrite: bool = 
     Raises:
         InductionLabError: invalid config, budget below one update, an output path that cannot be
             written, output directory holding a different run, corrupt checkpoint, data errors.
+        TypeError: ``cfg`` not a TrainConfig (a dict: ``config_from_dict(d)``).
     """
+    from ..checks import check_type
+
+    check_type(cfg, TrainConfig, "train: cfg", "; build one with inductionlab.train.config_from_dict(your_dict)")
     dist = D.init()
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     try:

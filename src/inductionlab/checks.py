@@ -1,0 +1,179 @@
+"""Checks every entry point shares, written once: the types of the loaded model and the config
+an API function is handed, and the numbers in a config (integers that are integers and fit 64
+bits, floats that are finite). Ranges proper (a list of at least 2 words, ...) stay in each
+config's ``validate()``, which calls :func:`check_fields` first.
+
+No torch import here: the CLI's option types use it before anything heavy is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import os
+
+from .errors import InductionLabError
+
+INT64_MAX = 2 ** 63 - 1
+MAX_DRAWS = 1000   # random-head draws per k / variant: each is a full pass over the trials and a checkpoint piece
+
+
+def _flag(name: str, prefix: str = "") -> str:
+    return "--" + prefix + name.replace("_", "-")
+
+
+def check_int(value, name: str, *, lo: int | None = None, hi: int | None = None) -> int:
+    """``value`` is an integer (not a bool, not a float) within ``lo .. hi`` and 64 bits.
+
+    Raises:
+        TypeError: not an integer.
+        InductionLabError: outside the range, naming ``name`` and the limits."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if abs(value) > INT64_MAX:
+        raise InductionLabError(f"{name} {value} does not fit a 64-bit integer; pass a smaller value")
+    if lo is not None and value < lo or hi is not None and value > hi:
+        rng = f"between {lo:,} and {hi:,}" if lo is not None and hi is not None else \
+            f">= {lo:,}" if lo is not None else f"<= {hi:,}"
+        raise InductionLabError(f"{name} {value:,} must be {rng}")
+    return value
+
+
+def check_float(value, name: str, *, lo: float | None = None, hi: float | None = None) -> float:
+    """``value`` is a finite real number within ``lo .. hi``.
+
+    Raises:
+        TypeError: not a number.
+        InductionLabError: NaN, infinite or outside the range."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise InductionLabError(f"{name} must be a finite number, got {value}")
+    if lo is not None and value < lo or hi is not None and value > hi:
+        raise InductionLabError(f"{name} {value:g} must be between {lo:g} and {hi:g}" if lo is not None and hi is not None
+                                else f"{name} {value:g} must be {'>=' if lo is not None else '<='} "
+                                     f"{lo if lo is not None else hi:g}")
+    return value
+
+
+def check_seed(seed, name: str = "--seed") -> int:
+    """A seed torch's and numpy's generators take: an integer in 0 .. 2**63 - 1."""
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and not 0 <= seed <= INT64_MAX:
+        raise InductionLabError(f"{name} {seed} must be between 0 and 2**63 - 1 (torch's generator)")
+    return check_int(seed, name, lo=0)
+
+
+def check_draws(n_draws, name: str = "--n-draws") -> int:
+    """Random-head draws: 1 .. :data:`MAX_DRAWS` (each draw is one more condition run over every trial)."""
+    n = check_int(n_draws, name)
+    if n < 1:
+        raise InductionLabError(f"{name} {n} must be >= 1: at least 1 random-head draw is needed (the control)")
+    if n > MAX_DRAWS:
+        raise InductionLabError(f"{name} {n:,}: at most {MAX_DRAWS:,} random-head draws (each is a full pass over "
+                                f"every trial and a checkpoint piece; the CI over draws needs a few)")
+    return n
+
+
+def _field_kinds(annotation) -> tuple[type | None, bool, bool]:
+    """(int or float or None, optional, tuple of them) of a field annotation (a string under
+    ``from __future__ import annotations``)."""
+    a = str(annotation).replace(" ", "")
+    optional = a.endswith("|None") or a.startswith("None|")
+    a = a.replace("|None", "").replace("None|", "")
+    if a in ("int", "float"):
+        return {"int": int, "float": float}[a], optional, False
+    if a in ("tuple[int,...]", "list[int]"):
+        return int, optional, True
+    return None, optional, False
+
+
+def check_fields(cfg, prefix: str = "") -> None:
+    """Every ``int`` / ``float`` field of the dataclass ``cfg`` (also optional ones, and tuples
+    or lists of ints) holds a number of its kind that fits: an integer of 64 bits, a finite float.
+    Messages name the CLI flag (``n_draws`` -> ``--n-draws``; ``prefix="icl-"``: ``--icl-late``).
+
+    Raises:
+        TypeError: a field of the wrong type (``"64"``, ``3.5`` for an integer, ``True``).
+        InductionLabError: a NaN or infinite float, an integer beyond 64 bits."""
+    for f in dataclasses.fields(cfg):
+        kind, optional, many = _field_kinds(f.type)
+        if kind is None:
+            continue
+        v = getattr(cfg, f.name)
+        if v is None and optional:
+            continue
+        name = _flag(f.name, prefix)
+        check = check_int if kind is int else check_float
+        if many:
+            if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+                raise TypeError(f"{name} must be a sequence of integers, got {type(v).__name__} {v!r}")
+            for x in v:
+                check(x, name)
+        else:
+            check(v, name)
+
+
+def check_type(value, expected: type | tuple[type, ...], what: str, hint: str = "") -> None:
+    """``value`` is an instance of ``expected`` (a loaded model, a config, ...).
+
+    Raises:
+        TypeError: naming ``what``, the expected type and what was given (a plain dict as a config
+            names the dataclass to build: ``LagProbeConfig(**d)``)."""
+    if isinstance(value, expected):
+        return
+    names = " or ".join(t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,)))
+    if not hint and isinstance(value, dict) and dataclasses.is_dataclass(expected):
+        hint = f"; build one with {expected.__name__}(**your_dict)"
+    raise TypeError(f"{what} must be a {names}, got {type(value).__name__}{hint}")
+
+
+def check_loaded(loaded, what: str, needs: tuple[str, ...] = ("model", "tokenizer", "identity")) -> None:
+    """``loaded`` is a :class:`~inductionlab.models.LoadedModel` (what :func:`~inductionlab.load_model`
+    returns) or an object with the same attributes ``needs`` (tests pass exact fakes).
+
+    Raises:
+        TypeError: anything else (None, a bare model, a dict), naming ``what`` (the function) and the fix."""
+    if all(hasattr(loaded, a) for a in needs) and not isinstance(loaded, (dict, type)):
+        return
+    hint = "; load one with inductionlab.load_model(...)"
+    if hasattr(loaded, "forward"):
+        hint = "; this is a bare model: wrap it as LoadedModel(model, tokenizer, identity) or use load_model(...)"
+    raise TypeError(f"{what}: loaded must be a LoadedModel (from inductionlab.load_model), got "
+                    f"{type(loaded).__name__}{hint}")
+
+
+def check_not_empty(values, what: str, fix: str) -> None:
+    """Raises InductionLabError: ``values`` is empty (almost surely a bug in the caller)."""
+    if values is not None and len(values) == 0:
+        raise InductionLabError(f"{what} is empty; {fix}")
+
+
+def check_path_like(value, what: str) -> str:
+    """``value`` is a ``str`` or an ``os.PathLike``; returns it as a ``str``.
+
+    Raises: TypeError otherwise (None included)."""
+    if isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    raise TypeError(f"{what} must be a str or a path (pathlib.Path), got {type(value).__name__}")
+
+
+def check_conditions(conditions, what: str) -> None:
+    """``conditions`` is a non-empty sequence of :class:`~inductionlab.ablation.Condition`.
+
+    Raises:
+        TypeError: not a sequence (None, a single Condition) or an item that is not a Condition.
+        InductionLabError: empty (nothing would run: almost surely a bug)."""
+    from .ablation import Condition
+
+    if isinstance(conditions, Condition) or isinstance(conditions, (str, bytes, dict)) \
+            or not hasattr(conditions, "__len__"):
+        raise TypeError(f"{what}: conditions must be a list of Condition (e.g. from ablation_conditions()), got "
+                        f"{type(conditions).__name__}")
+    if not len(conditions):
+        raise InductionLabError(f"{what}: conditions is empty, so nothing would run; pass at least one, e.g. "
+                                "[Condition('intact', 'intact', 0, 0, [])] or ablation_conditions(scores, ks)")
+    for c in conditions:
+        check_type(c, Condition, f"{what}: each condition")
