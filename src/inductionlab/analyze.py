@@ -93,7 +93,8 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
     Raises:
         InductionLabError: bad config (:meth:`AnalyzeConfig.validate`), k larger than the heads
             available (or than those left outside the top N), word pool smaller than the list,
-            list longer than the context, ``out`` holding another run.
+            list longer than the context, ``out`` holding another run (other options, or another model:
+            path, weight hashes, dtype that runs, architecture).
     """
     t0 = time.perf_counter()
     cfg.validate()
@@ -110,7 +111,8 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
     lag_cfg = cfg.protocol()
     check_trial_ids(lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2)), loaded,   # pool, context,
                     "lag probe")                                                             # ids: before any file
-    params = {**asdict(cfg), "exclude_top_n": N, "lag": asdict(lag_cfg)}
+    params = {**asdict(cfg), "exclude_top_n": N, "lag": asdict(lag_cfg),
+              "model": {k: v for k, v in ident.items() if k != "device"}}   # a resume never mixes two models
     run = ResumableRun(out, "analyze", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
                        inputs=[ident.get("path")], dist=dist)
     run.open()

@@ -58,7 +58,7 @@ from .function_probes import run_probes, summarize_hits
 from .icl_score import heldout_windows, icl_positions, icl_score, induction_loss, model_context
 from .icl_tasks import TASK_NAMES, Prompt, build_tasks, make_all_prompts
 from .load_bearing_eval import drops_table, score_concentration
-from .models import LoadedModel
+from .models import LoadedModel, ran_identity
 from .protocol import check_method
 from .runs import ResumableRun, atomic_write_json, versions
 from .scores import HeadScores
@@ -357,7 +357,7 @@ def _params(loaded: LoadedModel, cfg: EvaluateConfig, shards) -> dict:
                     "heldout_sha256": m["splits"]["heldout"].get("sha256"),
                     "tokenizer": m.get("tokenizer", {}).get("spec")}
     return {"config": config, "shards": shard_id,
-            "model": {k: v for k, v in loaded.identity.items() if k != "device"}}
+            "model": {k: v for k, v in ran_identity(loaded).items() if k != "device"}}   # the dtype that runs
 
 
 def _probe_piece(run: ResumableRun, key: str, loaded, prompts: list[Prompt], cfg: EvaluateConfig, heads,
@@ -445,7 +445,8 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     t_start = time.perf_counter()
     cfg.validate()
     out = Path(out)
-    ResumableRun.check_out(out, overwrite)
+    inputs = [loaded.identity.get("path"), shards]   # never under --out (--overwrite would delete them)
+    ResumableRun.check_out(out, overwrite, inputs=inputs)
     tok = loaded.tokenizer
     bos = tok.bos_token_id if cfg.probes.bos else None
     timings: dict[str, float] = {}
@@ -473,7 +474,7 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
         notes.append("no --shards: the ICL score (natural held-out text) and the perplexity guard were skipped")
 
     run = ResumableRun(out, "evaluate", _params(loaded, cfg, shard_obj), overwrite=overwrite,
-                       on_checkpoint=on_checkpoint)
+                       on_checkpoint=on_checkpoint, inputs=inputs)
     resumed = run.open()
 
     t = time.perf_counter()

@@ -681,9 +681,11 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite:
     t_start = time.perf_counter()
     cfg.validate()
     out = Path(out)
-    ResumableRun.check_out(out, overwrite)
+    inputs = [cfg.shards]                # the prepared corpus: never under --out (--overwrite would delete it)
+    ResumableRun.check_out(out, overwrite, inputs=inputs)
     params = cfg.params()
-    run = ResumableRun(out, "study-bi-induct", params, overwrite=overwrite, on_checkpoint=on_checkpoint)
+    run = ResumableRun(out, "study-bi-induct", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
+                       inputs=inputs)
     if not overwrite and (out / "study.json").is_file() and (out / "runs").is_dir() and any((out / "runs").iterdir()):
         old = json.loads((out / "study.json").read_text()).get("params", {})
         if old != run.params:
