@@ -300,6 +300,20 @@ def test_dead_writers_temporaries_ignored_and_removed(tmp_path, model_dir, where
     assert not left.exists() and (out / "results.json").is_file()
 
 
+def test_plot_rewrite_removes_a_dead_writers_temporary(tmp_path, corpus):
+    """A file written outside a run directory (``--plot``): its next atomic write removes the
+    temporary a killed writer left beside it (a live writer's is kept)."""
+    host = socket.gethostname()
+    plot = tmp_path / "p.png"
+    dead = tmp_path / f".p.png.partial-{DEAD_PID}-{host}-a1.tmp"
+    live = tmp_path / f".p.png.partial-{os.getpid()}-{host}-a2.tmp"
+    for f in (dead, live):
+        f.write_bytes(b"\x89PN")
+    _ok(["curriculum", "preview", corpus, "--seq-len", "64", "--batch-size", "2", "--total-tokens", "4096",
+         "--plot", plot])
+    assert plot.stat().st_size > 1000 and not dead.exists() and live.exists()
+
+
 # -- 4. errors of the operating system: one line naming the path and the cause ------------------------------------
 
 def _loop(tmp_path: Path) -> Path:

@@ -41,7 +41,7 @@ def os_error(e: OSError, what: str | None = None) -> InductionLabError:
     cause = e.strerror or str(e) or type(e).__name__
     path = e.filename if e.filename is not None else what
     if e.filename is not None and what:
-        path = f"{what}: {e.filename}"
+        path = what if str(e.filename) in what else f"{what}: {e.filename}"
     if e.filename2 is not None:
         path = f"{path} -> {e.filename2}"
     head = f"{path}: " if path is not None else ""

@@ -68,8 +68,8 @@ def _check_not_input(p: Path, inputs, option: str, *, is_file: bool) -> None:
         if clash:
             how = "is" if rp == ri else ("contains" if rp in ri.parents else
                                          "is a file of" if is_file and rp.exists() else "lies inside")
-            raise InductionLabError(f"{option} {p} {how} the input {ip}; writing there would overwrite it, "
-                                    f"pass another {option}")
+            harm = "writing there would change it" if how == "lies inside" else "writing there would overwrite it"
+            raise InductionLabError(f"{option} {p} {how} the input {ip}; {harm}, pass another {option}")
 
 
 def check_output_dir(path: str | os.PathLike, option: str = "--out", inputs=()) -> Path:

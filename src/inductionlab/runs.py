@@ -88,9 +88,11 @@ def _umask() -> int:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and an atomic rename.
 
-    The file gets ordinary permissions (0666 less the umask), not mkstemp's private 0600."""
+    The file gets ordinary permissions (0666 less the umask), not mkstemp's private 0600. The
+    temporary files of the same ``path`` left by a dead (SIGKILLed) writer are removed first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(path.parent, path.name)
     fd, tmp = tempfile.mkstemp(prefix=_partial_prefix(path.name), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -173,7 +175,9 @@ def remove_stale_partials(parent: str | os.PathLike, name: str | None = None) ->
     removed: list[Path] = []
     if not parent.is_dir():
         return removed
-    for p in parent.glob(f".{name}.partial-*" if name else ".*.partial-*"):
+    import glob
+
+    for p in parent.glob(f".{glob.escape(name)}.partial-*" if name else ".*.partial-*"):
         m = _PARTIAL.match(p.name)
         if (m is None or (name and m["name"] != name) or not m["rest"].startswith(f"{host}-")
                 or int(m["pid"]) == os.getpid() or _pid_alive(int(m["pid"]))):

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import InductionLabError
-from .runs import ResumableRun, atomic_write_json, atomic_write_text, versions
+from .runs import ResumableRun, atomic_write_json, atomic_write_text, own_entries, versions
 from .stats import ci
 
 VARIANTS = ("none", "induction", "anti", "balanced")
@@ -686,7 +686,7 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite:
     params = cfg.params()
     run = ResumableRun(out, "study-bi-induct", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
                        inputs=inputs)
-    if not overwrite and (out / "study.json").is_file() and (out / "runs").is_dir() and any((out / "runs").iterdir()):
+    if not overwrite and (out / "study.json").is_file() and own_entries(out / "runs"):
         old = json.loads((out / "study.json").read_text()).get("params", {})
         if old != run.params:
             diff = sorted(k for k in set(old) | set(run.params) if old.get(k) != run.params.get(k))
