@@ -1,5 +1,6 @@
 """The ``inductionlab`` command line: a thin layer that parses options, calls the Python API
-and writes run directories. User mistakes print one line and exit with status 2."""
+and writes run directories. User mistakes print one line and exit with status 2; so does an error
+of the system (full disk, link loop, name too long: the path and the cause, :func:`~inductionlab.errors.os_error`)."""
 
 from __future__ import annotations
 
