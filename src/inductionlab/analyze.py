@@ -100,7 +100,8 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
     Raises:
         InductionLabError: bad config (:meth:`AnalyzeConfig.validate`), k larger than the heads
             available (or than those left outside the top N), word pool smaller than the list,
-            list longer than the context, ``out`` holding another run.
+            list longer than the context, ``out`` holding another run (other options, or another model:
+            path, weight hashes, dtype that runs, architecture).
         TypeError: ``loaded`` not a LoadedModel, ``cfg`` not an AnalyzeConfig (a dict included).
     """
     t0 = time.perf_counter()
@@ -123,7 +124,7 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
                     "lag probe")                                                             # ids: before any file
     lag_probe.check_cues(loaded, lag_cfg)
     params = {**asdict(cfg), "exclude_top_n": N, "lag": asdict(lag_cfg)}
-    params["model"] = params_identity(ident)
+    params["model"] = params_identity(ident)          # a resume never mixes two models (nor two dtypes)
     run = ResumableRun(out, "analyze", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
                        inputs=[ident.get("path")], dist=dist)
     run.open()

@@ -1,5 +1,6 @@
 """The ``inductionlab`` command line: a thin layer that parses options, calls the Python API
-and writes run directories. User mistakes print one line and exit with status 2."""
+and writes run directories. User mistakes print one line and exit with status 2; so does an error
+of the system (full disk, link loop, name too long: the path and the cause, :func:`~inductionlab.errors.os_error`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import click
 
 from .cli_options import (INT, ablation_options, accelerator_options, head_score_options, lag_probe_config,
                           join_processes, lag_probe_options, start_run, model_options, quiet_option, run_dir_options)
-from .errors import InductionLabError
+from .errors import InductionLabError, os_error
 
 
 class Terminated(KeyboardInterrupt):
@@ -46,6 +47,9 @@ class _Group(click.Group):
                 return super().invoke(ctx)
         except InductionLabError as e:
             click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        except OSError as e:              # full disk, link loop, name too long, ...: one line, path + cause
+            click.echo(f"error: {os_error(e)}", err=True)
             sys.exit(2)
         except Terminated:
             click.echo("terminated", err=True)

@@ -83,6 +83,9 @@ def train_cmd(config_file, print_config, out, overwrite, **flags):
                                  steps=cfg.steps).to_dict()
         click.echo(json.dumps(d, indent=2))
         return
+    if config_file:                       # an input too: --out may not be, hold or lie inside it
+        from .outputs import check_output_dir
+        check_output_dir(cfg.out, inputs=[config_file])
     res = train(cfg, overwrite=overwrite)
     r = res.record.get("results", {})
     b = res.record["budget"]
@@ -115,7 +118,7 @@ def telemetry_cmd(runs, out, overwrite, threshold):
 
     from .outputs import check_output_dir
     from .plots import training_curves, training_heatmaps
-    from .runs import atomic_write_json, staged_run_dir, versions
+    from .runs import atomic_write_json, own_entries, staged_run_dir, versions
     from .train.flops import check_iso_flops, read_budgets, read_run_record
     from .train.telemetry import DEFAULT_THRESHOLDS, read_telemetry, run_summary, summarize
 
@@ -125,8 +128,10 @@ def telemetry_cmd(runs, out, overwrite, threshold):
         raise InductionLabError("several runs need --out DIR for the comparison plots")
     if len({Path(r).name for r in runs}) != len(runs):
         raise InductionLabError("run directories must have distinct names")
-    out = check_output_dir(Path(out) if out else Path(runs[0]) / "telemetry", inputs=runs)
-    if out.exists() and any(out.iterdir()) and not overwrite:
+    # the inputs are what is read of each run (RUN/telemetry, the default --out, is not one of them)
+    out = check_output_dir(Path(out) if out else Path(runs[0]) / "telemetry",
+                           inputs=[Path(r) / n for r in runs for n in ("run.json", "checkpoints")])
+    if own_entries(out) and not overwrite:
         raise InductionLabError(f"output directory {out} already exists and is not empty; pass a new --out "
                                 "or --overwrite")
     budgets = read_budgets(runs)

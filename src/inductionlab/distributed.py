@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .errors import InductionLabError
+from .errors import InductionLabError, os_error
 
 ANALYSIS_TIMEOUT_S = 3600   # analysis: a collective waiting longer fails (covers slow, uneven model loads)
 
@@ -110,7 +110,8 @@ def broadcast(obj: Any, d: Dist | None) -> Any:
 
 def on_main(fn: Callable[[], Any], d: Dist | None) -> Any:
     """Run ``fn`` on rank 0 only and return its result on every rank. An
-    :class:`InductionLabError` it raises is raised on every rank (the same one-line message), so a
+    :class:`InductionLabError` (or ``OSError``, as :func:`~inductionlab.errors.os_error`) it raises is
+    raised on every rank (the same one-line message), so a
     refused run ends every process the same way instead of leaving the others waiting."""
     if d is None or not d.distributed:
         return fn()
@@ -120,6 +121,8 @@ def on_main(fn: Callable[[], Any], d: Dist | None) -> Any:
             result = fn()
         except InductionLabError as e:
             error = str(e)
+        except OSError as e:             # a full disk, a link loop, ...: the same one line on every rank
+            error = str(os_error(e))
     result, error = broadcast((result, error), d)
     if error is not None:
         raise InductionLabError(error)

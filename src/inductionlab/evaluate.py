@@ -379,7 +379,7 @@ def _params(loaded: LoadedModel, cfg: EvaluateConfig, shards) -> dict:
                     "heldout_sha256": m["splits"]["heldout"].get("sha256"),
                     "tokenizer": m.get("tokenizer", {}).get("spec")}
     return {"config": config, "shards": shard_id,
-            "model": params_identity(loaded.identity)}
+            "model": params_identity(ran_identity(loaded))}   # the dtype that runs
 
 
 def _probe_piece(run: ResumableRun, key: str, loaded, prompts: list[Prompt], cfg: EvaluateConfig, heads,
@@ -472,7 +472,8 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     check_type(cfg, EvaluateConfig, "run_evaluate: cfg")
     cfg.validate()
     out = Path(out)
-    ResumableRun.check_out(out, overwrite)
+    inputs = [loaded.identity.get("path"), shards]   # never under --out (--overwrite would delete them)
+    ResumableRun.check_out(out, overwrite, inputs=inputs)
     tok = loaded.tokenizer
     bos = tok.bos_token_id if cfg.probes.bos else None
     timings: dict[str, float] = {}
@@ -500,7 +501,7 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
         notes.append("no --shards: the ICL score (natural held-out text) and the perplexity guard were skipped")
 
     run = ResumableRun(out, "evaluate", _params(loaded, cfg, shard_obj), overwrite=overwrite,
-                       on_checkpoint=on_checkpoint)
+                       on_checkpoint=on_checkpoint, inputs=inputs)
     resumed = run.open()
     announce_dtype(ran_identity(loaded), log)
 

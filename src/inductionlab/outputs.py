@@ -4,8 +4,12 @@ knows it can write where it was told to (issue 11 §3).
     check_output_dir(path, "--out")     a directory to create or fill
     check_output_file(path, "--plot")   a file to create or replace
 
-Both take the command's ``inputs`` (model, corpus, source, run directories) and refuse an output
-that is one of them or holds one of them: with ``--overwrite`` it would be deleted.
+Both take the command's ``inputs`` (model, corpus, source, run directories, config files) and refuse
+an output that is one of them, holds one of them (with ``--overwrite`` it would be deleted) or lies
+inside one (it would change it).
+
+A path the system cannot reach (a symbolic link loop, a name longer than the file system allows)
+is refused with the system's cause (:func:`~inductionlab.errors.os_error`).
 
 Both probe the nearest existing ancestor by creating (and removing) a temporary directory in it,
 so a read-only mount, a folder without write permission (as any user) and a full path through a
@@ -18,7 +22,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .errors import InductionLabError
+from .errors import InductionLabError, os_error
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -28,11 +32,26 @@ def _nearest_existing(path: Path) -> Path:
     return p
 
 
+def _reachable(path: Path, option: str) -> None:
+    """Stat ``path``, else its nearest existing ancestor: an error other than "no such file" (a
+    link loop, a name too long, no permission to search) is refused with its cause."""
+    for q in (path, *path.parents):
+        try:
+            os.stat(q)
+            return
+        except (FileNotFoundError, NotADirectoryError):
+            continue                      # not there yet / under a file (said by _probe)
+        except OSError as e:
+            raise os_error(e, f"{option} {path}") from None
+
+
 def _probe(parent: Path, path: Path, option: str) -> None:
+    from .runs import _partial_prefix      # a name a rerun recognises as ours, should a kill leave it
+
     if not parent.is_dir():
         raise InductionLabError(f"{option} {path} lies under {parent}, which is a file; pass a path in a directory")
     try:
-        tempfile.TemporaryDirectory(prefix=".inductionlab-probe-", dir=parent).cleanup()
+        tempfile.TemporaryDirectory(prefix=_partial_prefix("inductionlab-probe"), dir=parent).cleanup()
     except OSError as e:
         raise InductionLabError(f"{option} {path}: cannot write in {parent} ({e.strerror or e}); "
                                 "pass a path in a writable directory") from None
@@ -41,15 +60,16 @@ def _probe(parent: Path, path: Path, option: str) -> None:
 def _check_not_input(p: Path, inputs, option: str, *, is_file: bool) -> None:
     rp = p.resolve()
     for i in inputs or ():
-        if i is None or not Path(i).expanduser().exists():
+        if i is None or str(i) == "" or not Path(i).expanduser().exists():
             continue                      # a model name, 'demo', a dataset id: not a path here
         ip = Path(i).expanduser()
         ri = ip.resolve()
-        clash = rp == ri or rp in ri.parents or (is_file and ri in rp.parents and rp.exists())
+        clash = rp == ri or rp in ri.parents or ri in rp.parents
         if clash:
-            how = "is" if rp == ri else ("contains" if rp in ri.parents else "is a file of")
-            raise InductionLabError(f"{option} {p} {how} the input {ip}; writing there would overwrite it, "
-                                    f"pass another {option}")
+            how = "is" if rp == ri else ("contains" if rp in ri.parents else
+                                         "is a file of" if is_file and rp.exists() else "lies inside")
+            harm = "writing there would change it" if how == "lies inside" else "writing there would overwrite it"
+            raise InductionLabError(f"{option} {p} {how} the input {ip}; {harm}, pass another {option}")
 
 
 def check_output_dir(path: str | os.PathLike, option: str = "--out", inputs=()) -> Path:
@@ -58,10 +78,11 @@ def check_output_dir(path: str | os.PathLike, option: str = "--out", inputs=()) 
 
     Raises:
         InductionLabError: ``path`` is an existing file, lies under a file, its nearest
-            existing ancestor is not writable (read-only folder or file system), or it is (or
-            contains) an input path.
+            existing ancestor is not writable (read-only folder or file system), the system cannot
+            reach it (link loop, name too long), or it is, contains or lies inside an input path.
     """
     p = Path(path).expanduser()
+    _reachable(p, option)
     if p.is_symlink() and not p.exists():
         raise InductionLabError(f"{option} {p} is a dangling symbolic link (to {os.readlink(p)}); remove it or "
                                 "pass another path")
@@ -77,9 +98,10 @@ def check_output_file(path: str | os.PathLike, option: str = "--out", inputs=())
 
     Raises:
         InductionLabError: ``path`` is a directory, lies under a file, its folder is not writable,
-            or it is an input or an existing file inside an input directory.
+            the system cannot reach it, or it is an input or an existing file inside an input directory.
     """
     p = Path(path).expanduser()
+    _reachable(p, option)
     if p.is_symlink() and not p.exists():
         raise InductionLabError(f"{option} {p} is a dangling symbolic link (to {os.readlink(p)}); remove it or "
                                 "pass another path")

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
@@ -87,9 +88,11 @@ def _umask() -> int:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and an atomic rename.
 
-    The file gets ordinary permissions (0666 less the umask), not mkstemp's private 0600."""
+    The file gets ordinary permissions (0666 less the umask), not mkstemp's private 0600. The
+    temporary files of the same ``path`` left by a dead (SIGKILLed) writer are removed first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(path.parent, path.name)
     fd, tmp = tempfile.mkstemp(prefix=_partial_prefix(path.name), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -98,9 +101,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(path)        # a failed write() names no file: name the one being written
         raise
 
 
@@ -128,6 +133,24 @@ def _partial_prefix(name: str, pid: int | None = None) -> str:
     return f".{name}.partial-{os.getpid() if pid is None else pid}-{socket.gethostname()}-"
 
 
+_PARTIAL = re.compile(r"^\.(?P<name>.+)\.partial-(?P<pid>\d+)-(?P<rest>.*)$")
+
+
+def is_partial(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is one of our temporaries: a staging folder or the temporary file of an
+    atomic write (``.<name>.partial-<pid>-<host>-*``, :func:`_partial_prefix`), of any process.
+    Checks that a directory is empty or holds only a run of ours skip them: a kill (SIGKILL)
+    at any moment leaves nothing that blocks the rerun."""
+    return _PARTIAL.match(Path(path).name) is not None
+
+
+def own_entries(d: str | os.PathLike) -> list[Path]:
+    """The entries of directory ``d`` that are not our temporaries (:func:`is_partial`); [] when
+    ``d`` is not a directory."""
+    d = Path(d)
+    return [p for p in d.iterdir() if not is_partial(p)] if d.is_dir() else []
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -146,16 +169,16 @@ def remove_stale_partials(parent: str | os.PathLike, name: str | None = None) ->
 
     Returns:
         The paths removed."""
-    import re
     import socket
 
     parent, host = Path(parent), socket.gethostname()
     removed: list[Path] = []
     if not parent.is_dir():
         return removed
-    pattern = re.compile(r"^\.(?P<name>.+)\.partial-(?P<pid>\d+)-(?P<rest>.*)$")
-    for p in parent.glob(f".{name}.partial-*" if name else ".*.partial-*"):
-        m = pattern.match(p.name)
+    import glob
+
+    for p in parent.glob(f".{glob.escape(name)}.partial-*" if name else ".*.partial-*"):
+        m = _PARTIAL.match(p.name)
         if (m is None or (name and m["name"] != name) or not m["rest"].startswith(f"{host}-")
                 or int(m["pid"]) == os.getpid() or _pid_alive(int(m["pid"]))):
             continue
@@ -180,7 +203,7 @@ def staged_run_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterator[
         InductionLabError: ``out`` exists and is not empty (and ``overwrite`` is false).
     """
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
+    if own_entries(out) and not overwrite:
         raise InductionLabError(f"output directory {out} already exists and is not empty; "
                                 "pass a new --out or --overwrite")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -188,13 +211,33 @@ def staged_run_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterator[
     stage = Path(tempfile.mkdtemp(prefix=_partial_prefix(out.name), dir=out.parent))
     try:
         yield stage
-    except BaseException:
+        os.chmod(stage, 0o777 & ~_umask())   # mkdtemp makes it private (0700)
+        if out.exists():                      # moved aside first: a kill leaves only partials
+            trash = Path(tempfile.mkdtemp(prefix=_partial_prefix(out.name), dir=out.parent))
+            os.replace(out, trash / out.name)
+            os.replace(stage, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(stage, out)
+    except BaseException as e:
         shutil.rmtree(stage, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(out)            # a failed write() names no file: name the output
         raise
-    os.chmod(stage, 0o777 & ~_umask())   # mkdtemp makes it private (0700)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(stage, out)
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    """The keys whose values differ, one level into dicts (``model.dtype``, ``model.sha256``)."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{k}.{j}" for j in sorted(set(a) | set(b)) if a.get(j) != b.get(j)]
+        else:
+            out.append(k)
+    return out
 
 
 class ResumableRun:
@@ -242,7 +285,7 @@ class ResumableRun:
 
         out = check_output_dir(out, "--out", inputs)       # a file, under a file, not writable (also as root)
         if (not overwrite and out.is_dir() and not (out / manifest).exists()
-                and any(p.name != "checkpoints" for p in out.iterdir())):
+                and any(p.name != "checkpoints" for p in own_entries(out))):
             raise InductionLabError(f"output directory {out} already exists and is not a resumable run; "
                                     "use a new --out or --overwrite")
 
@@ -264,6 +307,7 @@ class ResumableRun:
         check_output_dir(self.out, "out", self.inputs)
         if self.overwrite and self.out.exists():
             shutil.rmtree(self.out)
+        created = not self.out.exists()
         if self.manifest.exists():
             try:
                 old = json.loads(self.manifest.read_text())["params"]
@@ -274,13 +318,20 @@ class ResumableRun:
                 self.resumed = True
                 return True
             if self._has_pieces():
-                diff = sorted(k for k in set(old) | set(self.params) if old.get(k) != self.params.get(k))
-                raise InductionLabError(f"{self.out} holds a {self.kind} run with different parameters "
-                                        f"({', '.join(diff)}); use a new --out, the same options, or --overwrite")
-        elif self.out.exists() and any(p.name != "checkpoints" for p in self.out.iterdir()):
+                diff = _differences(old, self.params)
+                what = "another model" if any(k.startswith("model") for k in diff) else "different parameters"
+                raise InductionLabError(f"{self.out} holds a {self.kind} run with {what} ({', '.join(diff)}); "
+                                        "use a new --out, the same model and options, or --overwrite")
+        elif any(p.name != "checkpoints" for p in own_entries(self.out)):
             raise InductionLabError(f"output directory {self.out} already exists and is not a {self.kind} run; "
                                     "use a new --out or --overwrite")
-        atomic_write_json(self.manifest, {"kind": self.kind, "params": self.params})
+        self._remove_stale_temporaries()
+        try:
+            atomic_write_json(self.manifest, {"kind": self.kind, "params": self.params})
+        except BaseException:
+            if created:                       # nothing of ours was there: leave nothing
+                shutil.rmtree(self.out, ignore_errors=True)
+            raise
         return False
 
     def _remove_stale_temporaries(self) -> None:
@@ -290,7 +341,7 @@ class ResumableRun:
             remove_stale_partials(d)
 
     def _has_pieces(self) -> bool:
-        return self.dir.exists() and any(p.is_file() for p in self.dir.rglob("*"))
+        return self.dir.exists() and any(p.is_file() and not is_partial(p) for p in self.dir.rglob("*"))
 
     def path(self, key: str, ext: str) -> Path:
         return self.dir / f"{key}.{ext}"

@@ -16,7 +16,9 @@ recipe, not a module)::
 
     def run_my_study(loaded, cfg, out, *, progress=True, overwrite=False, on_checkpoint=None) -> MyStudy:
         cfg.validate()                                   #    before any file is written
-        run = ResumableRun(out, "study-mine", params, overwrite=overwrite, on_checkpoint=on_checkpoint)
+        params = {..., "model": ran_identity(loaded) less "device"}   # a resume never mixes two models
+        run = ResumableRun(out, "study-mine", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
+                           inputs=[loaded.identity.get("path")])           # never under --out
         run.open()                                       # 3. refuses another run; resumes this one
         hs = head_scores_piece(run, loaded, seq_len=..., batch_size=..., seed=cfg.seed)
         conditions = ablation_conditions(hs["induction"], ks, ...)

@@ -44,7 +44,7 @@ import pandas as pd
 
 from .checks import INT64_MAX, check_fields
 from .errors import InductionLabError
-from .runs import ResumableRun, atomic_write_json, atomic_write_text, versions
+from .runs import ResumableRun, atomic_write_json, atomic_write_text, own_entries, versions
 from .stats import ci
 
 VARIANTS = ("none", "induction", "anti", "balanced")
@@ -699,10 +699,12 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite:
     check_type(cfg, BiInductStudyConfig, "run_bi_induct_study: cfg")
     cfg.validate()
     out = Path(out)
-    ResumableRun.check_out(out, overwrite)
+    inputs = [cfg.shards]                # the prepared corpus: never under --out (--overwrite would delete it)
+    ResumableRun.check_out(out, overwrite, inputs=inputs)
     params = cfg.params()
-    run = ResumableRun(out, "study-bi-induct", params, overwrite=overwrite, on_checkpoint=on_checkpoint)
-    if not overwrite and (out / "study.json").is_file() and (out / "runs").is_dir() and any((out / "runs").iterdir()):
+    run = ResumableRun(out, "study-bi-induct", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
+                       inputs=inputs)
+    if not overwrite and (out / "study.json").is_file() and own_entries(out / "runs"):
         old = json.loads((out / "study.json").read_text()).get("params", {})
         if old != run.params:
             diff = sorted(k for k in set(old) | set(run.params) if old.get(k) != run.params.get(k))

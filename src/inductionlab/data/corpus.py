@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import InductionLabError
+from ..errors import InductionLabError, os_error
 
 # --- demo corpus -------------------------------------------------------------------------------
 
@@ -283,7 +283,8 @@ def resolve_source(source: str | os.PathLike, *, text_field: str = "text",
 
     Raises:
         InductionLabError: missing path, unknown file type, a directory with no supported file,
-            or the demo corpus not installed.
+            a file or folder in it the system cannot read (link loop, dangling link, permissions:
+            :func:`~inductionlab.errors.os_error`), or the demo corpus not installed.
     """
     if chunk_chars < 1:
         raise InductionLabError(f"chunk_chars must be >= 1, got {chunk_chars}")
@@ -306,7 +307,11 @@ def resolve_source(source: str | os.PathLike, *, text_field: str = "text",
                                     "Hugging Face dataset directory")
         return CorpusSource(spec, kind, [path], text_field=text_field, chunk_chars=chunk_chars)
     files, skipped = [], []
-    for root, dirs, names in os.walk(path):
+
+    def unreadable(e: OSError):           # os.walk's default skips an unreadable folder in silence
+        raise os_error(e, f"corpus {spec!r}") from None
+
+    for root, dirs, names in os.walk(path, onerror=unreadable):
         root_p = Path(root)
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for d in list(dirs):  # a saved HF dataset is one source; do not descend into it
@@ -318,6 +323,10 @@ def resolve_source(source: str | os.PathLike, *, text_field: str = "text",
                 continue
             p = root_p / n
             if _suffix_kind(p):
+                try:
+                    os.stat(p)                # a link loop or a dangling link: refused before any work
+                except OSError as e:
+                    raise os_error(e, f"corpus {spec!r}") from None
                 files.append(p)
             else:
                 skipped.append(str(p.relative_to(path)))

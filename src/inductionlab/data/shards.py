@@ -26,7 +26,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import InductionLabError
-from ..runs import atomic_write_json, sha256_file, staged_run_dir, versions
+from ..runs import atomic_write_json, own_entries, sha256_file, staged_run_dir, versions
 from .corpus import auto_heldout_fraction, md5_unit, resolve_source
 from ..outputs import check_output_dir
 from .tokenizer import TokenizerInfo, check_bpe_vocab_size, load_tokenizer, train_bpe
@@ -211,7 +211,7 @@ def prepare_corpus(source: str | os.PathLike, out_dir: str | os.PathLike, *,
     if tokenizer == "bpe":
         check_bpe_vocab_size(vocab_size)
     out_dir = check_output_dir(out_dir, inputs=[x for x in (source, tokenizer) if isinstance(x, (str, os.PathLike))])
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+    if own_entries(out_dir) and not overwrite:
         raise InductionLabError(f"output directory {out_dir} already exists and is not empty; "
                                 "pass a new --out or --overwrite")
     src = resolve_source(source, text_field=text_field, chunk_chars=chunk_chars)

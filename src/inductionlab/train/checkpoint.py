@@ -71,6 +71,21 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _as_os_error(e: BaseException, path: Path) -> BaseException:
+    """An error of the system met by a writer (safetensors says ``... (os error 28)``) as the
+    ``OSError`` it is, naming ``path``; other errors unchanged."""
+    import re
+
+    m = None if isinstance(e, OSError) else re.search(r"\(os error (\d+)\)", str(e))
+    if m:
+        err = OSError(int(m[1]), os.strerror(int(m[1])), str(path))
+        err.__cause__ = e
+        return err
+    if isinstance(e, OSError) and e.filename is None:
+        e.filename = str(path)
+    return e
+
+
 class CheckpointManager:
     """Writes, lists, prunes and verifies the checkpoints of one run directory."""
 
@@ -132,7 +147,8 @@ class CheckpointManager:
             if tokenizer is not None:
                 tokenizer.save_pretrained(stage)
             if trainer_state is not None:
-                torch.save(trainer_state, stage / STATE)
+                with open(stage / STATE, "wb") as f:   # through Python's file: a full disk is an OSError
+                    torch.save(trainer_state, f)
             for name, obj in (extra_json or {}).items():
                 atomic_write_json(stage / name, obj)
             files = sorted(p for p in stage.rglob("*") if p.is_file())
@@ -150,9 +166,9 @@ class CheckpointManager:
                 shutil.rmtree(trash, ignore_errors=True)
             else:
                 os.replace(stage, final)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(stage, ignore_errors=True)
-            raise
+            raise _as_os_error(e, final)
         self._prune()
         return final
 

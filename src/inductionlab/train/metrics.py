@@ -42,7 +42,11 @@ class MetricsLogger:
     def log(self, row: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        self.fh.write(json.dumps(_jsonable(row)) + "\n")
+        try:
+            self.fh.write(json.dumps(_jsonable(row)) + "\n")
+        except OSError as e:                  # a full disk: name the file (a torn last line is skipped on resume)
+            e.filename = e.filename or str(self.path)
+            raise
         if self.tb is not None:
             for k, v in row.items():
                 if k != "step" and isinstance(v, (int, float)):

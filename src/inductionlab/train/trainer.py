@@ -36,7 +36,7 @@ from transformers import LlamaForCausalLM
 
 from ..errors import InductionLabError
 from ..outputs import check_output_dir
-from ..runs import atomic_write_json, versions
+from ..runs import atomic_write_json, own_entries, remove_stale_partials, versions
 from . import distributed as D
 from .checkpoint import Checkpointer, CheckpointManager, checkpoint_schedule, set_rng_state
 from .config import TrainConfig, model_config
@@ -168,7 +168,7 @@ def _prepare_run_dir(run_dir: Path, identity: dict) -> dict | None:
             raise InductionLabError(f"output directory {run_dir} holds a different run ({diff}); "
                                     "pass a new --out or the same config to resume")
         return rec
-    if run_dir.exists() and any(run_dir.iterdir()):
+    if own_entries(run_dir):              # our temporaries (a kill mid-write) do not count
         raise InductionLabError(f"output directory {run_dir} is not empty and holds no training run; "
                                 "pass a new --out")
     return None
@@ -277,7 +277,14 @@ def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist, overwrite: bo
     record = _record(cfg, data, dist, parts, bud, identity, schedule, existing, start if resume is not None else None)
     if dist.is_main:
         ckpts.clean_partials()
-        atomic_write_json(run_dir / "run.json", record)
+        remove_stale_partials(run_dir)    # temporary files of a killed process's atomic writes
+        created = not run_dir.exists()
+        try:
+            atomic_write_json(run_dir / "run.json", record)
+        except BaseException:
+            if created:                   # a full disk before the first file: leave nothing
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
     logger = MetricsLogger(run_dir, start_step=start, total_steps=steps, enabled=dist.is_main,
                            progress=cfg.progress, tensorboard=cfg.tensorboard)
     clock = {"train_s": 0.0}
