@@ -76,6 +76,13 @@ def test_matched_compute_tokens_steps_flops_equal(study):
     assert one["tokens"] == 4096 and one["steps"] == 8 and one["tokens"] == one["steps"] * one["tokens_per_update"]
     rec = json.loads((study.out / "results.json").read_text())
     assert rec["matched_compute"]["checked"] and rec["matched_compute"]["budget"] == one
+    # the emergence law beside every measured emergence: N = 5e5 * sqrt(B * C) tokens, N / (B * C) updates
+    law = 5e5 * one["tokens_per_update"] ** 0.5
+    assert rec["predicted_emergence"]["tokens"] == pytest.approx(law)
+    assert all(r["law_emergence_tokens"] == pytest.approx(law) and
+               r["law_emergence_steps"] == pytest.approx(law / one["tokens_per_update"]) for r in rec["runs"])
+    report = (study.out / "report.md").read_text()
+    assert f"predicts ≈ {law:.3g} tokens" in report and "law_emergence_steps" in report
     # the curriculum really differed: natural-only saw no synthetic tokens, the others did
     for run in ("none-s0", "induction-s0"):
         rows = [json.loads(x) for x in (study.out / "runs" / run / "metrics.jsonl").read_text().splitlines()]

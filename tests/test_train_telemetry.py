@@ -17,7 +17,9 @@ from inductionlab.cli import main
 from inductionlab.train.config import model_config
 from inductionlab.train.flops import budget
 from inductionlab.train.telemetry import (Telemetry, copy_offset_targets, copy_offset_scores, emergence_step,
-                                          heldout_loss, measure, run_summary, summarize)
+                                          format_emergence, heldout_loss, measure, predicted_emergence,
+                                          run_summary, summarize)
+from inductionlab.errors import InductionLabError
 
 
 def uniform_model(vocab=60, ctx=64):
@@ -95,6 +97,29 @@ def test_run_summary_hand_worked():
     assert run_summary(heads, evals.assign(heldout_ppl=float("nan")), 0.9)["final_heldout_ppl"] is None
 
 
+def test_predicted_emergence_is_the_published_law():
+    # N = 5e5 * sqrt(B * C): B = 4, C = 64 -> 5e5 * 16 = 8e6 tokens = 8e6 / 256 = 31,250 updates
+    law = predicted_emergence(4, 64)
+    assert law["tokens"] == pytest.approx(8e6) and law["updates"] == pytest.approx(31_250)
+    assert "2511.16893" in law["law"] and (law["batch_sequences"], law["context"]) == (4, 64)
+    # B * C = 2048 (cpu-control): 5e5 * 45.2548 = 2.263e7 tokens; fewer tokens per update -> more updates
+    assert predicted_emergence(32, 64)["tokens"] == pytest.approx(2.2627e7, rel=1e-4)
+    assert predicted_emergence(32, 64)["updates"] < law["updates"] < predicted_emergence(1, 64)["updates"]
+    with pytest.raises(InductionLabError, match="B >= 1"):
+        predicted_emergence(0, 64)
+    assert format_emergence(1000, 10, law) == ("emergence 1,000 tokens (step 10); law predicts ≈ 8e+06 tokens "
+                                               "(31,250 updates)")
+    assert format_emergence(None, None, None) == "emergence none"
+
+
+def test_run_summary_reports_the_law_beside_the_measured_emergence():
+    heads = pd.concat([_table(), _table().assign(score="anti_induction")])
+    evals = pd.DataFrame({"step": [0], "tokens": [0], "heldout_loss": [1.0], "heldout_ppl": [math.e]})
+    r = run_summary(heads, evals, 0.4, batch_sequences=4, context=64)
+    assert r["emergence_tokens"] == 1000 and r["predicted_emergence"]["tokens"] == pytest.approx(8e6)
+    assert "predicted_emergence" not in run_summary(heads, evals, 0.4)
+
+
 def test_telemetry_component_measures_at_scheduled_steps():
     from inductionlab.train import TrainConfig
     cfg = TrainConfig(telemetry_seq_len=10, telemetry_batch=2, eval_tokens=0, tokens_per_update=64, seq_len=32)
@@ -135,6 +160,10 @@ def test_telemetry_command(tmp_path):
     # bi: max induction 0.05 + 0.8 * 2/8 = 0.25 at step 2, 0.85 at step 8 -> emerges (> 0.4) at step 8
     assert rep["bi"]["emergence_step"] == 8 and rep["base"]["emergence_step"] is None
     assert rep["bi"]["final"]["induction"]["max"] == pytest.approx(0.85)
+    # the law beside it: B = 1024 / 64 = 16 sequences, C = 64 -> 5e5 * 32 = 1.6e7 tokens, 15,625 updates
+    assert rep["bi"]["predicted_emergence"]["tokens"] == pytest.approx(1.6e7)
+    assert "bi: emergence 8,192 tokens (step 8); law predicts ≈ 1.6e+07 tokens (15,625 updates)" in r.output
+    assert "base: emergence none; law predicts ≈ 1.6e+07 tokens" in r.output
     for f in ("curves.png", "base_heatmaps.png", "bi_heatmaps.png", "bi_summary.csv"):
         assert (tmp_path / "cmp" / f).stat().st_size > 0
     _fake_run(tmp_path / "longer", 9, 0.8, "induction")

@@ -36,13 +36,56 @@ def corpus() -> None:
 @click.option("--chunk-chars", type=INT, default=4000, show_default=True,
               help="Plain text: group paragraphs into documents of at least this many characters.")
 @click.option("--no-shuffle", is_flag=True, help="Keep source document order.")
+@click.option("--from", "synth_from", type=click.Path(path_type=Path), default=None,
+              help="synth-bigram: the prepared corpus whose bigram statistics and tokenizer to use.")
+@click.option("--repetition", type=FLOAT, default=None, help="synth-bigram: P(A B ... A), in [0, 1].")
+@click.option("--reliability", type=FLOAT, default=None, help="synth-bigram: P(B | A B ... A), in [0, 1].")
+@click.option("--tokens", type=INT, default=None, help="synth-bigram: training tokens to sample.")
+@click.option("--seq-len", type=INT, default=64, show_default=True,
+              help="synth-bigram: tokens per sequence, EOS included (train with the same --seq-len).")
+@click.option("--alpha", type=FLOAT, default=1e-6, show_default=True,
+              help="synth-bigram: additive smoothing of the bigram probabilities.")
+@click.option("--heldout-tokens", type=INT, default=65536, show_default=True,
+              help="synth-bigram: held-out tokens (sequences of an independent stream).")
 @run_dir_options("corpus", required=True)
-def corpus_prepare(source, out, tokenizer, vocab_size, heldout_fraction, seed, text_field,
-                   max_documents, chunk_chars, no_shuffle, overwrite) -> None:
+@click.pass_context
+def corpus_prepare(ctx, source, out, tokenizer, vocab_size, heldout_fraction, seed, text_field,
+                   max_documents, chunk_chars, no_shuffle, overwrite, synth_from, repetition,
+                   reliability, tokens, seq_len, alpha, heldout_tokens) -> None:
     """Tokenise SOURCE ('demo', a .txt/.jsonl/.parquet file or directory, or a saved Hugging
-    Face dataset) into memory-mapped shards with an MD5 held-out split."""
+    Face dataset) into memory-mapped shards with an MD5 held-out split.
+
+    SOURCE 'synth-bigram' samples a semi-synthetic corpus instead (Aoyama et al. 2025): sequences
+    from the bigram statistics of the prepared corpus --from, with repetition P(A B ... A) and
+    reliability P(B | A B ... A), e.g. ``corpus prepare synth-bigram --from data/demo-512
+    --repetition 0.9 --reliability 0.9 --tokens 12000000 --out data/synth``."""
     from .data.shards import TokenShards, prepare_corpus   # lazy: tokenizers, numpy
 
+    synth_opts = ("synth_from", "repetition", "reliability", "tokens", "seq_len", "alpha", "heldout_tokens")
+    text_opts = ("tokenizer", "vocab_size", "heldout_fraction", "text_field", "max_documents",
+                 "chunk_chars", "no_shuffle")
+    passed = {k for k in synth_opts + text_opts
+              if ctx.get_parameter_source(k) not in (click.core.ParameterSource.DEFAULT, None)}
+    flag = {k: "--" + ("from" if k == "synth_from" else k.replace("_", "-")) for k in synth_opts + text_opts}
+    if source == "synth-bigram":
+        wrong = [flag[k] for k in text_opts if k in passed]
+        if wrong:
+            raise InductionLabError(f"{', '.join(wrong)}: not used by synth-bigram (it keeps the --from "
+                                    "corpus's tokenizer); drop them")
+        missing = [flag[k] for k in ("synth_from", "repetition", "reliability", "tokens") if k not in passed]
+        if missing:
+            raise InductionLabError(f"synth-bigram needs {', '.join(missing)}; e.g. --from data/demo-512 "
+                                    "--repetition 0.9 --reliability 0.9 --tokens 12000000")
+        from .data.synth_bigram import prepare_synth_bigram
+        shards = prepare_synth_bigram(synth_from, out, repetition=repetition, reliability=reliability,
+                                      tokens=tokens, seq_len=seq_len, alpha=alpha,
+                                      heldout_tokens=heldout_tokens, seed=seed, overwrite=overwrite)
+        _print_info(shards)
+        return
+    wrong = [flag[k] for k in synth_opts if k in passed]
+    if wrong:
+        raise InductionLabError(f"{', '.join(wrong)}: only for SOURCE synth-bigram; drop them or pass "
+                                "synth-bigram as SOURCE")
     if no_shuffle and given("seed"):
         raise InductionLabError("--seed orders the shuffled documents; with --no-shuffle it has no effect: drop one "
                                 "of them")
@@ -75,8 +118,15 @@ def _print_info(s: "TokenShards") -> None:
     m = s.manifest
     t = m["tokenizer"]
     src = m.get("source", {}).get("spec", "?") if isinstance(m.get("source"), dict) else "?"
-    click.echo(f"corpus: {s.path}  (source {src}, {m.get('documents', '?')} documents, "
-               f"{m.get('characters', 0):,} characters)")
+    size = f"{m['characters']:,} characters" if "characters" in m else "sampled"
+    click.echo(f"corpus: {s.path}  (source {src}, {m.get('documents', '?')} documents, {size})")
+    g = m.get("generator")
+    if isinstance(g, dict):
+        real = (g.get("realised") or {}).get("train") or {}
+        click.echo(f"generator: {g.get('name')} from {m['source'].get('from')}  repetition {g.get('repetition')} "
+                   f"(realised {real.get('repetition', float('nan')):.4f})  reliability {g.get('reliability')} "
+                   f"(realised {real.get('reliability') if real.get('reliability') is not None else float('nan'):.4f})  "
+                   f"seq-len {g.get('seq_len')}  seed {g.get('seed')}")
     click.echo(f"tokenizer: {t.get('spec', '?')} vocab {s.vocab_size}  eos {s.eos_id} "
                f"bos {s.bos_id} sep {s.sep_id} ({t.get('sep_token')!r})  dtype {m['dtype']}")
     frac = m.get("heldout_fraction")

@@ -61,6 +61,7 @@ def train_cmd(config_file, print_config, out, overwrite, **flags):
     from .train import TrainConfig, config_from_dict, load_config, train
     from .train.config import model_config
     from .train.flops import budget
+    from .train.telemetry import format_emergence
 
     cur = curriculum_overrides(flags)
     cfg = load_config(config_file) if config_file else TrainConfig()
@@ -94,7 +95,8 @@ def train_cmd(config_file, print_config, out, overwrite, **flags):
     click.echo(f"run {res.run_dir}: {res.steps} steps, {res.tokens} tokens, "
                f"{b['n_params']:,} params ({b['n_params_non_embedding']:,} non-embedding), "
                f"{b['flops']:.3e} FLOPs; final loss {loss}, "
-               f"emergence step {r.get('emergence_step')} (threshold {r.get('induction_threshold')})")
+               f"{format_emergence(r.get('emergence_tokens'), r.get('emergence_step'), r.get('predicted_emergence'))} "
+               f"(threshold {r.get('induction_threshold')})")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # The run is complete and the process group destroyed. Skip interpreter teardown: with
         # gloo, C++ static destructors can meet a still-joinable worker thread and abort
@@ -120,7 +122,7 @@ def telemetry_cmd(runs, out, overwrite, threshold):
     from .plots import training_curves, training_heatmaps
     from .runs import atomic_write_json, own_entries, staged_run_dir, versions
     from .train.flops import check_iso_flops, read_budgets, read_run_record
-    from .train.telemetry import DEFAULT_THRESHOLDS, read_telemetry, run_summary, summarize
+    from .train.telemetry import DEFAULT_THRESHOLDS, format_emergence, read_telemetry, run_summary, summarize
 
     if threshold is not None and not (math.isfinite(threshold) and 0 <= threshold <= 1):
         raise InductionLabError(f"--threshold must be an attention probability in [0, 1], got {threshold}")
@@ -151,7 +153,9 @@ def telemetry_cmd(runs, out, overwrite, threshold):
             ev.to_csv(stage / f"{name}_eval.csv", index=False)
             training_heatmaps(heads, stage / f"{name}_heatmaps.png", f"{name}: head scores over training")
             cur = records[name]["config"].get("curriculum")
-            report[name] = {**run_summary(heads, ev, threshold, summary=s),
+            bud = records[name].get("budget", {})
+            report[name] = {**run_summary(heads, ev, threshold, summary=s, batch_sequences=bud.get("global_batch"),
+                                          context=bud.get("seq_len")),
                             "curriculum": cur.get("variant") if isinstance(cur, dict) else cur}
         training_curves(summaries, evals, {n: r["emergence_tokens"] for n, r in report.items()},
                         stage / "curves.png", threshold)
@@ -162,7 +166,8 @@ def telemetry_cmd(runs, out, overwrite, threshold):
         ind = rep["final"]["induction"]
         ppl = rep["final_heldout_ppl"]
         ppl = f"{ppl:.1f}" if isinstance(ppl, float) else "-"
-        click.echo(f"{name}: emergence step {rep['emergence_step']} (induction > {threshold:g}); "
+        em = format_emergence(rep["emergence_tokens"], rep["emergence_step"], rep.get("predicted_emergence"))
+        click.echo(f"{name}: {em} (induction > {threshold:g}); "
                    f"final max induction {ind['max']:.3f} at L{ind['max_layer_head'][0]}H{ind['max_layer_head'][1]}, "
                    f"max anti-induction {rep['final']['anti_induction']['max']:.3f}, held-out ppl {ppl}")
     click.echo(f"wrote {out}")

@@ -445,7 +445,13 @@ def bi_induct_report(study) -> str:
     L += ["", "## Telemetry over training", "", "![telemetry](plots/telemetry_variants.png)", "",
           f"Mean over seeds (line) and min–max over seeds (band). Emergence = first checkpoint with max induction "
           f"score > {thr}.", "", "## Emergence and final head scores", ""]
-    cols = ["run", "emergence_step", "emergence_tokens", "final_max_induction", "final_top2pct_induction",
+    law = rec.get("predicted_emergence")
+    if law:
+        L += [f"The emergence law of Aoyama, Wilcox & Schneider (arXiv 2511.16893), N ≈ 5·10^5·√(B·C) tokens, "
+              f"predicts ≈ {law['tokens']:.3g} tokens ≈ {law['updates']:,.0f} updates at B = {law['batch_sequences']}, "
+              f"C = {law['context']} (`law_emergence_*`; an order of magnitude, fitted on GPU runs).", ""]
+    cols = ["run", "emergence_step", "emergence_tokens", "law_emergence_steps", "law_emergence_tokens",
+            "final_max_induction", "final_top2pct_induction",
             "peak_max_induction", "final_max_anti_induction", "peak_max_anti_induction", "final_max_copy_offset",
             "final_max_copy_offset_control", "train_time_s"]
     L += [_md(t[[c for c in cols if c in t]]), "", "## Held-out perplexity", ""]

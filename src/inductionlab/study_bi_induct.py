@@ -495,15 +495,18 @@ def _f(x) -> float:
 
 def runs_table(pieces: dict[str, dict], evals: dict[str, dict]) -> pd.DataFrame:
     """One row per run: variant, seed, emergence, final and peak scores, perplexities, probes, drops."""
+    from .train.telemetry import predicted_emergence
     rows = []
     for name, p in pieces.items():
         v, s = name.rsplit("-s", 1)
         r = p["results"]
+        law = predicted_emergence(p["budget"]["global_batch"], p["budget"]["seq_len"])
         summ = pd.DataFrame(p["summary"])
         peak = summ.groupby("score")["max"].max()
         row = {"run": name, "variant": v, "seed": int(s), "tokens": p["budget"]["tokens"],
                "steps": p["budget"]["steps"], "flops": p["budget"]["flops"], "train_time_s": p["train_time_s"],
                "emergence_step": r.get("emergence_step"), "emergence_tokens": r.get("emergence_tokens"),
+               "law_emergence_tokens": law["tokens"], "law_emergence_steps": law["updates"],
                "final_max_induction": r["final"]["induction"]["max"],
                "final_top2pct_induction": r["final"]["induction"]["top2pct_mean"],
                "peak_max_induction": float(peak.get("induction", np.nan)),
@@ -749,10 +752,12 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite:
     vs = verdicts(table, threshold)
     timings["total_s"] = time.perf_counter() - t_start
     b0 = next(iter(budgets.values()))
+    from .train.telemetry import predicted_emergence
     record = {"kind": "study-bi-induct", "params": params, "preset": dataclasses.asdict(cfg.recipe),
               "matched_compute": {"checked": True, "keys": ["n_params", "seq_len", "global_batch",
                                                              "tokens_per_update", "steps", "tokens", "flops"],
                                   "budget": b0, "budgets": actual},
+              "predicted_emergence": predicted_emergence(b0["global_batch"], b0["seq_len"]),
               "rules": RULES, "thresholds": {"MIN_SEEDS_FOR_CI": MIN_SEEDS_FOR_CI, "INDUCTION_EFFECT": INDUCTION_EFFECT,
                                              "ANTI_NEAR_ZERO": ANTI_NEAR_ZERO, "PROBE_FLOOR": PROBE_FLOOR,
                                              "PROBE_MARGIN": PROBE_MARGIN, "ICL_FLOOR": ICL_FLOOR,

@@ -228,8 +228,49 @@ def emergence_step(summary: pd.DataFrame, threshold: float = 0.4, score: str = "
     return int(s["step"].iloc[0]) if len(s) else None
 
 
+EMERGENCE_LAW_CONSTANT = 5e5
+EMERGENCE_LAW_SOURCE = ("Aoyama, Wilcox & Schneider, 'Predicting the emergence of induction heads', arXiv 2511.16893 "
+                        "(code: t-aoyam/predict-ih-review): N ~ 5e5 * sqrt(B * C) training tokens")
+
+
+def predicted_emergence(batch_sequences: int, context: int) -> dict[str, Any]:
+    """The published emergence law: induction heads form after about ``N ≈ 5·10^5 · √(B·C)``
+    training tokens, i.e. ``N / (B·C) = 5·10^5 / √(B·C)`` updates (B sequences per update, C tokens
+    of context), reported as roughly independent of model size.
+
+    Source: Aoyama, Wilcox & Schneider, "Predicting the emergence of induction heads" (arXiv
+    2511.16893; code t-aoyam/predict-ih-review). The constant was fitted on their GPU runs
+    (2-layer models at C = 64, constant learning rate after warm-up and larger): an order of
+    magnitude, not a promise. Examples: B·C = 2048 → 2.26·10^7 tokens; B = 4, C = 64 → 8·10^6
+    tokens, 31,250 updates.
+
+    Returns:
+        ``{"tokens": float, "updates": float, "batch_sequences": B, "context": C, "law": str}``.
+
+    Raises:
+        InductionLabError: ``batch_sequences`` or ``context`` below 1.
+    """
+    if int(batch_sequences) < 1 or int(context) < 1:
+        raise InductionLabError(f"the emergence law needs B >= 1 sequences per update and C >= 1 tokens of "
+                                f"context, got B = {batch_sequences}, C = {context}")
+    bc = int(batch_sequences) * int(context)
+    tokens = EMERGENCE_LAW_CONSTANT * math.sqrt(bc)
+    return {"tokens": tokens, "updates": tokens / bc, "batch_sequences": int(batch_sequences),
+            "context": int(context), "law": EMERGENCE_LAW_SOURCE}
+
+
+def format_emergence(measured_tokens: int | None, measured_step: int | None, law: dict | None) -> str:
+    """``"emergence 1,200,128 tokens (step 4,688); law predicts ≈ 8e+06 tokens (31,250 updates)"``
+    ("none" when no checkpoint passed the threshold; the law part only when ``law`` is given)."""
+    m = "none" if measured_tokens is None else f"{int(measured_tokens):,} tokens (step {int(measured_step):,})"
+    if law is None:
+        return f"emergence {m}"
+    return f"emergence {m}; law predicts ≈ {law['tokens']:.2g} tokens ({law['updates']:,.0f} updates)"
+
+
 def run_summary(heads: pd.DataFrame, evals: pd.DataFrame, threshold: float,
-                summary: pd.DataFrame | None = None) -> dict[str, Any]:
+                summary: pd.DataFrame | None = None, *, batch_sequences: int | None = None,
+                context: int | None = None) -> dict[str, Any]:
     """The run summary of a training run's telemetry: the one definition used by the trainer
     (``run.json`` results) and by ``inductionlab telemetry`` (``telemetry.json``).
 
@@ -238,10 +279,15 @@ def run_summary(heads: pd.DataFrame, evals: pd.DataFrame, threshold: float,
         threshold: induction score above which a head counts as an induction head.
         summary: :func:`summarize` of ``heads`` when already computed (else computed here).
 
+        batch_sequences, context: the run's sequences per update B and context C; when both are
+            given the summary adds ``"predicted_emergence"`` (:func:`predicted_emergence`), the
+            law's tokens and updates, beside the measured emergence.
+
     Returns: ``{"emergence_step": step | None, "emergence_tokens": tokens | None,
     "induction_threshold": threshold, "final": {score: {"max", "top2pct_mean", "max_layer_head"}},
     "final_max_induction", "final_max_anti_induction", "final_heldout_ppl": float | None}``
-    (scores are attention probabilities; "final" = the last checkpoint).
+    (scores are attention probabilities; "final" = the last checkpoint), plus
+    ``"predicted_emergence"`` as above.
     """
     s = summarize(heads) if summary is None else summary
     em = emergence_step(s, threshold)
@@ -255,7 +301,9 @@ def run_summary(heads: pd.DataFrame, evals: pd.DataFrame, threshold: float,
             "induction_threshold": float(threshold), "final": final,
             "final_max_induction": final["induction"]["max"],
             "final_max_anti_induction": final["anti_induction"]["max"],
-            "final_heldout_ppl": None if ppl is None or pd.isna(ppl) else float(ppl)}
+            "final_heldout_ppl": None if ppl is None or pd.isna(ppl) else float(ppl),
+            **({"predicted_emergence": predicted_emergence(batch_sequences, context)}
+               if batch_sequences is not None and context is not None else {})}
 
 
 def write_tables(run_dir: str | Path) -> None:

@@ -336,7 +336,8 @@ def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist, overwrite: bo
                                                         / train_time) if train_time else None}
     if dist.is_main and cfg.telemetry:
         heads, evals = read_telemetry(run_dir)
-        results.update(run_summary(heads, evals, cfg.induction_threshold))
+        results.update(run_summary(heads, evals, cfg.induction_threshold, batch_sequences=cfg.global_batch,
+                                   context=cfg.seq_len))
     record.update(status="complete", results=results, finished=time.time())
     if dist.is_main:
         atomic_write_json(run_dir / "run.json", record)
