@@ -182,7 +182,7 @@ def test_cli_writes_the_corpus(source, tmp_path):
 
 @pytest.mark.parametrize("args,msg", [
     (["--repetition", "1.2"], "--repetition must be a probability in [0, 1]"),
-    (["--reliability", "nan"], "--reliability must be a probability in [0, 1]"),
+    (["--reliability", "nan"], "--reliability must be a finite number"),
     (["--tokens", "5"], "--tokens must be >= --seq-len"),
     (["--seq-len", "4"], "--seq-len must be >= 8"),
     (["--alpha", "-1"], "--alpha must be >= 0"),

@@ -48,8 +48,7 @@ import numpy as np
 
 from ..errors import InductionLabError
 from ..outputs import check_output_dir
-from ..runs import own_entries
-from ..runs import atomic_write_json, sha256_file, staged_run_dir, versions
+from ..runs import atomic_write_json, own_entries, sha256_file, staged_run_dir, versions
 from .shards import FORMAT, SPLITS, TokenShards
 
 GENERATOR = "synth-bigram/1"
