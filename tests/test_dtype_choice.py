@@ -233,8 +233,8 @@ def test_cli_default_is_auto_printed_first_and_recorded(cpu, tiny_dir, tmp_path)
     cpu(AMD, 0.5)
     r = CliRunner().invoke(main, _analyze_args(tiny_dir, out))
     assert r.exit_code == 2 and r.output.strip().splitlines() == [
-        f"error: {out} holds a analyze run with different parameters (model); use a new --out, the same options, "
-        "or --overwrite"], r.output
+        f"error: {out} holds a analyze run with another model (model.dtype); use a new --out, the same model and "
+        "options, or --overwrite"], r.output
 
 
 def test_a_refused_input_prints_only_its_error(cpu, tiny_dir, tmp_path):
@@ -264,5 +264,5 @@ def test_study_temporal_resume_in_another_dtype_is_refused(cpu, tiny_dir, tmp_pa
     cpu(AMD, 2.9)                                                    # same dtype, other timings: resumes
     again = run_temporal_study(load_model(str(tiny_dir)), cfg, tmp_path / "s", progress=False)
     assert again.record["params"] == first.record["params"]
-    with pytest.raises(InductionLabError, match=r"different parameters \(model\)"):
+    with pytest.raises(InductionLabError, match=r"another model \(model\.dtype\)"):
         run_temporal_study(load_model(str(tiny_dir), dtype="float32"), cfg, tmp_path / "s", progress=False)
