@@ -51,7 +51,7 @@ class AnalyzeConfig:
     ks: tuple[int, ...] = (5, 10, 20)
     n_draws: int = 2                 # random-head draws per k
     exclude_top_n: int | None = None  # None: min(300, n_heads // 2)
-    lag: LagProbeConfig = field(default_factory=lambda: LagProbeConfig(n_permutations=64, cues="all"))
+    lag: LagProbeConfig = field(default_factory=lambda: LagProbeConfig(n_permutations=64, cues="all:10"))
 
     def protocol(self) -> LagProbeConfig:
         """The lag-probe config with the job's seed and method."""

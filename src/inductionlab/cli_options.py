@@ -259,7 +259,7 @@ lag_probe_options = _stack(
                  help="Trials per forward pass [default: from free GPU memory; 8 on CPU]."),
     click.option("--far-lag", type=INT, default=20, show_default=True,
                  help="Word-prior-corrected curve: a word's baseline is its mean probability where it sits at |lag| > this."),
-    click.option("--cues", default="all", show_default=True,
+    click.option("--cues", default="all:10", show_default=True,
                  help="Cued list positions: all, seed (only --cue-position, one forward per cue) or A-B (1-based), "
                       "all:S / A-B:S for every S-th position; "
                       "the list runs once per trial and each cue appends its own tokens. The headline is the seed cue's."),

@@ -212,18 +212,27 @@ def staged_run_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterator[
     try:
         yield stage
         os.chmod(stage, 0o777 & ~_umask())   # mkdtemp makes it private (0700)
-        if out.exists():                      # moved aside first: a kill leaves only partials
-            trash = Path(tempfile.mkdtemp(prefix=_partial_prefix(out.name), dir=out.parent))
-            os.replace(out, trash / out.name)
-            os.replace(stage, out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(stage, out)
+        swap_in(stage, out)
     except BaseException as e:
         shutil.rmtree(stage, ignore_errors=True)
         if isinstance(e, OSError) and e.filename is None:
             e.filename = str(out)            # a failed write() names no file: name the output
         raise
+
+
+def swap_in(stage: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Put the finished directory ``stage`` at ``final`` (same file system). An existing ``final`` is
+    first moved aside into one of our temporaries (:func:`is_partial`), then deleted, so a kill at
+    any moment leaves either the old or the new directory at ``final``, plus only leftovers that a
+    rerun recognises and removes."""
+    stage, final = Path(stage), Path(final)
+    if final.exists():
+        trash = Path(tempfile.mkdtemp(prefix=_partial_prefix(final.name), dir=final.parent))
+        os.replace(final, trash / final.name)
+        os.replace(stage, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(stage, final)
 
 
 def _differences(old: dict, new: dict) -> list[str]:

@@ -91,7 +91,7 @@ class TemporalStudyConfig:
     n_draws: int = 3                        # random-head draws per k
     exclude_top_n: int | None = None        # None: min(300, n_heads_total // 2) (SPEC §4)
     seed: int = 0
-    lag: LagProbeConfig = field(default_factory=lambda: LagProbeConfig(n_permutations=64, cues="all"))  # seed: 5,000
+    lag: LagProbeConfig = field(default_factory=lambda: LagProbeConfig(n_permutations=64, cues="all:10"))  # seed: 5,000
     recall: SerialRecallConfig = field(default_factory=SerialRecallConfig)
     # per-head load-bearing map
     load_bearing_top: int = 10              # 0 disables

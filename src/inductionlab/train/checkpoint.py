@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import InductionLabError
-from ..runs import atomic_write_json, sha256_file
+from ..runs import atomic_write_json, sha256_file, swap_in
 
 META = "meta.json"
 STATE = "trainer_state.pt"
@@ -159,13 +159,7 @@ class CheckpointManager:
                 sums[str(p.relative_to(stage))] = sha256_file(p)
             atomic_write_json(stage / META, {**meta, "step": step, "resumable": trainer_state is not None,
                                              "sha256": sums})
-            if final.exists():                        # a re-run of a step after resume: swap it out
-                trash = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=self.dir))
-                os.replace(final, trash / final.name)
-                os.replace(stage, final)
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                os.replace(stage, final)
+            swap_in(stage, final)                         # a re-run of a step after resume replaces it
         except BaseException as e:
             shutil.rmtree(stage, ignore_errors=True)
             raise _as_os_error(e, final)
