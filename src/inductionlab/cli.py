@@ -121,6 +121,15 @@ def _print_headline(res, out, load_s: float) -> None:
     for r in pooled_headline_rows(res.lag.headline()):
         click.echo(f"  {r['condition']:<14s} {r['lag_plus1']:.4f} [{r['lag_plus1_ci_low']:.4f}, "
                    f"{r['lag_plus1_ci_high']:.4f}]   lag -1 {r['lag_minus1']:.4f}   list mass {r['list_mass']:.3f}")
+    from . import serial_position
+
+    if serial_position.has_cues(res.lag):
+        tf = serial_position.cue_tables(res.lag)["temporal_factor"]
+        click.echo(f"\nAll cues (--cues {res.lag.config.cues}, {len(res.lag.cue_positions)} per list): temporal factor "
+                   "[95% CI over lists] (0.5 = chance; serial_position.csv, report.md):")
+        for r in pooled_headline_rows(tf):
+            click.echo(f"  {r['condition']:<14s} {r['temporal_factor']:.3f} [{r['temporal_factor_ci_low']:.3f}, "
+                       f"{r['temporal_factor_ci_high']:.3f}]")
     t = res.timings
     click.echo(f"\nWall time {load_s + t['total_s']:.0f} s (load {load_s:.0f}, scores {t['head_scores_s']:.0f}, "
                f"lag probe {t['lag_probe_s']:.0f}). Run directory: {out}")
