@@ -13,7 +13,7 @@ Sub-benchmarks (``--only`` picks some):
   reduction path and ``compute_head_scores`` (the score alone; with the induction loss, which
   runs the LM head on every position; all five scores, which read two sequence sets, so two
   forwards: compare with 2 × the floor) (this checkout, and ``--before SRC``: another
-  checkout's src, e.g. /work/main/src); transformers eager ``output_attentions=True``;
+  checkout's src, e.g. ../baseline/src); transformers eager ``output_attentions=True``;
   TransformerLens (``--tl-python``: a venv with transformer-lens; its bridge is booted from a
   local ``save_pretrained`` copy of the same weights, no hub).
 * ``tscale``: time and extra peak memory of scoring vs the bare forward (and eager) at 1 × T,
@@ -23,7 +23,7 @@ Sub-benchmarks (``--only`` picks some):
 * ``matmul``: fp32 vs bf16 matmul throughput and oneDNN/AMX facts (is bf16 faster on this CPU?).
 * ``help``: ``inductionlab --help`` start-up (this checkout and ``--before``).
 
-    PYTHONPATH=src .venv/bin/python bench/contenders.py --before /work/main/src \\
+    PYTHONPATH=src .venv/bin/python bench/contenders.py --before ../baseline/src \\
         --tl-python /tmp/tl-venv/bin/python --out bench/contenders.json
 """
 

@@ -88,25 +88,31 @@ def _measure(dist) -> dict:
     return out
 
 
-def _worker(rank: int, world: int, port: int, path: str) -> None:
+def _worker(rank: int, world: int, port: int, path: str, measure) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world))
     d = D.init("cpu", timeout_s=120)
     try:
-        res = _measure(d)
+        res = measure(d)
         with open(f"{path}.{rank}", "wb") as f:      # every rank's result: all must equal one process
             pickle.dump(res, f)
     finally:
         D.shutdown()
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def run_sharded(measure, path: str, world: int = 2) -> list:
+    """``measure(dist)`` in ``world`` gloo processes (spawned; ``measure`` a module-level function);
+    returns every rank's result, in rank order."""
     import torch.multiprocessing as mp
 
-    path = str(tmp_path_factory.mktemp("dist") / "res")
-    mp.start_processes(_worker, args=(2, free_port(), path), nprocs=2, join=True, start_method="spawn")
-    sharded = [pickle.load(open(f"{path}.{r}", "rb")) for r in range(2)]
+    mp.start_processes(_worker, args=(world, free_port(), path, measure), nprocs=world, join=True,
+                       start_method="spawn")
+    return [pickle.load(open(f"{path}.{r}", "rb")) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    sharded = run_sharded(_measure, str(tmp_path_factory.mktemp("dist") / "res"))
     threads = torch.get_num_threads()
     try:
         single = _measure(None)

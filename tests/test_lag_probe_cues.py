@@ -9,9 +9,6 @@ processes."""
 
 from __future__ import annotations
 
-import os
-import pickle
-import socket
 import sys
 import types
 from dataclasses import replace
@@ -215,34 +212,16 @@ def _measure(dist) -> dict:
     return out
 
 
-def _worker(rank: int, world: int, port: int, path: str) -> None:
-    from inductionlab import distributed as D
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world))
-    d = D.init("cpu", timeout_s=120)
-    try:
-        with open(f"{path}.{rank}", "wb") as f:
-            pickle.dump(_measure(d), f)
-    finally:
-        D.shutdown()
-
-
 def test_two_processes_equal_one_bit_for_bit(tmp_path):
-    import torch.multiprocessing as mp
+    from test_distributed_analysis import run_sharded
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    path = str(tmp_path / "res")
-    mp.start_processes(_worker, args=(2, port, path), nprocs=2, join=True, start_method="spawn")
+    shards = run_sharded(_measure, str(tmp_path / "res"))
     threads = torch.get_num_threads()
     try:
         single = _measure(None)
     finally:
         torch.set_num_threads(threads)
-    for rank in range(2):
-        sharded = pickle.load(open(f"{path}.{rank}", "rb"))
+    for sharded in shards:
         for method in single:
             for c in single[method]:
                 for key, x in single[method][c].items():
