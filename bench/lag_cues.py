@@ -28,25 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 
 import numpy as np
 import torch
-
-
-def cpu_kind() -> dict:
-    info = {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "processor": platform.processor()}
-    try:
-        text = open("/proc/cpuinfo").read()
-        info["model_name"] = next((l.split(":", 1)[1].strip() for l in text.splitlines() if l.startswith("model name")), None)
-        flags = set(next((l.split(":", 1)[1].split() for l in text.splitlines() if l.startswith("flags")), []))
-        info.update({f: f in flags for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile")})
-    except OSError:
-        pass
-    return info
 
 
 def contrast_z(x: np.ndarray) -> dict:
@@ -149,6 +136,7 @@ def main() -> None:
         return _peak_child(args)
     import transformers
 
+    from inductionlab.dtype_choice import cpu_flags
     from inductionlab.lag_probe import LagProbeConfig, run_lag_probe
     from inductionlab.runs import versions
 
@@ -190,7 +178,7 @@ def main() -> None:
     ratio = ratios.get("all")
     record = {"bench": "lag_cues", "versions": {**versions(), "torch": torch.__version__,
                                                 "transformers": transformers.__version__},
-              "cpu": cpu_kind(), "threads": torch.get_num_threads(), "dtype": "float32", "model": lm.identity.get("name"),
+              "cpu": cpu_flags(), "threads": torch.get_num_threads(), "dtype": "float32", "model": lm.identity.get("name"),
               "n_permutations": args.n_permutations, "k": args.k, "list_length": args.list_length,
               "batch_size": args.batch_size, "conditions": [c.name for c in conds], "rows": rows,
               "ratio_z2_per_cpu_s_all_over_seed": ratio, "ratios_z2_per_cpu_s": ratios, "baseline_mode": first,
