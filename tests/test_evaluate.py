@@ -86,7 +86,8 @@ def test_cli_end_to_end_on_a_trained_checkpoint(trained, tmp_path):
     drops = pd.read_csv(out / "tables" / "drops.csv")
     d = drops[(drops.measure == "hits1_10shot") & (drops.kind == "induction")]
     assert d.intact.iloc[0] == pytest.approx(intact[(intact.shots == 10) & (intact.control == "intact")].hits1.mean())
-    assert set(drops.measure) == {"hits1_10shot", "icl_benefit", "induction_benefit"}
+    assert set(drops.measure) == {"hits1_10shot", "icl_benefit", "induction_benefit", "copy_accuracy",
+                                  "recall_accuracy"}
     assert {"induction", "random", "induction-random"} <= set(drops.kind)
     # per-layer 2% of 4 heads = 1 head per layer; matched draws: 1 per layer, never the chosen one
     conds = {c["name"]: c for c in rec["conditions"]}

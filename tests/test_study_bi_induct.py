@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from inductionlab.errors import InductionLabError
-from inductionlab.study_bi_induct import (ANTI_NEAR_ZERO, INDUCTION_EFFECT, BiInductStudyConfig, run_bi_induct_study,
+from inductionlab.study_bi_induct import (ANTI_NEAR_ZERO, INDUCTION_EFFECT, seed_ci, BiInductStudyConfig, run_bi_induct_study,
                                           verdicts)
 from test_train_helpers import make_corpus
 
@@ -49,7 +49,7 @@ def test_end_to_end_report_has_every_section_and_claim(study):
     out = study.out
     report = (out / "report.md").read_text()
     for section in ("## Verdicts", "## Telemetry over training", "## Emergence and final head scores",
-                    "## Held-out perplexity", "## Function-style ICL probes", "## Load-bearing test"):
+                    "## Held-out perplexity", "## Probes: associative recall", "## Load-bearing test"):
         assert section in report
     assert (out / "plots" / "telemetry_variants.png").stat().st_size > 10_000
     claims = {v["claim"] for v in study.verdicts}
@@ -153,8 +153,9 @@ def _table(**cols) -> pd.DataFrame:
         for s in (0, 1):
             r = {"run": f"{v}-s{s}", "variant": v, "seed": s, "emergence_tokens": None, "final_max_induction": 0.05,
                  "peak_max_induction": 0.05, "peak_max_anti_induction": 0.05, "ppl": 10.0,
-                 "hits1_10shot": 0.0, "icl_score": -0.1, "icl_benefit": 0.1, "drop_induction": -0.1,
-                 "drop_random": 0.0, "drop_contrast": -0.1}
+                 "hits1_10shot": 0.0, "icl_score": -0.1, "icl_benefit": 0.1, "recall_accuracy": 0.0,
+                 "copy_accuracy": 0.0, "abs_icl_benefit_induction": -0.02, "abs_icl_benefit_random": -0.01,
+                 "abs_icl_benefit_contrast": -0.01, "rel_icl_benefit_contrast": -0.1}
             for k, f in cols.items():
                 r[k] = f(v, s)
             rows.append(r)
@@ -168,7 +169,7 @@ def _by(vs):
 def test_rules_nothing_formed_is_not_testable():
     v = _by(verdicts(_table(), threshold=0.3))
     assert v["Ainduction"] == v["Abalanced"] == "not testable at this scale"
-    assert v["C"] == "not testable at this scale"          # probes at the floor (HITS@1 = 0)
+    assert v["C"] == "not testable at this scale"          # recall probe at the floor (accuracy 0)
     assert v["B"] == "reproduced"                          # 0.05 in every seed: CI [0.05, 0.05] < 0.2
     assert v["E"] == "not reproduced"                      # equal perplexities: no penalty
 
@@ -194,15 +195,34 @@ def test_rule_a_effect_size_threshold():
     assert _by(verdicts(t, 0.3))["Ainduction"] == "reproduced"
 
 
-def test_rule_d_natural_only_loses_more():
-    t = _table(drop_contrast=lambda v, s: -0.226 - 0.01 * s if v == "none" else -0.049 + 0.01 * s)
-    assert _by(verdicts(t, 0.3))["D"] == "reproduced"
-    t = _table(drop_contrast=lambda v, s: -0.05 - 0.01 * s, icl_benefit=lambda v, s: 0.0)
+def test_rule_d_natural_only_loses_more_nats():
+    # absolute contrasts (nats): none -0.050, -0.051; induction -0.010, -0.009 -> paired d = -0.040, -0.042,
+    # t(1) CI = -0.041 +- 12.706 * 0.001414 / sqrt(2) = [-0.0537, -0.0283]: high < 0 -> reproduced
+    t = _table(abs_icl_benefit_contrast=lambda v, s: -0.05 - 0.001 * s if v == "none" else -0.01 + 0.001 * s)
+    d = next(x for x in verdicts(t, 0.3) if x["claim"] == "D")
+    assert d["verdict"] == "reproduced"
+    assert "none − induction = -0.041 [-0.054, -0.028]" in d["evidence"]
+    assert "relative not reported" in d["evidence"]          # intact 0.1 is not above RELATIVE_FLOOR 0.10
+    t2 = _table(abs_icl_benefit_contrast=lambda v, s: -0.05 - 0.001 * s if v == "none" else -0.01 + 0.001 * s,
+                icl_benefit=lambda v, s: 0.3)
+    assert "relative contrast none − induction" in next(x for x in verdicts(t2, 0.3) if x["claim"] == "D")["evidence"]
+    # the induction variant loses as much: not reproduced
+    t = _table(abs_icl_benefit_contrast=lambda v, s: -0.05 - 0.001 * s)
+    assert _by(verdicts(t, 0.3))["D"] == "not reproduced"
+    t = _table(abs_icl_benefit_contrast=lambda v, s: -0.05 - 0.01 * s, icl_benefit=lambda v, s: 0.0)
     assert _by(verdicts(t, 0.3))["D"] == "not testable at this scale"   # no ICL benefit to lose
 
 
+def test_seed_ci_is_student_t():
+    m, lo, hi = seed_ci([1.0, 2.0, 3.0])          # sd 1, t(2, 0.975) = 4.302653
+    assert m == 2.0 and hi - m == pytest.approx(4.302653 / np.sqrt(3), rel=1e-6) and lo == pytest.approx(4 - hi)
+    assert np.isnan(seed_ci([1.0])[1])
+
+
 def test_rule_c_bi_induct_better_on_probes():
-    t = _table(hits1_10shot=lambda v, s: 0.5 + 0.01 * s if v == "induction" else 0.2 + 0.01 * s)
+    t = _table(recall_accuracy=lambda v, s: 0.5 + 0.01 * s if v == "induction" else 0.2 + 0.01 * s)
     assert _by(verdicts(t, 0.3))["C"] == "not reproduced"
-    t = _table(hits1_10shot=lambda v, s: 0.3 + 0.01 * s)
+    t = _table(recall_accuracy=lambda v, s: 0.3 + 0.01 * s)
     assert _by(verdicts(t, 0.3))["C"] == "reproduced"
+    t = _table(recall_accuracy=lambda v, s: 0.5 if v == "induction" else 0.04)     # natural-only at the floor
+    assert _by(verdicts(t, 0.3))["C"] == "not testable at this scale"

@@ -53,6 +53,11 @@ def _names(value: str | None) -> tuple[str, ...] | None:
 @click.option("--seed", type=INT, default=0, show_default=True)
 @click.option("--induction-seq-len", type=INT, default=50, show_default=True,
               help="T of the induction-loss sequences [BOS] S S.")
+@click.option("--recall-pairs", type=INT, default=8, show_default=True,
+              help="Key-value pairs per associative-recall sequence (then the same pairs shuffled).")
+@click.option("--token-pool", type=click.Choice(["vocab", "shards"]), default="vocab", show_default=True,
+              help="Random probe tokens from the whole vocabulary, or from the ids of --shards' training split "
+                   "(for a model trained on that corpus).")
 @click.option("--icl-sequences", type=INT, default=16, show_default=True, help="Held-out windows for the ICL score.")
 @click.option("--icl-late", type=INT, default=500, show_default=True, help="Late token (Olsson et al.: 500).")
 @click.option("--icl-early", type=INT, default=50, show_default=True, help="Early token (Olsson et al.: 50).")
@@ -73,7 +78,7 @@ def evaluate(**kw) -> None:
     load-bearing test — top induction heads (per layer and global top-k) vs matched random heads.
     An existing run with the same options in --out is resumed."""
     from .evaluate import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LmEvalConfig, LoadBearingConfig,
-                           PerplexityConfig, ProbeConfig, run_evaluate)
+                           PerplexityConfig, RecallConfig, ProbeConfig, run_evaluate)
 
     arg = kw.pop("model_arg")
     if arg is not None and given("model"):
@@ -97,6 +102,7 @@ def evaluate(**kw) -> None:
         lm_eval=LmEvalConfig(tasks=_names(kw["lm_eval_tasks"]) or (), num_fewshot=kw["lm_eval_fewshot"],
                              limit=kw["lm_eval_limit"]),
         induction=InductionLossConfig(seq_len=kw["induction_seq_len"]),
+        recall=RecallConfig(n_pairs=kw["recall_pairs"]), token_pool=kw["token_pool"],
         seed=kw["seed"], score_seq_len=kw["score_seq_len"], score_batch_size=kw["score_batch_size"])
     cfg.validate()                                     # fail before the slow part
     from .distributed import world_size_env
@@ -104,6 +110,8 @@ def evaluate(**kw) -> None:
     if world_size_env() > 1:    # N copies would race on --out
         raise InductionLabError("evaluate does not shard over processes; run it as one process (without torchrun)")
     shards = kw["shards"]
+    if kw["token_pool"] == "shards" and shards is None:
+        raise InductionLabError("--token-pool shards draws probe tokens from a corpus; add --shards DIR")
     if shards is not None and not (Path(shards) / "manifest.json").is_file():
         raise InductionLabError(f"--shards {shards} is not a prepared corpus (no manifest.json); run: inductionlab "
                                 "corpus prepare SOURCE --tokenizer MODEL --out DIR")

@@ -48,6 +48,7 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
+import torch
 from tqdm.auto import tqdm
 
 from . import report
@@ -55,7 +56,7 @@ from .ablation import (Condition, ablation_conditions, default_exclude_top_n, ma
                        per_layer_top_p)
 from .errors import InductionLabError
 from .function_probes import run_probes, summarize_hits
-from .icl_score import heldout_windows, icl_positions, icl_score, induction_loss, model_context
+from .icl_score import associative_recall, heldout_windows, icl_positions, icl_score, induction_loss, model_context
 from .icl_tasks import TASK_NAMES, Prompt, build_tasks, make_all_prompts
 from .checks import check_draws, check_fields, check_loaded, check_seed, check_type
 from .load_bearing_eval import drops_table, score_concentration
@@ -64,9 +65,11 @@ from .protocol import check_method
 from .runs import ResumableRun, atomic_write_json, versions
 from .scores import HeadScores
 from .stats import ci
+from .stimuli import random_sequences
 from .study import check_ks, check_trials_fit, head_scores_piece
 
 KIND = "evaluate"
+TOKEN_POOLS = ("vocab", "shards")
 _VARIANT = re.compile(r"^(?:per-layer-(?P<pct>\d+(?:\.\d+)?)pct|top-(?P<k>\d+))$")
 
 
@@ -138,6 +141,22 @@ class InductionLossConfig:
 
 
 @dataclass
+class RecallConfig:
+    """Associative recall in the model's own tokens (:func:`inductionlab.icl_score.associative_recall`):
+    ``n_pairs`` random key-value pairs, then the same pairs shuffled; top-1 accuracy of each value."""
+    n_pairs: int = 8
+    n_sequences: int = 32
+    batch_size: int = 16
+
+    def validate(self) -> None:
+        check_fields(self, "recall-")
+        if self.n_pairs < 2 or self.n_sequences < 2 or self.batch_size < 1:
+            raise InductionLabError(f"associative recall: pairs {self.n_pairs} >= 2, sequences {self.n_sequences} "
+                                    f">= 2, batch size {self.batch_size} >= 1")
+        check_trials_fit(self.n_sequences, 4 * self.n_pairs + 1, "--recall-pairs", self.n_pairs)
+
+
+@dataclass
 class PerplexityConfig:
     """Perplexity guard on the shards' held-out split (only with shards)."""
     max_tokens: int | None = 32768            # None: the whole split
@@ -189,16 +208,24 @@ class LmEvalConfig:
 @dataclass
 class EvaluateConfig:
     """Parameters of the evaluation study; each protocol's config nested as it is. ``seed`` seeds
-    prompts, held-out windows, random sequences and random head draws."""
+    prompts, held-out windows, random sequences and random head draws.
+
+    ``token_pool``: where the random tokens of head scores, induction loss, associative recall
+    and the mean-ablation reference come from: ``"vocab"`` (every ordinary id of the tokenizer,
+    as TransformerLens does) or ``"shards"`` (the ids that occur in the shards' training split,
+    :meth:`~inductionlab.data.shards.TokenShards.token_pool`: for a model trained on that corpus,
+    whose other ids have untrained embeddings)."""
     probes: ProbeConfig = field(default_factory=ProbeConfig)
     icl: ICLScoreConfig = field(default_factory=ICLScoreConfig)
     induction: InductionLossConfig = field(default_factory=InductionLossConfig)
+    recall: RecallConfig = field(default_factory=RecallConfig)
     perplexity: PerplexityConfig = field(default_factory=PerplexityConfig)
     load_bearing: LoadBearingConfig = field(default_factory=LoadBearingConfig)
     lm_eval: LmEvalConfig = field(default_factory=LmEvalConfig)
     seed: int = 0
     score_seq_len: int = 50
     score_batch_size: int = 16
+    token_pool: str = "vocab"
 
     def validate(self) -> None:
         """Check every option that needs no model (the CLI and the API call it before loading).
@@ -211,11 +238,14 @@ class EvaluateConfig:
         check_fields(self)
         check_seed(self.seed, "--seed")
         for name, kind in (("probes", ProbeConfig), ("icl", ICLScoreConfig), ("induction", InductionLossConfig),
-                           ("perplexity", PerplexityConfig), ("load_bearing", LoadBearingConfig),
-                           ("lm_eval", LmEvalConfig)):
+                           ("recall", RecallConfig), ("perplexity", PerplexityConfig),
+                           ("load_bearing", LoadBearingConfig), ("lm_eval", LmEvalConfig)):
             check_type(getattr(self, name), kind, f"EvaluateConfig.{name}")
-        for c in (self.probes, self.icl, self.induction, self.perplexity, self.load_bearing, self.lm_eval):
+        for c in (self.probes, self.icl, self.induction, self.recall, self.perplexity, self.load_bearing,
+                  self.lm_eval):
             c.validate()
+        if self.token_pool not in TOKEN_POOLS:
+            raise InductionLabError(f"token pool {self.token_pool!r}: use one of {', '.join(TOKEN_POOLS)}")
         if self.load_bearing.ablate and self.load_bearing.shots not in self.probes.shots:
             raise InductionLabError(f"ablation shots {self.load_bearing.shots} is not among --shots "
                                     f"{','.join(map(str, self.probes.shots))}; add it")
@@ -370,7 +400,7 @@ def _fit_batch(requested: int, tokens: int, vocab: int) -> int:
 def _params(loaded: LoadedModel, cfg: EvaluateConfig, shards) -> dict:
     """What defines the result (batch sizes change nothing but speed: left out)."""
     config = asdict(cfg)
-    for k in ("probes", "icl", "induction", "perplexity", "lm_eval"):
+    for k in ("probes", "icl", "induction", "recall", "perplexity", "lm_eval"):
         config[k].pop("batch_size", None)
     shard_id = None
     if shards is not None:
@@ -409,8 +439,25 @@ def _rows(prompts: list[Prompt], arrays: dict, condition: str, variant: str) -> 
     return df
 
 
-def _icl_measures(loaded, cfg: EvaluateConfig, windows, heads, reference) -> dict:
-    """ICL score (when windows) and induction loss, per-sequence arrays kept (JSON-able)."""
+def token_pool(loaded, cfg: EvaluateConfig, shards=None):
+    """LongTensor of the ids random probe tokens are drawn from (``cfg.token_pool``).
+
+    Raises: InductionLabError for ``"shards"`` without shards."""
+    from .models import attention_shape
+    from .stimuli import ordinary_token_ids
+
+    tok = loaded.tokenizer
+    vocab = ordinary_token_ids(attention_shape(loaded.model.config)["vocab_size"], (), tok)
+    if cfg.token_pool == "vocab":
+        return vocab
+    if shards is None:
+        raise InductionLabError("token pool 'shards' needs --shards (a corpus tokenised with the model's tokenizer)")
+    ids = torch.as_tensor(shards.token_pool(), dtype=torch.long)
+    return ids[torch.isin(ids, vocab)]
+
+
+def _icl_measures(loaded, cfg: EvaluateConfig, windows, heads, reference, pool) -> dict:
+    """ICL score (when windows), induction loss and associative recall, per-sequence arrays kept."""
     bos = loaded.tokenizer.bos_token_id if cfg.probes.bos else None
     out = {"icl": None}
     vocab = loaded.identity.get("vocab_size", 1)
@@ -419,25 +466,26 @@ def _icl_measures(loaded, cfg: EvaluateConfig, windows, heads, reference) -> dic
         out["icl"] = icl_score(loaded.model, windows, late=cfg.icl.late, early=cfg.icl.early, window=cfg.icl.window,
                                batch_size=bs, heads=heads, method=cfg.load_bearing.method,
                                reference_ids=reference)
-    out["induction"] = induction_loss(loaded.model, tokenizer=loaded.tokenizer, seq_len=cfg.induction.seq_len,
-                                      n=cfg.induction.n_sequences, seed=cfg.seed, bos_id=bos,
+    S = random_sequences(pool, cfg.induction.n_sequences, cfg.induction.seq_len, cfg.seed)
+    out["induction"] = induction_loss(loaded.model, tokenizer=loaded.tokenizer, sequences=S, bos_id=bos,
                                       batch_size=_fit_batch(cfg.induction.batch_size, 2 * cfg.induction.seq_len + 1,
                                                             vocab), heads=heads,
                                       method=cfg.load_bearing.method, reference_ids=reference)
+    out["recall"] = associative_recall(loaded.model, pool, n_pairs=cfg.recall.n_pairs, n=cfg.recall.n_sequences,
+                                       seed=cfg.seed, bos_id=bos,
+                                       batch_size=_fit_batch(cfg.recall.batch_size, 4 * cfg.recall.n_pairs + 1, vocab),
+                                       heads=heads, method=cfg.load_bearing.method, reference_ids=reference)
     return out
 
 
-def _reference_ids(loaded, cfg: EvaluateConfig):
+def _reference_ids(loaded, cfg: EvaluateConfig, pool):
     """The mean-ablation reference batch: the first 8 induction-loss sequences ``[BOS] S S`` (None for
     methods that need no value)."""
     if cfg.load_bearing.method != "mean":
         return None
-    from .models import attention_shape
     from .scores import build_sequences
-    from .stimuli import ordinary_token_ids, random_sequences
 
     tok = loaded.tokenizer
-    pool = ordinary_token_ids(attention_shape(loaded.model.config)["vocab_size"], (), tok)
     S = random_sequences(pool, 8, cfg.induction.seq_len, cfg.seed)
     ref = build_sequences(S, "induction", tok.bos_token_id if cfg.probes.bos else None)
     return ref.to(next(loaded.model.parameters()).device)
@@ -481,6 +529,12 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     # model-dependent checks, before any file is written
     shard_obj = _open_shards(shards, loaded) if shards is not None else None
     windows = _windows(cfg, loaded, shard_obj, bos) if shard_obj is not None else None
+    pool = token_pool(loaded, cfg, shard_obj)
+    for what, need in (("induction loss", cfg.induction.seq_len), ("head scores", cfg.score_seq_len),
+                       ("associative recall", 2 * cfg.recall.n_pairs)):
+        if need > len(pool):
+            raise InductionLabError(f"{what} needs {need} distinct tokens but the token pool ({cfg.token_pool}) has "
+                                    f"{len(pool)}; lower it or use another pool")
     prompts = make_all_prompts(build_tasks(cfg.probes.tasks), tok, shots=cfg.probes.shots,
                                n_prompts=cfg.probes.n_prompts, seed=cfg.seed, permuted=cfg.probes.permutation_control,
                                bos_id=bos)
@@ -507,12 +561,12 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
 
     t = time.perf_counter()
     hs = head_scores_piece(run, loaded, seq_len=cfg.score_seq_len, batch_size=cfg.score_batch_size, seed=cfg.seed,
-                           progress=progress)
+                           progress=progress, pool=None if cfg.token_pool == "vocab" else pool)
     timings["head_scores_s"] = time.perf_counter() - t
     pairs = load_bearing_conditions(hs["induction"], cfg.load_bearing, cfg.seed)
     conditions = [c for _, c in pairs]
     variants = {c.name: v for v, c in pairs}
-    reference = _reference_ids(loaded, cfg)
+    reference = _reference_ids(loaded, cfg, pool)
 
     t = time.perf_counter()
     rows = [_rows(prompts, _probe_piece(run, "probes/intact", loaded, prompts, cfg, None, None, progress),
@@ -520,7 +574,7 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     timings["probes_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    icl = {"intact": run.json("icl/intact", lambda: _icl_measures(loaded, cfg, windows, None, None))}
+    icl = {"intact": run.json("icl/intact", lambda: _icl_measures(loaded, cfg, windows, None, None, pool))}
     timings["icl_s"] = time.perf_counter() - t
 
     ppl = None
@@ -542,15 +596,18 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
 
         def compute(c=c):
             a = _probe_piece(run, f"ablation_probes/{c.name}", loaded, ab_prompts, cfg, c.heads, reference, progress)
-            m = _icl_measures(loaded, cfg, windows, c.heads, reference)
-            res = {**a, "induction_benefit": m["induction"]["per_sequence"]["benefit"]}
+            m = _icl_measures(loaded, cfg, windows, c.heads, reference, pool)
+            res = {**a, "induction_benefit": m["induction"]["per_sequence"]["benefit"],
+                   "copy_accuracy": m["induction"]["per_sequence"]["copy_accuracy"],
+                   "recall_accuracy": m["recall"]["per_sequence"]["accuracy"]}
             if m["icl"] is not None:
                 res["icl_benefit"] = m["icl"]["per_sequence"]["benefit"]
             return res
 
         a = run.arrays(key, compute)
         rows.append(_rows(ab_prompts, a, c.name, variants[c.name]))
-        icl[c.name] = {"induction_benefit": a["induction_benefit"], "icl_benefit": a.get("icl_benefit")}
+        icl[c.name] = {"induction_benefit": a["induction_benefit"], "icl_benefit": a.get("icl_benefit"),
+                       "copy_accuracy": a["copy_accuracy"], "recall_accuracy": a["recall_accuracy"]}
     timings["load_bearing_s"] = time.perf_counter() - t
 
     lm = None
@@ -623,7 +680,8 @@ def drops_by_measure(probe_rows: pd.DataFrame, icl: dict, conditions: Sequence[C
     :func:`~inductionlab.load_bearing_eval.drops_table` rows with a ``measure`` column."""
     if not conditions:
         return pd.DataFrame()
-    measures: dict[str, dict[str, np.ndarray]] = {f"hits1_{shots}shot": {}, "icl_benefit": {}, "induction_benefit": {}}
+    measures: dict[str, dict[str, np.ndarray]] = {f"hits1_{shots}shot": {}, "icl_benefit": {}, "induction_benefit": {},
+                                                  "copy_accuracy": {}, "recall_accuracy": {}}
     sel = probe_rows[(probe_rows.shots == shots) & (probe_rows.control == "intact")]
     for name, g in sel.groupby("condition", sort=False):
         measures[f"hits1_{shots}shot"][name] = g.sort_values(["task", "index"])["hits1"].to_numpy(np.float64)
@@ -631,10 +689,13 @@ def drops_by_measure(probe_rows: pd.DataFrame, icl: dict, conditions: Sequence[C
     if intact.get("icl") is not None:
         measures["icl_benefit"]["intact"] = np.asarray(intact["icl"]["per_sequence"]["benefit"], np.float64)
     measures["induction_benefit"]["intact"] = np.asarray(intact["induction"]["per_sequence"]["benefit"], np.float64)
+    measures["copy_accuracy"]["intact"] = np.asarray(intact["induction"]["per_sequence"]["copy_accuracy"], np.float64)
+    measures["recall_accuracy"]["intact"] = np.asarray(intact["recall"]["per_sequence"]["accuracy"], np.float64)
     for c in conditions:
         if icl[c.name].get("icl_benefit") is not None and "intact" in measures["icl_benefit"]:
             measures["icl_benefit"][c.name] = np.asarray(icl[c.name]["icl_benefit"], np.float64)
-        measures["induction_benefit"][c.name] = np.asarray(icl[c.name]["induction_benefit"], np.float64)
+        for k in ("induction_benefit", "copy_accuracy", "recall_accuracy"):
+            measures[k][c.name] = np.asarray(icl[c.name][k], np.float64)
     kinds = {c.name: c for c in conditions}
     out = []
     for measure, per in measures.items():
@@ -665,6 +726,8 @@ def icl_table(icl: dict, conditions: Sequence[Condition], variants: dict[str, st
     ind = intact["induction"]
     r.update(first_copy=ind["first_copy"], second_copy=ind["second_copy"])
     _put(r, "induction_benefit", ind["per_sequence"]["benefit"])
+    _put(r, "copy_accuracy", ind["per_sequence"]["copy_accuracy"])
+    _put(r, "recall_accuracy", intact["recall"]["per_sequence"]["accuracy"])
     rows.append(r)
     arms = [(c.name, variants[c.name], [c.name]) for c in conditions]
     for v in dict.fromkeys(variants.values()):
@@ -675,7 +738,8 @@ def icl_table(icl: dict, conditions: Sequence[Condition], variants: dict[str, st
         r = {"condition": name, "variant": v}
         if icl[members[0]].get("icl_benefit") is not None:
             _put(r, "icl_benefit", np.mean([icl[m]["icl_benefit"] for m in members], axis=0))
-        _put(r, "induction_benefit", np.mean([icl[m]["induction_benefit"] for m in members], axis=0))
+        for k in ("induction_benefit", "copy_accuracy", "recall_accuracy"):
+            _put(r, k, np.mean([icl[m][k] for m in members], axis=0))
         rows.append(r)
     return pd.DataFrame(rows)
 
@@ -684,6 +748,6 @@ def _put(row: dict, name: str, values) -> None:
     row[name], row[f"{name}_ci_low"], row[f"{name}_ci_high"] = ci(np.asarray(values, np.float64))
 
 
-__all__ = ["EvaluateConfig", "ProbeConfig", "ICLScoreConfig", "InductionLossConfig", "PerplexityConfig",
+__all__ = ["EvaluateConfig", "ProbeConfig", "ICLScoreConfig", "InductionLossConfig", "RecallConfig", "PerplexityConfig",
            "LoadBearingConfig", "LmEvalConfig", "EvaluateResult", "run_evaluate", "parse_variant",
            "load_bearing_conditions", "hits_table", "drops_by_measure", "icl_table"]

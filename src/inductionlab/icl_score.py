@@ -13,7 +13,13 @@ loss(late)`` (= −score, larger is better) is what the load-bearing test compar
 (the sequences of :mod:`inductionlab.scores`); mean next-token loss over the first copy
 (predicting ``S[1:]``) and over the second copy (predicting every token of the repeat), per
 sequence; *induction benefit* = first − second. The means equal
-:func:`inductionlab.scores.compute_head_scores`' ``induction_loss`` on the same sequences.
+:func:`inductionlab.scores.compute_head_scores`' ``induction_loss`` on the same sequences. *Copy
+accuracy*: the fraction of ``S[1:]`` in the repeat whose next token is the model's top-1 prediction.
+
+**Associative recall** (:func:`associative_recall`): P random key-value pairs, then the same pairs
+in a shuffled order; top-1 accuracy of each value after its repeated key (a content match, not a
+positional copy). Both accuracies are measured in the model's own tokens, so a 2-layer model
+trained on a small vocabulary can do them (issue 19).
 """
 
 from __future__ import annotations
@@ -43,25 +49,31 @@ def icl_positions(context: int, late: int = 500, early: int = 50) -> tuple[int, 
 
 
 def token_losses(model, ids: torch.Tensor, *, batch_size: int = 2, heads: Iterable[tuple[int, int]] | None = None,
-                 method: str = "zero", reference_ids: torch.Tensor | None = None) -> np.ndarray:
+                 method: str = "zero", reference_ids: torch.Tensor | None = None,
+                 return_hits: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Next-token losses of equal-length sequences.
 
     Args:
         ids: LongTensor ``[N, T]`` (no padding).
         heads, method, reference_ids: ablate these heads meanwhile (:func:`inductionlab.instrument.ablate`).
+        return_hits: also return whether the top-1 (argmax) prediction is the next token.
 
-    Returns: float64 ``[N, T − 1]``; column ``t − 1`` is ``−log p(x_t | x_<t)`` in nats.
+    Returns: float64 ``[N, T − 1]``; column ``t − 1`` is ``−log p(x_t | x_<t)`` in nats. With
+    ``return_hits``: ``(nll, hits)``, ``hits`` bool ``[N, T − 1]`` (argmax of ``p(· | x_<t)`` is ``x_t``).
     """
     ids = torch.as_tensor(ids, dtype=torch.long)
     device = next(model.parameters()).device
-    out = []
+    out, hit = [], []
     with torch.inference_mode(), ablation_context(model, heads, method, reference_ids):
         for s in range(0, ids.shape[0], batch_size):
             x = ids[s:s + batch_size].to(device)
             logits = model(input_ids=x).logits[:, :-1].float()
             nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
             out.append(nll.double().cpu())
-    return torch.cat(out).numpy()
+            if return_hits:
+                hit.append((logits.argmax(-1) == x[:, 1:]).cpu())
+    nll = torch.cat(out).numpy()
+    return (nll, torch.cat(hit).numpy()) if return_hits else nll
 
 
 def model_context(model) -> int | None:
@@ -180,15 +192,73 @@ def induction_loss(model, *, tokenizer=None, vocab_size: int | None = None, seq_
         sequences = random_sequences(pool, n, seq_len, seed)
     S = torch.as_tensor(sequences, dtype=torch.long)
     T, p0 = S.shape[1], int(bos_id is not None)
-    nll = token_losses(model, build_sequences(S, "induction", bos_id), batch_size=batch_size, heads=heads,
-                       method=method, reference_ids=reference_ids)
+    nll, hits = token_losses(model, build_sequences(S, "induction", bos_id), batch_size=batch_size, heads=heads,
+                             method=method, reference_ids=reference_ids, return_hits=True)
     first = nll[:, p0:p0 + T - 1].mean(1)
     second = nll[:, p0 + T - 1:].mean(1)
+    acc = hits[:, p0 + T:].mean(1).astype(np.float64)     # S[1:] of the repeat: each has one earlier occurrence
     m, lo, hi = ci(first - second)
+    am, alo, ahi = ci(acc)
     return {"seq_len": T, "n": int(S.shape[0]), "first_copy": float(first.mean()), "second_copy": float(second.mean()),
             "benefit": m, "benefit_ci_low": lo, "benefit_ci_high": hi,
-            "per_sequence": {"first_copy": first, "second_copy": second, "benefit": first - second}}
+            "copy_accuracy": am, "copy_accuracy_ci_low": alo, "copy_accuracy_ci_high": ahi,
+            "per_sequence": {"first_copy": first, "second_copy": second, "benefit": first - second,
+                             "copy_accuracy": acc}}
+
+
+def recall_sequences(pool: torch.Tensor, n: int, n_pairs: int, seed: int, bos_id: int | None = None) -> torch.Tensor:
+    """Associative-recall sequences ``[BOS] k1 v1 … kP vP  kπ1 vπ1 … kπP vπP``: ``2P`` distinct
+    random tokens from ``pool`` as P key-value pairs, then the same pairs again in a random order
+    π (its own per sequence), so a query key's value can be found only by matching its content,
+    not by continuing a copy.
+
+    Returns: LongTensor ``[n, 4P + (1 if bos_id is not None)]``.
+
+    Raises: InductionLabError when the pool has fewer than ``2P`` ids or ``P < 2``."""
+    from .stimuli import random_sequences
+
+    if n_pairs < 2:
+        raise InductionLabError(f"associative recall needs at least 2 key-value pairs, got {n_pairs}")
+    kv = random_sequences(pool, n, 2 * n_pairs, seed)                       # [n, 2P] distinct
+    g = torch.Generator().manual_seed(int(seed) + 1)
+    order = torch.stack([torch.randperm(n_pairs, generator=g) for _ in range(n)])   # [n, P]
+    pairs = kv.view(n, n_pairs, 2)
+    again = torch.gather(pairs, 1, order[:, :, None].expand(-1, -1, 2)).reshape(n, 2 * n_pairs)
+    seq = torch.cat([kv, again], 1)
+    if bos_id is not None:
+        seq = torch.cat([torch.full((n, 1), int(bos_id), dtype=torch.long), seq], 1)
+    return seq
+
+
+def associative_recall(model, pool: torch.Tensor, *, n_pairs: int = 8, n: int = 32, seed: int = 0,
+                       bos_id: int | None = None, batch_size: int = 16, heads=None, method: str = "zero",
+                       reference_ids=None) -> dict:
+    """Associative recall in the model's own tokens (``… A B … A → B``, the pattern an induction
+    head completes; Zoology's multi-query associative recall, Arora et al. 2023, with one query
+    per pair): on :func:`recall_sequences`, the top-1 accuracy and the loss of each value ``vπj``
+    given its repeated key, per sequence.
+
+    Args:
+        pool: LongTensor of ids to draw keys and values from (e.g. the training split's ids).
+        n_pairs: P, key-value pairs per sequence (queries per sequence: P).
+        heads, method, reference_ids: ablate these heads meanwhile.
+
+    Returns: ``{"n_pairs", "n", "accuracy", "accuracy_ci_low", "accuracy_ci_high", "nll",
+    "per_sequence": {"accuracy": [n], "nll": [n]}}`` (accuracy a fraction of queries; nll in nats;
+    chance accuracy ≈ 1/len(pool) without the context).
+    """
+    ids = recall_sequences(pool, n, n_pairs, seed, bos_id)
+    p0 = int(bos_id is not None)
+    nll, hits = token_losses(model, ids, batch_size=batch_size, heads=heads, method=method,
+                             reference_ids=reference_ids, return_hits=True)
+    # value vπj sits at p0 + 2P + 2j + 1; its prediction is column p0 + 2P + 2j (the query key's position)
+    cols = p0 + 2 * n_pairs + 2 * np.arange(n_pairs)
+    acc = hits[:, cols].mean(1).astype(np.float64)
+    loss = nll[:, cols].mean(1)
+    m, lo, hi = ci(acc)
+    return {"n_pairs": int(n_pairs), "n": int(n), "accuracy": m, "accuracy_ci_low": lo, "accuracy_ci_high": hi,
+            "nll": float(loss.mean()), "per_sequence": {"accuracy": acc, "nll": loss}}
 
 
 __all__ = ["icl_positions", "token_losses", "model_context", "heldout_windows", "text_windows", "icl_score",
-           "induction_loss"]
+           "induction_loss", "recall_sequences", "associative_recall"]

@@ -79,6 +79,22 @@ def relative_contrast(intact, ablated_a, ablated_b) -> dict:
     return {"n": int(i.size), "contrast": float(c), "ci_low": float(c - half), "ci_high": float(c + half)}
 
 
+def absolute_change(intact, ablated, baseline=None) -> dict:
+    """Paired absolute change ``mean(ablated − intact)`` (in the measure's units: nats, accuracy
+    points as a fraction) with a 95% CI over units (normal approximation on the per-unit
+    differences). With ``baseline`` (e.g. the random-ablated values), ``mean(ablated − baseline)``
+    instead: the induction − random contrast. Arrays as in :func:`relative_change`.
+
+    Returns: ``{"n", "absolute", "absolute_ci_low", "absolute_ci_high"}``. Well defined however
+    small the intact mean is (the relative change divides by it)."""
+    i, a = _paired(intact, ablated)
+    b = i if baseline is None else _paired(intact, baseline)[1]
+    d = a - b
+    m = float(d.mean())
+    half = Z95 * d.std(ddof=1) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+    return {"n": int(d.size), "absolute": m, "absolute_ci_low": float(m - half), "absolute_ci_high": float(m + half)}
+
+
 def headline(relative: float, digits: int = 1) -> str:
     """The papers' headline form: ``−0.226`` → ``"−22.6%"`` (Unicode minus), ``0.05`` → ``"+5.0%"``."""
     if relative is None or not np.isfinite(relative):
@@ -98,7 +114,7 @@ def drops_table(rows: pd.DataFrame, value: str = "value", unit: str = "unit") ->
             intact units.
 
     Returns: DataFrame ``variant, kind, draw, n, intact, ablated, relative, ci_low, ci_high,
-    headline``: one row per ablated condition, one ``draw == "pooled"`` row per variant's random
+    headline, absolute, absolute_ci_low, absolute_ci_high`` (:func:`absolute_change`): one row per ablated condition, one ``draw == "pooled"`` row per variant's random
     draws (per-unit mean over draws), and one ``kind == "induction-random"`` row per variant
     with both (the contrast in units of the intact mean).
 
@@ -122,18 +138,20 @@ def drops_table(rows: pd.DataFrame, value: str = "value", unit: str = "unit") ->
         for kind, g in (("induction", ind),):
             if len(g):
                 out.append({"variant": variant, "kind": kind, "draw": str(g["draw"].iloc[0]),
-                            **relative_change(base.to_numpy(), vec(g))})
+                            **relative_change(base.to_numpy(), vec(g)), **absolute_change(base.to_numpy(), vec(g))})
         for d, v in rnd.items():
-            out.append({"variant": variant, "kind": "random", "draw": str(d), **relative_change(base.to_numpy(), v)})
+            out.append({"variant": variant, "kind": "random", "draw": str(d), **relative_change(base.to_numpy(), v),
+                        **absolute_change(base.to_numpy(), v)})
         if rnd:
             pooled = np.stack(list(rnd.values()))
             out.append({"variant": variant, "kind": "random", "draw": "pooled",
-                        **relative_change(base.to_numpy(), pooled)})
+                        **relative_change(base.to_numpy(), pooled), **absolute_change(base.to_numpy(), pooled)})
             if len(ind):
                 c = relative_contrast(base.to_numpy(), vec(ind), pooled)
                 out.append({"variant": variant, "kind": "induction-random", "draw": "pooled", "n": c["n"],
                             "relative": c["contrast"], "ci_low": c["ci_low"], "ci_high": c["ci_high"],
-                            "headline": headline(c["contrast"])})
+                            "headline": headline(c["contrast"]),
+                            **absolute_change(base.to_numpy(), vec(ind), pooled.mean(0))})
     return pd.DataFrame(out)
 
 
@@ -175,5 +193,5 @@ def gini(values) -> float:
     return float(2.0 * np.sum(np.arange(1, n + 1) * x) / (n * tot) - (n + 1) / n)
 
 
-__all__ = ["relative_change", "relative_contrast", "headline", "drops_table",
+__all__ = ["relative_change", "relative_contrast", "absolute_change", "headline", "drops_table",
            "score_concentration", "gini"]

@@ -450,8 +450,12 @@ def bi_induct_report(study) -> str:
         L += [f"The emergence law of Aoyama, Wilcox & Schneider (arXiv 2511.16893), N ≈ 5·10^5·√(B·C) tokens, "
               f"predicts ≈ {law['tokens']:.3g} tokens ≈ {law['updates']:,.0f} updates at B = {law['batch_sequences']}, "
               f"C = {law['context']} (`law_emergence_*`; an order of magnitude, fitted on GPU runs).", ""]
+    if rec.get("variants_table"):
+        L += ["Per variant, mean [95% Student-t CI] over seeds (emergence: over the seeds that emerged; `never` "
+              "counts the others):", "", _md(pd.DataFrame(rec["variants_table"])), ""]
     cols = ["run", "emergence_step", "emergence_tokens", "law_emergence_steps", "law_emergence_tokens",
-            "final_max_induction", "final_top2pct_induction",
+            "final_max_induction", *[c for c in t.columns if c.startswith("final_max_induction_S")],
+            "final_top2pct_induction",
             "peak_max_induction", "final_max_anti_induction", "peak_max_anti_induction", "final_max_copy_offset",
             "final_max_copy_offset_control", "train_time_s"]
     L += [_md(t[[c for c in cols if c in t]]), "", "## Held-out perplexity", ""]
@@ -459,18 +463,29 @@ def bi_induct_report(study) -> str:
     L += [_md(t[[c for c in cols if c in t]], 2), "",
           "`telemetry_heldout_ppl`: the trainer's last-checkpoint telemetry; `ppl`: the evaluation's perplexity "
           "guard on the held-out split.", ""]
-    if "hits1_10shot" in t:
-        L += ["## Function-style ICL probes (HITS@k on the first answer token) and ICL score", ""]
-        cols = ["run", "hits1_1shot", "hits3_1shot", "hits1_10shot", "hits3_10shot", "icl_score", "icl_benefit"]
+    if "icl_benefit" in t:
+        L += ["## Probes: associative recall, copying, function-style ICL (HITS@k), ICL score", ""]
+        cols = ["run", "recall_accuracy", "copy_accuracy", "hits1_1shot", "hits3_1shot", "hits1_10shot",
+                "hits3_10shot", "icl_score", "icl_benefit"]
         L += [_md(t[[c for c in cols if c in t]]), "",
+              "`recall_accuracy`: top-1 accuracy of a value after its repeated key (P random key-value pairs in the "
+              "model's own tokens, then the same pairs shuffled); `copy_accuracy`: top-1 accuracy on the repeat of a "
+              "random-token list. ",
               "Macro average over the preset's tasks, intact prompts (per-task tables and the label-permutation "
               "control in each run's `evaluate/<key>/<run>/`). ICL score = loss(late) − loss(early) in nats (Olsson et al.; "
               "negative = learns in context).", "",
               "## Load-bearing test: top-2% induction heads per layer vs matched random heads", ""]
+        absc = [c for c in t.columns if c.startswith("abs_")]
+        if absc:
+            L += [_md(t[["run", *absc]]), "",
+                  "Absolute change under zero ablation (ablated − intact; `contrast` = induction-ablated − random-"
+                  "ablated, per unit, random draws pooled): ICL benefit in nats, accuracies as fractions. These "
+                  "decide claim D (a relative change divides by the intact value).", ""]
         tt = t.assign(**{c: 100 * t[c] for c in ("drop_induction", "drop_random", "drop_contrast")})
         L += [_md(tt[["run", "drop_induction", "drop_random", "drop_contrast"]], 1), "",
               "Relative change (%) of the per-window ICL benefit under zero ablation; contrast = induction − random "
-              "(paper, natural-only vs Bi-Induct: −22.6% vs −4.9% at 0.13B).", ""]
+              "(paper, natural-only vs Bi-Induct: −22.6% vs −4.9% at 0.13B). Pre-registered: read it only where "
+              "every compared intact ICL benefit exceeds the RELATIVE_FLOOR of the rules.", ""]
     else:
         L += ["## Evaluation", "", "Not run (`evaluate` off).", ""]
     return "\n".join(L) + "\n"

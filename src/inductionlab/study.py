@@ -142,14 +142,15 @@ def check_ks(ks: Sequence[int], n_total: int, exclude_top_n: int) -> None:
 
 
 def head_scores_piece(run: ResumableRun, loaded, *, seq_len: int, batch_size: int, n_batches: int = 1, seed: int = 0,
-                      progress: bool = True) -> HeadScores:
+                      progress: bool = True, pool=None) -> HeadScores:
     """Head scores (SPEC §3) as the piece ``scores``: computed once, then loaded (sharded over
-    ``run.dist``'s processes when it has several; the bar shows on rank 0 only)."""
+    ``run.dist``'s processes when it has several; the bar shows on rank 0 only). ``pool``: ids to
+    draw the random tokens from (None: the tokenizer's ordinary ids)."""
     def compute():
         with tqdm(total=batch_size * n_batches, desc="head scores", unit="seq",
                   disable=not (progress and run.is_main)) as bar:
             hs = compute_head_scores(loaded.model, tokenizer=loaded.tokenizer, seq_len=seq_len, batch_size=batch_size,
-                                     n_batches=n_batches, seed=seed, progress=bar.update, dist=run.dist)
+                                     n_batches=n_batches, seed=seed, progress=bar.update, dist=run.dist, pool=pool)
         return {"scores": hs.scores, "induction_loss": hs.induction_loss, "params": hs.params}
     raw = run.json("scores", compute)
     return HeadScores({k: np.asarray(v) for k, v in raw["scores"].items()}, raw["induction_loss"], raw["params"])

@@ -45,7 +45,6 @@ import pandas as pd
 from .checks import INT64_MAX, check_fields
 from .errors import InductionLabError
 from .runs import ResumableRun, atomic_write_json, atomic_write_text, own_entries, versions
-from .stats import ci
 
 VARIANTS = ("none", "induction", "anti", "balanced")
 BI_INDUCT = ("induction", "anti", "balanced")
@@ -94,6 +93,26 @@ STUDY_PRESETS: dict[str, StudyPreset] = {
         # tasks whose 10-shot prompts fit 128 tokens of the BPE-512 tokenizer (longer ones are skipped)
         eval=dict(_EVAL_DEFAULT, tasks=("first_letter", "last_letter", "next_letter", "prev_letter"),
                   n_prompts=32, icl_windows=64, ppl_tokens=32768, score_seq_len=16)),
+    # Issue 19: natural-only forms an induction head mid-budget (synth-bigram text, 0.9 / 0.9; the law of
+    # Aoyama et al. predicts 8e6 tokens at B = 4, C = 64, measured ~8e6 in docs/bi_induct_calibration_pilots.md),
+    # with the paper's mix m0 = 0.5 annealed to 0 over the budget, natural spans of 6-14 tokens (2L + 1 <= C/2:
+    # the snippet cap never binds), probes in the model's own tokens.
+    "cpu-natural": StudyPreset(
+        "cpu-natural", "CPU study: cpu-micro, synth-bigram text (repetition 0.9, reliability 0.9, BPE 512), "
+                       "B = 4 x C = 64, constant lr 3e-3, 46,875 updates (12e6 tokens), m0 = 0.5 annealed, "
+                       "natural spans 6-14",
+        train=dict(preset="cpu-micro", seq_len=64, tokens_per_update=256, micro_batch_size=4, lr=3e-3,
+                   warmup_frac=0.01, min_lr_ratio=1.0, weight_decay=0.0, log_checkpoints=8, dense_start=0,
+                   dense_end=46_875, dense_every=1250, telemetry_seq_len=16, telemetry_batch=16,
+                   induction_threshold=0.3, eval_tokens=16384, log_every=500),
+        curriculum=dict(span_source="natural", span_length=10, span_length_range=(6, 14), m0=0.5),
+        anneal_frac=1.0, tokens=12_000_000, seeds=3,
+        data_hint="inductionlab corpus prepare demo --out data/demo-512 --vocab-size 512 && inductionlab corpus "
+                  "prepare synth-bigram --from data/demo-512 --repetition 0.9 --reliability 0.9 --tokens 16000000 "
+                  "--seq-len 64 --out data/synth90",
+        eval=dict(_EVAL_DEFAULT, tasks=("first_letter", "next_letter"), shots=(0, 1), n_prompts=16,
+                  icl_windows=128, ppl_tokens=32768, score_seq_len=16, induction_seq_len=24, induction_sequences=64,
+                  recall_pairs=8, recall_sequences=64, token_pool="shards", calibration_lengths=(16, 31))),
     # CI: the whole study in about a minute on one thread.
     "tiny": StudyPreset(
         "tiny", "CI smoke test: cpu-micro, 64-token context, 8 updates of 512 tokens",
@@ -123,9 +142,14 @@ STUDY_PRESETS: dict[str, StudyPreset] = {
 MIN_SEEDS_FOR_CI = 2          # a 95% CI over seeds needs at least 2 seeds
 INDUCTION_EFFECT = 0.10       # A: final max induction score (attention prob.) higher by >= this ...
 ANTI_NEAR_ZERO = 0.20         # B: peak max anti-induction score stays below this (uniform at T=16 ~0.05)
-PROBE_FLOOR = 0.05            # C: macro HITS@1 (10 shots) of the best run must exceed this to be testable
-PROBE_MARGIN = 0.02           # C: Bi-Induct may beat natural-only by at most this (HITS@1) to call it neutral
+PROBE_FLOOR = 0.05            # C: natural-only's intact accuracy on the deciding probe must exceed this
+PROBE_MARGIN = 0.02           # C: Bi-Induct may beat natural-only by at most this (accuracy) to call it neutral
 ICL_FLOOR = 0.05              # D: intact ICL benefit (nats) of natural-only must exceed this to be testable
+# Issue 19, written before the cpu-natural data: a relative change is reported only where every compared
+# run's intact value is above these (below them it divides by ~0); the verdict itself uses absolute changes.
+RELATIVE_FLOOR = {"icl_benefit": 0.10, "recall_accuracy": 0.20, "copy_accuracy": 0.20}
+D_MEASURE = "icl_benefit"     # D decides on the absolute induction − random contrast of this (nats)
+C_MEASURE = "recall_accuracy" # C decides on this intact probe (associative recall in the model's own tokens)
 
 RULES: dict[str, str] = {
     "A": (f"Testable iff every compared variant has >= {MIN_SEEDS_FOR_CI} seeds and at least one run of the study "
@@ -136,18 +160,24 @@ RULES: dict[str, str] = {
     "B": (f"Testable iff the anti and balanced variants have >= {MIN_SEEDS_FOR_CI} seeds. Reproduced iff for both, "
           f"the peak (over checkpoints) max anti-induction score has 95% CI high < {ANTI_NEAR_ZERO}. "
           f"Not reproduced iff either mean >= {ANTI_NEAR_ZERO}; otherwise (CI straddles) not testable."),
-    "C": (f"Benchmarks via lm-evaluation-harness are not run (datasets offline); probes only. Testable iff "
-          f">= {MIN_SEEDS_FOR_CI} seeds and the best run's macro HITS@1 at 10 shots >= {PROBE_FLOOR} (above the "
-          f"floor). Reproduced iff for every Bi-Induct variant the paired (by seed) difference variant − "
-          f"natural-only in macro HITS@1 at 10 shots is not above +{PROBE_MARGIN} with CI low > 0 (i.e. no "
-          f"variant clearly better than natural-only). Else not reproduced."),
-    "D": (f"Testable iff >= {MIN_SEEDS_FOR_CI} seeds and natural-only's intact ICL benefit (loss early − late) "
-          f"> {ICL_FLOOR} nats in every seed. Measure per run: relative ICL-benefit change under top-2%-per-layer "
-          f"induction-head ablation minus under matched random heads (relative_contrast). Reproduced iff the "
-          f"paired difference natural-only − induction variant has 95% CI high < 0 (natural-only loses more). "
-          f"Else not reproduced. Paper: −22.6% vs −4.9% at 0.13B, −19.5% vs −14.5% at 1B."),
+    "C": (f"Benchmarks via lm-evaluation-harness are not run (datasets offline); probes only, in the model's own "
+          f"tokens. Deciding probe: {C_MEASURE} (associative recall: top-1 accuracy of a value after its repeated "
+          f"key). Testable iff >= {MIN_SEEDS_FOR_CI} seeds and natural-only's intact accuracy > {PROBE_FLOOR} in "
+          f"every seed (off the floor; else the probe is uninformative). Reproduced iff for every Bi-Induct variant "
+          f"the paired (by seed) difference variant − natural-only is not (mean > +{PROBE_MARGIN} with 95% CI low > "
+          f"0) (no variant clearly better than natural-only). Else not reproduced. The function-style probes "
+          f"(HITS@1) and copy accuracy are reported beside it."),
+    "D": (f"Testable iff >= {MIN_SEEDS_FOR_CI} seeds and natural-only's intact ICL benefit (loss early − late, "
+          f"held-out text) > {ICL_FLOOR} nats in every seed. Measure per run: the ABSOLUTE change (nats) of the "
+          f"{D_MEASURE} under top-2%-per-layer induction-head ablation minus under matched random heads (per "
+          f"window, random draws pooled). Reproduced iff the paired (by seed) difference natural-only − induction "
+          f"variant has 95% CI high < 0 (natural-only loses more nats). Else not reproduced. Relative changes are "
+          f"reported only where every compared run's intact value exceeds RELATIVE_FLOOR ({RELATIVE_FLOOR}); the "
+          f"same absolute contrasts of recall and copy accuracy (points) are reported beside it. Paper (relative): "
+          f"−22.6% vs −4.9% at 0.13B, −19.5% vs −14.5% at 1B."),
     "E": (f"Testable iff >= {MIN_SEEDS_FOR_CI} seeds. Measure: log held-out perplexity of the induction variant "
           f"minus natural-only, paired by seed. Reproduced iff 95% CI low > 0 (a penalty); else not reproduced."),
+    "CI": "95% CIs over seeds are Student-t (n − 1 degrees of freedom); over units (windows, sequences) normal.",
 }
 
 CLAIMS: dict[str, str] = {
@@ -432,18 +462,21 @@ def evaluation_config(ev: dict, seed: int = 0):
     load-bearing test ``per-layer-2pct`` (top 2% induction heads per layer, at least one) vs
     matched random heads, probes under ablation at 10 shots."""
     from .evaluate import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LoadBearingConfig, PerplexityConfig,
-                           ProbeConfig)
+                           ProbeConfig, RecallConfig)
     pct = f"per-layer-{100 * ev['ablation_top_frac']:g}pct"
     return EvaluateConfig(
         probes=ProbeConfig(tasks=tuple(ev["tasks"]), shots=tuple(ev["shots"]), n_prompts=ev["n_prompts"],
                            batch_size=ev["batch_size"]),
         icl=ICLScoreConfig(late=ev["icl_late"], early=ev["icl_early"], n_sequences=ev["icl_windows"],
                            batch_size=ev["batch_size"]),
-        induction=InductionLossConfig(seq_len=ev["score_seq_len"], n_sequences=16, batch_size=ev["batch_size"]),
+        induction=InductionLossConfig(seq_len=ev.get("induction_seq_len", ev["score_seq_len"]),
+                                      n_sequences=ev.get("induction_sequences", 16), batch_size=ev["batch_size"]),
+        recall=RecallConfig(n_pairs=ev.get("recall_pairs", 8), n_sequences=ev.get("recall_sequences", 32),
+                            batch_size=ev["batch_size"]),
         perplexity=PerplexityConfig(max_tokens=ev["ppl_tokens"], batch_size=ev["batch_size"]),
         load_bearing=LoadBearingConfig(ablate=(pct,), n_draws=ev["ablation_draws"], method=ev["ablation_method"],
                                        shots=max(ev["shots"])),
-        seed=seed, score_seq_len=ev["score_seq_len"], score_batch_size=16)
+        seed=seed, score_seq_len=ev["score_seq_len"], score_batch_size=16, token_pool=ev.get("token_pool", "vocab"))
 
 
 def evaluate_checkpoint(ckpt: Path, shards: str, ev: dict, out: Path, *, seed: int = 0) -> dict:
@@ -458,6 +491,17 @@ def evaluate_checkpoint(ckpt: Path, shards: str, ev: dict, out: Path, *, seed: i
     ecfg = evaluation_config(ev, seed)
     loaded = load_model(str(ckpt), dtype="float32")    # the study's numbers, the same on every CPU
     res = run_evaluate(loaded, ecfg, out, shards=shards, progress=False)
+    calibration = {}
+    if ev.get("calibration_lengths"):                  # max induction at several |S| (issue 19: not only one)
+        from .data.shards import TokenShards
+        from .evaluate import token_pool
+        from .scores import compute_head_scores
+
+        pool = token_pool(loaded, ecfg, TokenShards.open(shards))
+        for T in ev["calibration_lengths"]:
+            hs = compute_head_scores(loaded.model, tokenizer=loaded.tokenizer, seq_len=int(T), batch_size=32,
+                                     seed=seed + 1, names=("induction",), pool=pool, induction_loss=False)
+            calibration[str(int(T))] = float(np.max(hs.scores["induction"]))
     h = res.hits
     macro = h[(h["condition"] == "intact") & (h["task"] == "macro")]
     icl = res.icl_summary.set_index("condition").loc["intact"]
@@ -468,21 +512,25 @@ def evaluate_checkpoint(ckpt: Path, shards: str, ev: dict, out: Path, *, seed: i
         r = d[(d["measure"] == measure) & (d["kind"] == kind) & (d["draw"].astype(str).isin(["0", "pooled"]))]
         if kind == "random":
             r = r[r["draw"].astype(str) == "pooled"]
-        return {k: (None if pd.isna(v) else v) for k, v in r.iloc[0][["relative", "ci_low", "ci_high"]].items()} \
-            if len(r) else {"relative": None, "ci_low": None, "ci_high": None}
+        keys = ["intact", "relative", "ci_low", "ci_high", "absolute", "absolute_ci_low", "absolute_ci_high"]
+        return {k: (None if k not in r or pd.isna(r.iloc[0][k]) else float(r.iloc[0][k])) for k in keys} \
+            if len(r) else dict.fromkeys(keys)
 
     ablation = {"variant": pct, "method": ecfg.load_bearing.method,
                 "heads": [c.heads for c in res.conditions if c.kind == "induction"][0],
                 **{m: {"induction": drop(m, "induction"), "random": drop(m, "random"),
                        "contrast": drop(m, "induction-random")}
-                   for m in ("icl_benefit", f"hits1_{ecfg.load_bearing.shots}shot", "induction_benefit")}}
+                   for m in ("icl_benefit", f"hits1_{ecfg.load_bearing.shots}shot", "induction_benefit",
+                             "copy_accuracy", "recall_accuracy")}}
     return {"checkpoint": str(ckpt), "evaluate_dir": str(out),
             "probes": macro[["shots", "control", "n", "hits1", "hits1_ci_low", "hits1_ci_high", "hits3",
                              "hits3_ci_low", "hits3_ci_high"]].to_dict(orient="records"),
             "icl": {"score": float(icl["icl_score"]), "ci_low": float(icl["icl_score_ci_low"]),
                     "ci_high": float(icl["icl_score_ci_high"]), "benefit": float(icl["icl_benefit"]),
                     "late": int(icl["late"]), "early": int(icl["early"]),
-                    "induction_benefit": float(icl["induction_benefit"])},
+                    "induction_benefit": float(icl["induction_benefit"]),
+                    "copy_accuracy": float(icl["copy_accuracy"]), "recall_accuracy": float(icl["recall_accuracy"])},
+            "calibration_max_induction": calibration,
             "perplexity": {k: res.perplexity[k] for k in ("perplexity", "nll_per_token", "n_scored", "context")},
             "ablation": ablation, "notes": res.notes}
 
@@ -522,6 +570,17 @@ def runs_table(pieces: dict[str, dict], evals: dict[str, dict]) -> pd.DataFrame:
                 m = macro.get((k, "intact"), {})
                 row[f"hits1_{k}shot"] = m.get("hits1", np.nan)
                 row[f"hits3_{k}shot"] = m.get("hits3", np.nan)
+            for T, v in (e.get("calibration_max_induction") or {}).items():
+                row[f"final_max_induction_S{T}"] = v
+            row.update(copy_accuracy=e["icl"].get("copy_accuracy", np.nan),
+                       recall_accuracy=e["icl"].get("recall_accuracy", np.nan))
+            for m in ("icl_benefit", "copy_accuracy", "recall_accuracy"):
+                ab = e["ablation"].get(m)
+                if ab is None:
+                    continue
+                for kind, key in (("induction", "induction"), ("random", "random"), ("contrast", "contrast")):
+                    row[f"abs_{m}_{key}"] = _f(ab[kind].get("absolute"))
+                    row[f"rel_{m}_{key}"] = _f(ab[kind].get("relative"))
             row.update(icl_score=e["icl"]["score"], icl_benefit=e["icl"]["benefit"],
                        ppl=e["perplexity"]["perplexity"],
                        drop_induction=_f(e["ablation"]["icl_benefit"]["induction"]["relative"]),
@@ -539,11 +598,25 @@ def _by_seed(t: pd.DataFrame, variant: str, col: str) -> pd.Series:
     return g.astype(float)
 
 
+def seed_ci(values) -> tuple[float, float, float]:
+    """``(mean, ci_low, ci_high)``: 95% Student-t CI over seeds (n − 1 degrees of freedom; NaN
+    bounds for one seed). A study has 2–5 seeds, where the normal approximation is too narrow
+    (t quantile 4.30 at n = 3 against 1.96)."""
+    from scipy.stats import t as student_t
+
+    x = np.asarray(values, np.float64)
+    m = float(x.mean())
+    if len(x) < 2:
+        return m, float("nan"), float("nan")
+    half = float(student_t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return m, m - half, m + half
+
+
 def _paired(t: pd.DataFrame, a: str, b: str, col: str) -> tuple[np.ndarray, tuple[float, float, float] | None]:
     """Per-seed ``a − b`` of ``col`` over seeds both have, and its (mean, ci_low, ci_high) (None: no seed)."""
     x, y = _by_seed(t, a, col), _by_seed(t, b, col)
     d = (x - y).dropna().to_numpy()
-    return d, (ci(d) if len(d) else None)
+    return d, (seed_ci(d) if len(d) else None)
 
 
 def _fmt(m: tuple | None, d: int = 3) -> str:
@@ -556,7 +629,8 @@ def _fmt(m: tuple | None, d: int = 3) -> str:
 
 
 def _verdict(claim: str, status: str, evidence: str) -> dict:
-    return {"claim": claim, "text": CLAIMS[claim], "verdict": status, "rule": RULES[claim], "evidence": evidence}
+    return {"claim": claim, "text": CLAIMS[claim], "verdict": status, "rule": RULES[claim] + " " + RULES["CI"],
+            "evidence": evidence}
 
 
 def _n_seeds(t: pd.DataFrame, variants: Sequence[str]) -> int:
@@ -592,7 +666,7 @@ def verdict_b(t: pd.DataFrame) -> dict:
     parts, cis = [], []
     for v in vs:
         x = _by_seed(t, v, "peak_max_anti_induction").dropna().to_numpy()
-        c = ci(x) if len(x) else None
+        c = seed_ci(x) if len(x) else None
         cis.append(c)
         parts.append(f"{v}: peak max anti-induction {_fmt(c)} (seeds {len(x)})")
     ev = "; ".join(parts) + f" (bound {ANTI_NEAR_ZERO})"
@@ -606,50 +680,66 @@ def verdict_b(t: pd.DataFrame) -> dict:
 
 
 def verdict_c(t: pd.DataFrame) -> dict:
-    col = "hits1_10shot"
-    if col not in t:
-        return _verdict("C", "not testable at this scale", "no probe results (evaluation not run)")
-    if t[col].isna().all():
-        return _verdict("C", "not testable at this scale", "no 10-shot probe prompt fits the model's context")
+    """Claim C by :data:`RULES` ["C"]: the deciding probe :data:`C_MEASURE`, function probes beside it."""
+    col = C_MEASURE
+    if col not in t or t[col].isna().all():
+        return _verdict("C", "not testable at this scale", f"no {col} results (evaluation not run)")
     vs = [v for v in BI_INDUCT if v in set(t["variant"])]
     diffs = {v: _paired(t, v, "none", col)[1] for v in vs}
-    best = float(t[col].max())
-    ev = "; ".join(f"{v} − none HITS@1 (10 shots) = {_fmt(m)}" for v, m in diffs.items()) + \
-        f"; best run HITS@1 {best:.3f} (floor {PROBE_FLOOR}); ICL score per variant " + ", ".join(
-            f"{v} {t.loc[t.variant == v, 'icl_score'].mean():+.3f}" for v in VARIANTS if v in set(t["variant"]))
-    if _n_seeds(t, ("none", *vs)) < MIN_SEEDS_FOR_CI or best < PROBE_FLOOR:
-        why = "fewer than 2 seeds" if best >= PROBE_FLOOR else "probes at the floor"
-        return _verdict("C", "not testable at this scale", f"{why}; {ev}")
+    nat = _by_seed(t, "none", col)
+    side = []
+    for c in ("copy_accuracy", "hits1_1shot", "hits1_10shot"):
+        if c in t and not t[c].isna().all():
+            side.append(f"{c} " + ", ".join(f"{v} {t.loc[t.variant == v, c].mean():.3f}" for v in VARIANTS
+                                           if v in set(t["variant"])))
+    ev = "; ".join(f"{v} − none {col} = {_fmt(m)}" for v, m in diffs.items()) + \
+        f"; natural-only intact {col} per seed {[round(float(x), 3) for x in nat]} (floor {PROBE_FLOOR}); " + \
+        "; ".join(side)
+    if _n_seeds(t, ("none", *vs)) < MIN_SEEDS_FOR_CI:
+        return _verdict("C", "not testable at this scale", f"fewer than 2 seeds; {ev}")
+    if not (nat > PROBE_FLOOR).all():
+        return _verdict("C", "not testable at this scale", f"natural-only is at the floor on {col} (the probe is "
+                                                            f"uninformative); {ev}")
     better = [v for v, m in diffs.items() if m is not None and m[0] > PROBE_MARGIN and m[1] > 0]
     return _verdict("C", "not reproduced" if better else "reproduced", ev)
 
 
+def _relative_allowed(t: pd.DataFrame, variants: Sequence[str], measure: str) -> bool:
+    """Pre-registered: a relative change is reported only when every compared run's intact value
+    exceeds :data:`RELATIVE_FLOOR` [measure]."""
+    g = t[t.variant.isin(variants)][measure].astype(float)
+    return bool(len(g)) and bool((g > RELATIVE_FLOOR[measure]).all())
+
+
 def verdict_d(t: pd.DataFrame) -> dict:
-    if "drop_contrast" not in t or t["drop_contrast"].isna().all():
+    """Claim D by :data:`RULES` ["D"]: absolute induction − random contrasts, natural-only vs induction."""
+    col = f"abs_{D_MEASURE}_contrast"
+    if col not in t or t[col].isna().all():
         return _verdict("D", "not testable at this scale", "no ablation results (evaluation not run)")
     parts = []
-    for v in VARIANTS:
-        if v in set(t["variant"]):
-            g = t[t.variant == v]
-            parts.append(f"{v}: induction {100 * g.drop_induction.mean():+.1f}%, random "
-                         f"{100 * g.drop_random.mean():+.1f}%, contrast {100 * g.drop_contrast.mean():+.1f}% "
-                         f"(intact ICL benefit {g.icl_benefit.mean():.3f} nats)")
-    d, m = _paired(t, "none", "induction", "drop_contrast")
-    ev = f"none − induction contrast = {_fmt(m)}; " + "; ".join(parts)
+    for m, unit in (("icl_benefit", "nats"), ("recall_accuracy", "acc"), ("copy_accuracy", "acc")):
+        if f"abs_{m}_contrast" not in t:
+            continue
+        d, c = _paired(t, "none", "induction", f"abs_{m}_contrast")
+        per = ", ".join(f"{v} {t.loc[t.variant == v, f'abs_{m}_induction'].mean():+.3f} / "
+                        f"{t.loc[t.variant == v, f'abs_{m}_random'].mean():+.3f} (intact "
+                        f"{t.loc[t.variant == v, m].mean():.3f})" for v in VARIANTS if v in set(t.variant))
+        rel = ""
+        if _relative_allowed(t, ("none", "induction"), m):
+            _, rc = _paired(t, "none", "induction", f"rel_{m}_contrast")
+            rel = f"; relative contrast none − induction {_fmt(rc)} (intact above {RELATIVE_FLOOR[m]})"
+        else:
+            rel = f"; relative not reported (some intact value <= {RELATIVE_FLOOR[m]})"
+        parts.append(f"{m} [{unit}]: absolute contrast (induction − random) none − induction = {_fmt(c)}; "
+                     f"absolute change induction / random heads per variant: {per}{rel}")
+    ev = " | ".join(parts)
     ben = _by_seed(t, "none", "icl_benefit")
     if _n_seeds(t, ("none", "induction")) < MIN_SEEDS_FOR_CI or not (ben > ICL_FLOOR).all():
         why = "fewer than 2 seeds" if _n_seeds(t, ("none", "induction")) < MIN_SEEDS_FOR_CI else \
             f"natural-only has no ICL benefit to lose (<= {ICL_FLOOR} nats)"
         return _verdict("D", "not testable at this scale", f"{why}; {ev}")
-    out = _verdict("D", "reproduced" if m is not None and m[2] < 0 else "not reproduced", ev)
-    ben_i = _by_seed(t, "induction", "icl_benefit")
-    if len(ben_i) and not (ben_i > ICL_FLOOR).all():
-        # Added after the first CPU data were seen (not part of the rule, which stays as stated): a
-        # relative change over an intact benefit near 0 is ill-conditioned, so say so next to the verdict.
-        out["caveat"] = (f"the induction variant's intact ICL benefit is <= {ICL_FLOOR} nats in some seed (min "
-                         f"{ben_i.min():.3f}): its relative drops divide by ~0 and the comparison is ill-conditioned")
-        out["evidence"] = "CAVEAT: " + out["caveat"] + "; " + out["evidence"]
-    return out
+    _, m = _paired(t, "none", "induction", col)
+    return _verdict("D", "reproduced" if m is not None and m[2] < 0 else "not reproduced", ev)
 
 
 def verdict_e(t: pd.DataFrame) -> dict:
@@ -663,6 +753,28 @@ def verdict_e(t: pd.DataFrame) -> dict:
         return _verdict("E", "not testable at this scale", "fewer than 2 seeds; " + ev)
     m = parts.get("induction")
     return _verdict("E", "reproduced" if m is not None and m[1] > 0 else "not reproduced", ev)
+
+
+def variants_table(t: pd.DataFrame) -> list[dict]:
+    """Per variant: emergence tokens (seeds that emerged; ``never`` the others), final and peak
+    scores, perplexity, probes: each ``mean [95% t-CI]`` over seeds (:func:`seed_ci`)."""
+    cols = ["final_max_induction", *[c for c in t.columns if c.startswith("final_max_induction_S")],
+            "peak_max_anti_induction", "ppl", "telemetry_heldout_ppl", "recall_accuracy", "copy_accuracy",
+            "icl_benefit"]
+    rows = []
+    for v in VARIANTS:
+        g = t[t.variant == v]
+        if not len(g):
+            continue
+        em = g["emergence_tokens"].astype(float)
+        r = {"variant": v, "seeds": int(len(g)), "never": int(em.isna().sum()),
+             "emergence_tokens": _fmt(seed_ci(em.dropna().to_numpy()), 0).replace("+", "") if em.notna().any()
+             else "never"}
+        for c in cols:
+            if c in g and g[c].notna().any():
+                r[c] = _fmt(seed_ci(g[c].dropna().astype(float).to_numpy()), 3).replace("+", "")
+        rows.append(r)
+    return rows
 
 
 def verdicts(t: pd.DataFrame, threshold: float) -> list[dict]:
@@ -761,8 +873,11 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite:
               "rules": RULES, "thresholds": {"MIN_SEEDS_FOR_CI": MIN_SEEDS_FOR_CI, "INDUCTION_EFFECT": INDUCTION_EFFECT,
                                              "ANTI_NEAR_ZERO": ANTI_NEAR_ZERO, "PROBE_FLOOR": PROBE_FLOOR,
                                              "PROBE_MARGIN": PROBE_MARGIN, "ICL_FLOOR": ICL_FLOOR,
+                                             "RELATIVE_FLOOR": RELATIVE_FLOOR, "D_MEASURE": D_MEASURE,
+                                             "C_MEASURE": C_MEASURE,
                                              "induction_threshold": threshold},
-              "runs": table.to_dict(orient="records"), "verdicts": vs, "evaluations": evals,
+              "runs": table.to_dict(orient="records"), "variants_table": variants_table(table), "verdicts": vs,
+              "evaluations": evals,
               "train_wall_s_this_call": walls,
               "train_time_s_total": float(sum(p["train_time_s"] or 0 for p in pieces.values())),
               "timings": timings, "versions": versions(), "resumed": run.resumed, "missing_runs": missing}

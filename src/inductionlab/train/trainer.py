@@ -67,6 +67,8 @@ class TrainData:
     sep_id: int | None = None
     special_ids: Sequence[int] = ()
     identity: dict = field(default_factory=dict)
+    probe_pool: np.ndarray | None = None      # ids of the training split (TokenShards.token_pool): telemetry draws
+                                              # its random probe tokens here (None: the whole vocabulary)
 
 
 def open_data(cfg: TrainConfig) -> TrainData:
@@ -92,7 +94,8 @@ def open_data(cfg: TrainConfig) -> TrainData:
                 "train_tokens": int(len(shards.train)), "heldout_tokens": int(len(shards.heldout))}
     return TrainData(stream=stream, heldout=shards.heldout, vocab_size=shards.vocab_size,
                      tokenizer=shards.hf_tokenizer(), bos_id=shards.bos_id, eos_id=shards.eos_id,
-                     sep_id=shards.sep_id, special_ids=special, identity=identity)
+                     sep_id=shards.sep_id, special_ids=special, identity=identity,
+                     probe_pool=shards.token_pool())
 
 
 def check_data(cfg: TrainConfig, data: TrainData) -> None:
