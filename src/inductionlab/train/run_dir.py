@@ -58,7 +58,7 @@ class Checkpoint:
 def _step_of(p: Path) -> int | None:
     """N of a ``step_N`` directory name, or None for any other name."""
     tail = p.name.removeprefix(STEP_PREFIX)
-    return int(tail) if p.name.startswith(STEP_PREFIX) and tail.isdigit() else None
+    return int(tail) if p.name.startswith(STEP_PREFIX) and tail.isascii() and tail.isdigit() else None
 
 
 class TrainRun:
