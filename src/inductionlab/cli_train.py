@@ -121,7 +121,8 @@ def telemetry_cmd(runs, out, overwrite, threshold):
     from .outputs import check_output_dir
     from .plots import training_curves, training_heatmaps
     from .runs import atomic_write_json, own_entries, staged_run_dir, versions
-    from .train.flops import check_iso_flops, read_budgets, read_run_record
+    from .train.flops import check_iso_flops
+    from .train.run_dir import TrainRun
     from .train.telemetry import DEFAULT_THRESHOLDS, format_emergence, read_telemetry, run_summary, summarize
 
     if threshold is not None and not (math.isfinite(threshold) and 0 <= threshold <= 1):
@@ -132,14 +133,15 @@ def telemetry_cmd(runs, out, overwrite, threshold):
         raise InductionLabError("run directories must have distinct names")
     # the inputs are what is read of each run (RUN/telemetry, the default --out, is not one of them)
     out = check_output_dir(Path(out) if out else Path(runs[0]) / "telemetry",
-                           inputs=[Path(r) / n for r in runs for n in ("run.json", "checkpoints")])
+                           inputs=[p for r in runs for p in (TrainRun(r).record_path, TrainRun(r).checkpoints_dir)])
     if own_entries(out) and not overwrite:
         raise InductionLabError(f"output directory {out} already exists and is not empty; pass a new --out "
                                 "or --overwrite")
-    budgets = read_budgets(runs)
+    opened = {Path(r).name: TrainRun.open(r) for r in runs}
+    budgets = {name: run.budget for name, run in opened.items()}
     if len(runs) > 1:
         check_iso_flops(budgets)
-    records = {Path(r).name: read_run_record(r) for r in runs}
+    records = {name: run.record for name, run in opened.items()}
     if threshold is None:
         threshold = float(next(iter(records.values()))["config"].get("induction_threshold", 0.4))
     tables = {Path(r).name: read_telemetry(r) for r in runs}          # raises before anything is written

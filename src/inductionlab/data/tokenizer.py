@@ -174,9 +174,9 @@ def load_tokenizer(spec: str | os.PathLike) -> TokenizerInfo:
         return _from_hf(_auto_tokenizer(str(p), s), s)
     if p.exists():
         raise InductionLabError(f"{p}: not a tokenizer.json or a directory holding one")
-    from .. import models
-    if s.lower() in models.EMBEDDED:              # the tokenizer from the GGUF's metadata; no weights loaded
-        _, path, gguf, _ = models.resolve(s)
+    from .. import model_specs
+    if s.lower() in model_specs.EMBEDDED:         # the tokenizer from the GGUF's metadata; no weights loaded
+        _, path, gguf, _ = model_specs.resolve(s)
         return _from_hf(_auto_tokenizer(str(Path(path).parent), s, gguf_file=gguf), s)
     return _from_hf(_auto_tokenizer(s, s), s)   # a hub id already in the local cache
 

@@ -8,7 +8,8 @@ Public API::
 Components (each its own module): ``config`` (presets, run config), ``schedule`` (warm-up +
 cosine), ``flops`` (iso-FLOPs budget), ``checkpoint`` (atomic, verified, resumable; the ``Checkpointer`` owns the FSDP gather),
 ``telemetry`` (head scores, perplexity, the run summary :func:`run_summary`; figures in
-:mod:`inductionlab.plots`), ``distributed`` (torchrun, DDP,
+:mod:`inductionlab.plots`), ``run_dir`` (``TrainRun``: the one reader of a run directory, torch-free),
+``distributed`` (torchrun, DDP,
 FSDP2), ``metrics`` (JSONL/CSV, TensorBoard, progress), ``trainer`` (the loop).
 """
 
@@ -19,7 +20,7 @@ import importlib
 _EXPORTS = {"PRESETS": "config", "TrainConfig": "config", "config_from_dict": "config", "load_config": "config",
             "model_config": "config", "Budget": "flops", "budget": "flops", "check_iso_flops": "flops",
             "param_counts": "flops", "build_scheduler": "schedule", "lr_factor": "schedule",
-            "run_summary": "telemetry", "TrainData": "trainer", "TrainResult": "trainer", "check_data": "trainer",
+            "run_summary": "telemetry", "TrainRun": "run_dir", "TrainData": "trainer", "TrainResult": "trainer", "check_data": "trainer",
             "open_data": "trainer", "train": "trainer"}
 
 
@@ -31,4 +32,4 @@ def __getattr__(name):  # lazy, so the CLI's options (train.config) do not impor
 
 __all__ = ["PRESETS", "TrainConfig", "config_from_dict", "load_config", "model_config", "Budget", "budget",
            "check_iso_flops", "param_counts", "build_scheduler", "lr_factor", "TrainData", "TrainResult",
-           "open_data", "check_data", "run_summary", "train"]
+           "open_data", "check_data", "run_summary", "TrainRun", "train"]

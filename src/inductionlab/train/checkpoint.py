@@ -31,6 +31,7 @@ import torch
 
 from ..errors import InductionLabError
 from ..runs import atomic_write_json, sha256_file, swap_in
+from .run_dir import CHECKPOINTS, TrainRun
 
 META = "meta.json"
 STATE = "trainer_state.pt"
@@ -90,7 +91,7 @@ class CheckpointManager:
     """Writes, lists, prunes and verifies the checkpoints of one run directory."""
 
     def __init__(self, run_dir: str | Path, keep_resumable: int = 2):
-        self.dir = Path(run_dir) / "checkpoints"
+        self.dir = Path(run_dir) / CHECKPOINTS
         self.keep_resumable = keep_resumable
 
     @staticmethod
@@ -101,17 +102,15 @@ class CheckpointManager:
         return self.dir / self.name(step)
 
     def list(self) -> list[tuple[int, Path, dict]]:
-        """Published checkpoints, oldest first, as (step, path, meta)."""
+        """Published checkpoints, oldest first, as (step, path, meta) (the ``step_N`` directories
+        :meth:`~inductionlab.train.run_dir.TrainRun.checkpoints` lists, complete or not)."""
         out = []
-        if not self.dir.is_dir():
-            return out
-        for p in sorted(self.dir.glob("step_*")):
+        for c in TrainRun(self.dir.parent).checkpoints(complete=False):
             try:
-                meta = json.loads((p / META).read_text())
+                meta = json.loads((c.path / META).read_text())
             except (OSError, ValueError):
                 meta = {}
-            step = int(p.name.split("_")[1])
-            out.append((step, p, meta))
+            out.append((c.step, c.path, meta))
         return out
 
     def clean_partials(self) -> None:

@@ -17,7 +17,6 @@ embedding and the LM head.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -25,6 +24,7 @@ from typing import Any, Iterable
 from transformers import LlamaConfig
 
 from ..errors import InductionLabError
+from .run_dir import TrainRun
 
 
 @dataclass(frozen=True)
@@ -113,27 +113,16 @@ def check_iso_flops(budgets: dict[str, dict[str, Any]]) -> None:
 
 
 def read_budgets(run_dirs: Iterable[str | Path]) -> dict[str, dict[str, Any]]:
-    """Budgets of several run directories, keyed by directory name (raises on a missing run.json)."""
-    return {Path(rd).name: read_run_record(rd)["budget"] for rd in run_dirs}
+    """Budgets of several run directories, keyed by directory name (raises on a missing run.json):
+    :attr:`~inductionlab.train.run_dir.TrainRun.budget`."""
+    return {Path(rd).name: TrainRun.open(rd).budget for rd in run_dirs}
 
 
 def read_run_record(run_dir: str | Path) -> dict[str, Any]:
-    """A training run's ``run.json``, checked to hold a ``budget`` and a ``config`` object.
+    """A training run's ``run.json``, checked to hold a ``budget`` and a ``config`` object
+    (:meth:`inductionlab.train.run_dir.TrainRun.open`).
 
     Raises:
         InductionLabError: no run.json (not a training run), or one that is unreadable, not JSON
             or without those keys (damaged)."""
-    p = Path(run_dir) / "run.json"
-    if not p.is_file():
-        raise InductionLabError(f"{run_dir} is not a training run (no run.json); pass a directory written by "
-                                "`inductionlab train`")
-    try:
-        rec = json.loads(p.read_text())
-        ok = isinstance(rec, dict) and isinstance(rec.get("budget"), dict) and isinstance(rec.get("config"), dict)
-        why = "no 'budget' and 'config' objects"
-    except (OSError, ValueError) as e:
-        ok, why = False, " ".join(str(e).split())[:160] or type(e).__name__
-    if not ok:
-        raise InductionLabError(f"training run record {p} is damaged ({why}); restore it from a copy of the run, "
-                                "or train the run again with `inductionlab train --out` a new directory")
-    return rec
+    return TrainRun.open(run_dir).record

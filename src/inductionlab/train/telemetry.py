@@ -36,6 +36,7 @@ import torch
 
 from ..errors import InductionLabError
 from ..scores import copy_offset_scores, copy_offset_targets  # noqa: F401 (moved to scores.py; re-exported)
+from .run_dir import TrainRun
 
 DEFAULT_THRESHOLDS = (0.1, 0.2, 0.4)
 
@@ -185,7 +186,7 @@ def check_telemetry(run_dir: str | Path) -> None:
 
     Raises:
         InductionLabError: one is damaged (the message names it and the fix)."""
-    for p in sorted((Path(run_dir) / "checkpoints").glob("step_*/telemetry.json")):
+    for p in TrainRun(run_dir).telemetry_files():
         _read_checkpoint_telemetry(p)
 
 
@@ -200,7 +201,7 @@ def read_telemetry(run_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             damaged (:func:`_read_checkpoint_telemetry`).
     """
     rows, evals = [], []
-    for p in sorted((Path(run_dir) / "checkpoints").glob("step_*/telemetry.json")):
+    for p in TrainRun(run_dir).telemetry_files():
         t = _read_checkpoint_telemetry(p)
         step, tokens = t["step"], t["tokens"]
         evals.append({"step": step, "tokens": tokens, "heldout_loss": t.get("heldout_loss"),

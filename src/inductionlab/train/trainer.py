@@ -42,6 +42,7 @@ from .checkpoint import Checkpointer, CheckpointManager, checkpoint_schedule, se
 from .config import TrainConfig, model_config
 from .flops import budget as make_budget
 from .metrics import MetricsLogger
+from .run_dir import TrainRun
 from .schedule import build_scheduler, lr_factor
 from .telemetry import Telemetry, check_telemetry, read_telemetry, run_summary, write_tables
 
@@ -157,15 +158,14 @@ def _prepare_run_dir(run_dir: Path, identity: dict) -> dict | None:
     Raises:
         InductionLabError: the directory holds something else or a different run with checkpoints.
     """
-    rec_path = run_dir / "run.json"
-    if rec_path.is_file() and not CheckpointManager(run_dir).list():
+    run = TrainRun(run_dir)
+    if run.has_record and not run.checkpoints(complete=False):
         return None
-    if rec_path.is_file():
-        try:
-            rec = json.loads(rec_path.read_text())
-            theirs = rec["identity"]
-        except (ValueError, KeyError):
-            raise InductionLabError(f"{rec_path} is unreadable; pass a new --out") from None
+    if run.has_record:
+        rec = run.read_record()
+        if rec is None or "identity" not in rec:
+            raise InductionLabError(f"{run.record_path} is unreadable; pass a new --out")
+        theirs = rec["identity"]
         diff = _first_difference(json.loads(json.dumps(theirs)), json.loads(json.dumps(identity)))
         if diff:
             raise InductionLabError(f"output directory {run_dir} holds a different run ({diff}); "
