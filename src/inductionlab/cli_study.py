@@ -61,11 +61,12 @@ def temporal(**kw) -> None:
 
 
 @study.command("bi-induct")
-@click.option("--preset", type=click.Choice(["cpu-control", "tiny", "0.13b"]), default="cpu-control", show_default=True,
+@click.option("--preset", type=click.Choice(["cpu-control", "cpu-natural", "tiny", "0.13b"]), default="cpu-control",
+              show_default=True,
               help="Study recipe: cpu-control (the CPU positive control, ~5 min per run on one thread), tiny (CI), "
                    "0.13b (paper size, GPUs).")
 @click.option("--shards", type=click.Path(file_okay=False), default=None,
-              help="Prepared corpus (`inductionlab corpus prepare`) [default: data/demo-512 for cpu-control].")
+              help="Prepared corpus (`inductionlab corpus prepare`) [default: data/demo-512 for cpu-control, data/synth90 for cpu-natural].")
 @click.option("--budget", type=FLOAT, default=None,
               help="Training tokens per run (rounded down to whole updates) [default: the preset's].")
 @click.option("--seeds", type=INT, default=None, help="Seeds per variant [default: the preset's].")
@@ -95,7 +96,7 @@ def bi_induct(preset, shards, budget, seeds, jobs, nproc, variants, no_evaluate,
         raise InductionLabError("--partial and --overwrite conflict: --partial reports the runs finished in --out, "
                                 "--overwrite deletes them first; drop one of them")
     if shards is None:
-        shards = "data/demo-512" if preset == "cpu-control" else ""
+        shards = {"cpu-control": "data/demo-512", "cpu-natural": "data/synth90"}.get(preset, "")
     cfg = BiInductStudyConfig(preset=preset, shards=shards, budget=None if budget is None else int(budget),
                               seeds=seeds, jobs=jobs, nproc=nproc,
                               variants=tuple(v.strip() for v in variants.split(",") if v.strip()),

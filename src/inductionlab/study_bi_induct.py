@@ -111,8 +111,9 @@ STUDY_PRESETS: dict[str, StudyPreset] = {
         data_hint="inductionlab corpus prepare demo --out data/demo-512 --vocab-size 512 && inductionlab corpus "
                   "prepare synth-bigram --from data/demo-512 --repetition 0.9 --reliability 0.9 --tokens 16000000 "
                   "--seq-len 64 --out data/synth90",
+        # synth documents are 63 tokens + EOS: the ICL score compares token 62 with token 6 (50 · 62 / 500)
         eval=dict(_EVAL_DEFAULT, tasks=("first_letter", "next_letter"), shots=(0, 1), n_prompts=16,
-                  icl_windows=128, ppl_tokens=32768, score_seq_len=16, induction_seq_len=24, induction_sequences=64,
+                  icl_late=62, icl_early=6, icl_windows=128, ppl_tokens=32768, score_seq_len=16, induction_seq_len=24, induction_sequences=64,
                   recall_pairs=8, recall_sequences=64, token_pool="shards", calibration_lengths=(16, 31))),
     # CI: the whole study in about a minute on one thread.
     "tiny": StudyPreset(
