@@ -17,8 +17,13 @@ clip, AdamW (the trainer's ``_optimizer``: the same hyperparameters and weight-d
   logging). The telemetry share is the time spent in ``Telemetry.measure`` over the ``train()``
   wall time; the checkpoint share likewise for checkpoint saving and the telemetry tables.
 
-The two are run alternately ``--repeats`` times (load on a shared machine drifts) and the JSON
-holds every repeat, the medians, the ratios trainer/bare, the versions and the CPU kind. The
+The two are run alternately ``--repeats`` times in ABBA order (bare first in even repeats, the
+trainer first in odd ones: this machine's speed drifts by up to 1.5× within a minute, and a fixed
+order charges the drift to one side); the ratio is the median of the per-pair ratios. A second,
+finer measure interleaves blocks of ``--block-steps`` updates of the trainer's own update function
+(``_update`` on the stream's batches, data included) with blocks of the bare step, in one process
+(``--blocks`` pairs): it isolates the per-update cost from drift between whole runs. The JSON
+holds every repeat and block, the medians, the ratios trainer/bare, the versions and the CPU kind. The
 issue's targets: trainer ≥ 90% of the bare loop's tokens/s, telemetry ≤ 10% of training time.
 """
 
@@ -62,6 +67,56 @@ def bare_loop(cfg: TrainConfig, data, steps: int) -> dict:
     dt = time.perf_counter() - t0
     return {"loop_s": dt, "tokens_per_s": steps * cfg.tokens_per_update / dt, "ms_per_update": 1e3 * dt / steps,
             "final_loss": float(loss.item())}
+
+
+def update_blocks(cfg: TrainConfig, data, blocks: int, block_steps: int) -> dict:
+    """Per-update ms of the trainer's ``_update`` (its batch fetched from the stream inside the
+    block) against the bare step (batches pre-cut), in interleaved blocks (ABBA) of one process."""
+    from inductionlab.train import distributed as D
+    from inductionlab.train.schedule import build_scheduler
+    from inductionlab.train.trainer import _Parts, _update
+
+    def build():
+        torch.manual_seed(cfg.seed)
+        m = model_config(cfg.preset, data.vocab_size, max_position_embeddings=cfg.seq_len,
+                         bos_token_id=data.bos_id, eos_token_id=data.eos_id)
+        m._attn_implementation = cfg.attn_implementation
+        model = LlamaForCausalLM(m).train()
+        opt = _optimizer(model, cfg)
+        return m, model, opt, build_scheduler(opt, cfg.steps, cfg.warmup_frac, cfg.min_lr_ratio)
+
+    _, bare_model, bare_opt, _ = build()
+    mcfg, model, opt, sched = build()
+    parts, dist = _Parts(mcfg, model, model, opt, sched, None), D.init()
+    n = blocks * block_steps
+    batches = [data.stream.batch(s % data.stream.num_batches).input_ids for s in range(n)]
+
+    def bare(lo):
+        t = time.perf_counter()
+        for ids in batches[lo:lo + block_steps]:
+            bare_model(input_ids=ids, labels=ids).loss.backward()
+            torch.nn.utils.clip_grad_norm_(bare_model.parameters(), cfg.grad_clip)
+            bare_opt.step()
+            bare_opt.zero_grad(set_to_none=True)
+        return 1e3 * (time.perf_counter() - t) / block_steps
+
+    def trainer(lo):
+        t = time.perf_counter()
+        for s in range(lo, lo + block_steps):
+            _update(parts, data.stream.batch(s % data.stream.num_batches), cfg, dist)
+        return 1e3 * (time.perf_counter() - t) / block_steps
+
+    b, u = [], []
+    for k in range(blocks):
+        lo = k * block_steps
+        if k % 2:
+            u.append(trainer(lo))
+            b.append(bare(lo))
+        else:
+            b.append(bare(lo))
+            u.append(trainer(lo))
+    ratios = [x / y for x, y in zip(b, u)]
+    return {"block_steps": block_steps, "bare_ms": b, "update_ms": u, "ratio_median": statistics.median(ratios)}
 
 
 class _Timer:
@@ -123,6 +178,8 @@ def main() -> None:
     ap.add_argument("--eval-tokens", type=int, default=65536)
     ap.add_argument("--repeats", type=int, default=3, help="alternating bare/trainer pairs")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--blocks", type=int, default=10, help="interleaved update blocks (0: skip)")
+    ap.add_argument("--block-steps", type=int, default=300)
     ap.add_argument("--out", type=Path, default=None, help="JSON file (default: print only)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -137,8 +194,12 @@ def main() -> None:
     bare, trn = [], []
     with tempfile.TemporaryDirectory(prefix="trainer_vs_bare-") as tmp:
         for i in range(a.repeats):
-            bare.append(bare_loop(cfg, data, a.steps))
-            trn.append(trainer_run(cfg, Path(tmp) / f"run{i}"))
+            if i % 2 == 0:
+                bare.append(bare_loop(cfg, data, a.steps))
+                trn.append(trainer_run(cfg, Path(tmp) / f"run{i}"))
+            else:
+                trn.append(trainer_run(cfg, Path(tmp) / f"run{i}"))
+                bare.append(bare_loop(cfg, data, a.steps))
             print(f"repeat {i}: bare {bare[-1]['tokens_per_s']:,.0f} tokens/s ({bare[-1]['ms_per_update']:.2f} ms/update); "
                   f"trainer loop {trn[-1]['tokens_per_s_loop']:,.0f}, wall {trn[-1]['tokens_per_s_wall']:,.0f} tokens/s; "
                   f"telemetry {100 * trn[-1]['telemetry_share']:.1f}% of the trainer's wall time", flush=True)
@@ -147,8 +208,11 @@ def main() -> None:
            "trainer_tokens_per_s_wall": statistics.median(t["tokens_per_s_wall"] for t in trn),
            "telemetry_share": statistics.median(t["telemetry_share"] for t in trn),
            "checkpoint_share": statistics.median(t["checkpoint_share"] for t in trn)}
-    med["ratio_loop"] = med["trainer_tokens_per_s_loop"] / med["bare_tokens_per_s"]
-    med["ratio_wall"] = med["trainer_tokens_per_s_wall"] / med["bare_tokens_per_s"]
+    med["ratio_loop"] = statistics.median(t["tokens_per_s_loop"] / b["tokens_per_s"] for b, t in zip(bare, trn))
+    med["ratio_wall"] = statistics.median(t["tokens_per_s_wall"] / b["tokens_per_s"] for b, t in zip(bare, trn))
+    blocks = update_blocks(cfg, data, a.blocks, a.block_steps) if a.blocks > 0 else None
+    if blocks:
+        med["ratio_update_blocks"] = blocks["ratio_median"]
     load = None
     try:
         import os
@@ -158,11 +222,13 @@ def main() -> None:
     out = {"kind": "bench-trainer-vs-bare", "params": {k: (str(v) if isinstance(v, Path) else v)
                                                        for k, v in vars(a).items()},
            "threads": torch.get_num_threads(), "cpu": cpu_flags(), "load_average_at_end": load,
-           "corpus": str(a.data), "median": med, "bare": bare, "trainer": trn,
+           "corpus": str(a.data), "median": med, "bare": bare, "trainer": trn, "update_blocks": blocks,
            "targets": {"ratio_at_least": 0.9, "telemetry_share_at_most": 0.1}, "versions": versions()}
     print(f"median: bare {med['bare_tokens_per_s']:,.0f} tokens/s; trainer loop {med['trainer_tokens_per_s_loop']:,.0f} "
           f"({100 * med['ratio_loop']:.1f}% of bare), wall {med['trainer_tokens_per_s_wall']:,.0f} "
-          f"({100 * med['ratio_wall']:.1f}%); telemetry {100 * med['telemetry_share']:.1f}%, checkpoints "
+          f"({100 * med['ratio_wall']:.1f}%; median of per-pair ratios); "
+          + (f"update blocks {100 * med['ratio_update_blocks']:.1f}% of bare; " if blocks else "")
+          + f"telemetry {100 * med['telemetry_share']:.1f}%, checkpoints "
           f"{100 * med['checkpoint_share']:.1f}% of the trainer's wall time; cpu {out['cpu']['model']} "
           f"({out['cpu']['capability']}), {out['threads']} thread(s), load {load}")
     if a.out:
