@@ -51,7 +51,9 @@ def test_telemetry_draws_from_the_training_split(corpus, tmp_path):
     cfg = TrainConfig(curriculum=CurriculumConfig(span_length=8), data=str(corpus), out=str(tmp_path / "run"), preset="cpu-micro", seq_len=32,
                       tokens_per_update=128, micro_batch_size=4, tokens=128 * 4, log_checkpoints=2,
                       telemetry_seq_len=8, telemetry_batch=4, eval_tokens=256, progress=False, tensorboard=False)
-    train(cfg)
+    res = train(cfg)
+    r = res.record["results"]
+    assert 0 < r["telemetry_time_s"] <= r["checkpoint_time_s"]    # telemetry is timed inside the checkpoints
     tel = sorted((tmp_path / "run" / "checkpoints").glob("step_*/telemetry.json"))
     assert tel
     p = json.loads(tel[-1].read_text())["params"]["pool"]

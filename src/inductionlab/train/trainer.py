@@ -290,13 +290,16 @@ def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist, overwrite: bo
             raise
     logger = MetricsLogger(run_dir, start_step=start, total_steps=steps, enabled=dist.is_main,
                            progress=cfg.progress, tensorboard=cfg.tensorboard)
-    clock = {"train_s": 0.0}
+    clock = {"train_s": 0.0, "telemetry_s": 0.0, "checkpoint_s": 0.0}
 
     def checkpoint(step: int, kind: str) -> None:
         """Collective: gather the full model, then rank 0 measures telemetry and publishes atomically."""
+        t0 = time.perf_counter()
         host = checkpointer.gather(step)
         if dist.is_main:
+            t1 = time.perf_counter()
             tel = telemetry.measure(host, step) if kind == "schedule" and telemetry.should_measure(step) else None
+            clock["telemetry_s"] += time.perf_counter() - t1
             if tel is not None:
                 logger.log_eval(step, {"eval/heldout_loss": tel["heldout_loss"],
                                        "eval/max_induction": float(np.max(tel["scores"]["induction"]))})
@@ -306,6 +309,7 @@ def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist, overwrite: bo
             if tel is not None:
                 write_tables(run_dir)
         D.barrier(dist)
+        clock["checkpoint_s"] += time.perf_counter() - t0
 
     # ---- loop -----------------------------------------------------------------------------------
     if start == 0 and 0 in schedule and resume is None:
@@ -334,6 +338,8 @@ def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist, overwrite: bo
     train_time = clock["train_s"]
     results: dict[str, Any] = {"final_loss": last_loss, "steps": steps, "tokens": bud.tokens,
                                "train_time_s": elapsed0 + train_time,
+                               # this session only, outside train_time_s: telemetry, and checkpoints with it
+                               "telemetry_time_s": clock["telemetry_s"], "checkpoint_time_s": clock["checkpoint_s"],
                                "tokens_per_s": (steps - start) * cfg.tokens_per_update / train_time if train_time else None,
                                "achieved_flops_per_s": ((steps - start) * cfg.tokens_per_update * bud.flops / bud.tokens
                                                         / train_time) if train_time else None}
