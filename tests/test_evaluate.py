@@ -111,16 +111,16 @@ def test_resume_reuses_finished_pieces(trained, tmp_path):
         pass
 
     def stop_after_probes(key):
-        if key == "probes/intact":
+        if key == "hits/intact":
             raise Stop
 
     with pytest.raises(Stop):
         run_evaluate(lm, cfg, tmp_path / "a", shards=data, progress=False, on_checkpoint=stop_after_probes)
-    assert (tmp_path / "a" / "checkpoints" / "probes" / "intact.npz").is_file()
+    assert (tmp_path / "a" / "checkpoints" / "hits" / "intact.npz").is_file()
     written = []
     res = run_evaluate(lm, cfg, tmp_path / "a", shards=data, progress=False, on_checkpoint=written.append)
-    assert "scores" not in written and "probes/intact" not in written      # reused, not recomputed
-    assert "icl/intact" in written and "ablation/induction-per-layer-2pct" in written
+    assert "scores" not in written and "hits/intact" not in written      # reused, not recomputed
+    assert "icl/intact" in written and "hits_ablated/induction-per-layer-2pct" in written
     fresh = run_evaluate(lm, cfg, tmp_path / "b", shards=data, progress=False)
     pd.testing.assert_frame_equal(res.hits, fresh.hits)
     pd.testing.assert_frame_equal(res.drops, fresh.drops)
