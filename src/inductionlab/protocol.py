@@ -255,9 +255,12 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
     with torch.inference_mode(), eval_mode(model):      # dropout off (a model left in train()), mode restored
         for c in conditions:
             batches: list[dict[str, torch.Tensor]] = []
-            serve = cache.use(first_ablated_layer(c.heads, len(cache.layers))) if cache else contextlib.nullcontext()
-            with ablation_context(model, c.heads or None, method, ref, ref_mask), serve:
-                for s in D.local_batches(n, bs, dist):      # all of them on one process
+            mine = list(D.local_batches(n, bs, dist))      # all of them on one process
+            serve = cache.use(first_ablated_layer(c.heads, len(cache.layers))) if cache and mine else \
+                contextlib.nullcontext()
+            # a rank without a batch (fewer batches than ranks) opens no ablation: it would run no forward
+            with ablation_context(model, c.heads if mine else None, method, ref, ref_mask), serve:
+                for s in mine:
                     batch = {k: v[s:s + bs].to(device) for k, v in trials.items()}
                     batches.append({key: value.cpu() for key, value in measure_batch(model, batch).items()})
                     if progress is not None and main:
