@@ -11,9 +11,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from inductionlab.ablation import matched_random_heads, per_layer_top_p  # noqa: E402
-from inductionlab.function_probes import run_probes  # noqa: E402
-from inductionlab.icl_score import induction_loss  # noqa: E402
+from functools import partial  # noqa: E402
+
+from inductionlab import function_probes, icl_score  # noqa: E402
+from inductionlab.ablation import Condition, matched_random_heads, per_layer_top_p  # noqa: E402
+from inductionlab.protocol import Trials, run_conditions  # noqa: E402
 from inductionlab.icl_tasks import build_tasks, make_all_prompts  # noqa: E402
 from inductionlab.load_bearing_eval import relative_change, relative_contrast, score_concentration  # noqa: E402
 from inductionlab.models import load_model  # noqa: E402
@@ -31,13 +33,19 @@ print("concentration", score_concentration(ind), flush=True)
 chosen = per_layer_top_p(ind, 0.02)
 
 
-conds = {"intact": None, "induction": chosen,
+conds = {"intact": [], "induction": chosen,
          **{f"random-d{d}": matched_random_heads((L, H), chosen, seed=0, draw=d) for d in range(n_draws)}}
+conditions = [Condition(name, "intact" if not heads else "ablated", heads=heads) for name, heads in conds.items()]
 prompts = make_all_prompts(build_tasks(), lm.tokenizer, shots=(10,), n_prompts=n, seed=0, permuted=False)
+probes = run_conditions(lm, conditions, function_probes.build_trials(prompts, function_probes._pad_id(lm.tokenizer)),
+                        batch_size=32, measure_batch=function_probes.measure_batch)
+ids, T, bos = icl_score.induction_ids(lm.model, tokenizer=lm.tokenizer, n=16, seed=0)
+losses = run_conditions(lm, conditions, Trials({"ids": ids}), batch_size=16,
+                        measure_batch=partial(icl_score.measure_batch, hits=True))
 hits, ben = {}, {}
-for name, heads in conds.items():
-    hits[name] = run_probes(lm.model, prompts, tokenizer=lm.tokenizer, batch_size=32, heads=heads)["hits1"].to_numpy()
-    ben[name] = induction_loss(lm.model, tokenizer=lm.tokenizer, n=16, seed=0, heads=heads)["per_sequence"]["benefit"]
+for name in conds:
+    hits[name] = function_probes.probe_rows(prompts, probes[name])["hits1"].to_numpy()
+    ben[name] = icl_score.induction_summary(losses[name]["nll"], losses[name]["hits"], T, bos)["per_sequence"]["benefit"]
     print(f"{name}: HITS@1(10-shot) {hits[name].mean():.3f}  induction benefit {ben[name].mean():.2f} nats "
           f"({time.time() - t0:.0f}s)", flush=True)
 rnd = [k for k in conds if k.startswith("random")]

@@ -201,7 +201,7 @@ def trained(tmp_path_factory):
 
 
 def test_damaged_evaluate_piece_is_recomputed(tmp_path, trained):
-    """The same for ``evaluate`` (its probe and ablation pieces are .npz, its ICL pieces JSON)."""
+    """The same for ``evaluate`` (its phase pieces are .npz, its perplexity piece JSON)."""
     from test_evaluate import SMALL
     data, run, _ = trained
     out = tmp_path / "ev"
@@ -209,7 +209,7 @@ def test_damaged_evaluate_piece_is_recomputed(tmp_path, trained):
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     want = _pieces(out)
-    npz, js = out / "checkpoints" / "probes" / "intact.npz", out / "checkpoints" / "icl" / "intact.json"
+    npz, js = out / "checkpoints" / "hits" / "intact.npz", out / "checkpoints" / "perplexity.json"
     want_json = json.loads(js.read_text())
     _truncate(npz)
     js.write_text(js.read_text()[:10])

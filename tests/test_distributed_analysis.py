@@ -1,7 +1,8 @@
 """The analysis sharded over 2 CPU processes on gloo gives bit for bit the numbers of one process:
 the lag probe (intact, zero- and mean-ablated), serial recall and the head scores through the API,
 with trial counts that do not fill the last round of batches, and ``analyze`` end to end under
-torchrun. Also: the batch split itself, and a refused run ends every rank."""
+torchrun (``evaluate``: tests/test_evaluate.py, with :func:`run_sharded`). Also: the batch split
+itself, and a refused run ends every rank."""
 
 from __future__ import annotations
 
@@ -199,8 +200,10 @@ def test_refused_run_ends_every_rank(tiny_dir, tmp_path):
     p = _torchrun(["analyze", "--model", tiny_dir, "--out", tmp_path / "x", "--device-map", "auto", *FAST],
                   timeout=180)
     assert p.returncode != 0 and "--device-map with torchrun" in p.stderr
-    p = _torchrun(["evaluate", "--model", tiny_dir, "--out", tmp_path / "e"], timeout=180)
-    assert p.returncode != 0 and "evaluate does not shard over processes" in p.stderr
+    p = _torchrun(["evaluate", "--model", tiny_dir, "--out", out, "--quiet"], timeout=180)   # evaluate shards too
+    assert p.returncode != 0 and "not a resumable run" in p.stderr
+    p = _torchrun(["evaluate", "--model", tiny_dir, "--out", tmp_path / "e", "--device-map", "auto"], timeout=180)
+    assert p.returncode != 0 and "--device-map with torchrun" in p.stderr
     assert not (tmp_path / "x").exists() and not (tmp_path / "e").exists()
 
 

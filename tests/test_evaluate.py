@@ -111,16 +111,16 @@ def test_resume_reuses_finished_pieces(trained, tmp_path):
         pass
 
     def stop_after_probes(key):
-        if key == "probes/intact":
+        if key == "hits/intact":
             raise Stop
 
     with pytest.raises(Stop):
         run_evaluate(lm, cfg, tmp_path / "a", shards=data, progress=False, on_checkpoint=stop_after_probes)
-    assert (tmp_path / "a" / "checkpoints" / "probes" / "intact.npz").is_file()
+    assert (tmp_path / "a" / "checkpoints" / "hits" / "intact.npz").is_file()
     written = []
     res = run_evaluate(lm, cfg, tmp_path / "a", shards=data, progress=False, on_checkpoint=written.append)
-    assert "scores" not in written and "probes/intact" not in written      # reused, not recomputed
-    assert "icl/intact" in written and "ablation/induction-per-layer-2pct" in written
+    assert "scores" not in written and "hits/intact" not in written      # reused, not recomputed
+    assert "icl/intact" in written and "hits_ablated/induction-per-layer-2pct" in written
     fresh = run_evaluate(lm, cfg, tmp_path / "b", shards=data, progress=False)
     pd.testing.assert_frame_equal(res.hits, fresh.hits)
     pd.testing.assert_frame_equal(res.drops, fresh.drops)
@@ -239,3 +239,79 @@ def test_parse_variant():
     for bad in ("top-0", "per-layer-0pct", "per-layer-150pct", "random-10", "top10"):
         with pytest.raises(InductionLabError):
             parse_variant(bad)
+
+
+def _evaluate_sharded(run: str, data: str, base: str, dist) -> dict:
+    """``run_evaluate`` (mean ablation, uneven last batches) with ``dist`` (None: one process), each
+    rank given its own ``out`` (rank 0's alone may be written); the tables every rank returns."""
+    from inductionlab.models import load_model
+
+    torch.set_num_threads(1)
+    rank = dist.rank if dist is not None else "one"
+    lm = load_model(run, dtype="float32")
+    cfg = small_config(load_bearing=LoadBearingConfig(ablate=("per-layer-2pct", "top-2"), n_draws=2, method="mean"),
+                       perplexity=PerplexityConfig(max_tokens=1000))       # 15 windows of 64 and a tail of 40
+    # recall: its 32 sequences in one batch, so rank 1 has none of it (and must not open the ablation)
+    cfg.probes.batch_size, cfg.induction.batch_size, cfg.recall.batch_size = 5, 3, 32
+    res = run_evaluate(lm, cfg, f"{base}/rank{rank}", shards=data, progress=False, dist=dist)
+    return {"hits": res.hits, "drops": res.drops, "icl": res.icl_summary, "rows": res.probe_rows,
+            "perplexity": res.perplexity, "scores": res.scores.scores}
+
+
+def test_evaluate_two_processes_equal_one_bit_for_bit(trained, tmp_path):
+    from functools import partial
+
+    from test_distributed_analysis import run_sharded
+
+    data, run = trained
+    measure = partial(_evaluate_sharded, str(run), str(data), str(tmp_path))
+    sharded = run_sharded(measure, str(tmp_path / "res"))
+    threads = torch.get_num_threads()
+    try:
+        single = measure(None)
+    finally:
+        torch.set_num_threads(threads)
+    for got in sharded:
+        for k in ("hits", "drops", "icl", "rows"):
+            pd.testing.assert_frame_equal(got[k], single[k], check_exact=True)
+        assert got["perplexity"] == single["perplexity"]
+        for name, s in single["scores"].items():
+            assert np.array_equal(got["scores"][name], s)
+    # the comparison is not between two intact runs: the ablation moved the numbers
+    icl = single["icl"].set_index("condition")
+    assert icl.loc["induction-top-2", "induction_benefit"] != icl.loc["intact", "induction_benefit"]
+    assert single["perplexity"]["n_windows"] == 16 and single["perplexity"]["n_scored"] == 15 * 63 + 39
+    # rank 0 wrote its run directory, rank 1 nothing; the record says how it ran
+    rec = json.loads((tmp_path / "rank0" / "results.json").read_text())
+    assert rec["distributed"]["world_size"] == 2 and rec["distributed"]["backend"] == "gloo"
+    assert not (tmp_path / "rank1").exists()
+    one = json.loads((tmp_path / "rankone" / "results.json").read_text())
+    assert one["distributed"]["world_size"] == 1
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+    from compare_runs import diff       # bench/compare_runs.py: every leaf, tolerance 0
+
+    drop = ("timings", "versions", "distributed")
+    assert diff({k: v for k, v in one.items() if k not in drop}, {k: v for k, v in rec.items() if k not in drop}) == []
+
+
+@pytest.mark.slow
+def test_evaluate_under_torchrun_equals_one_process(trained, tmp_path):
+    from test_distributed_analysis import _numbers, _torchrun
+
+    data, run = trained
+    flags = [str(run), "--shards", str(data), *SMALL, "--tasks", "copy,list_last", "--method", "mean",
+             "--batch-size", "5", "--threads", "1"]
+    one = CliRunner().invoke(main, ["evaluate", *flags, "--out", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    p = _torchrun(["evaluate", *flags, "--out", tmp_path / "two"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("macro HITS@1") == 1                   # rank 0 alone prints
+    a = json.loads((tmp_path / "one" / "results.json").read_text())
+    b = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert b["distributed"]["world_size"] == 2 and a["distributed"]["world_size"] == 1
+    assert json.dumps(_numbers(a), sort_keys=True) == json.dumps(_numbers(b), sort_keys=True)   # NaN-safe
+    for f in ("hits.csv", "drops.csv", "icl.csv", "probe_rows.csv"):
+        assert (tmp_path / "one" / "tables" / f).read_text() == (tmp_path / "two" / "tables" / f).read_text(), f

@@ -83,9 +83,20 @@ def test_ablation_hook_changes_only_under_heads():
                for i, n in enumerate((6, 9, 4))]
     intact = run_probes(model, prompts, pad_id=0)
     again = run_probes(model, prompts, pad_id=0)
-    abl = run_probes(model, prompts, pad_id=0, heads=[(0, h) for h in range(8)])
+    abl = _ablated_probes(model, prompts, [(0, h) for h in range(8)])
     assert np.allclose(intact["p_target"], again["p_target"])
     assert not np.allclose(intact["p_target"], abl["p_target"])
     with torch.inference_mode(), ablate(model, [(0, h) for h in range(8)]):   # one prompt alone, unpadded
         lp = model(input_ids=torch.tensor([prompts[1].input_ids])).logits[0, -1].float().softmax(-1)
     assert abl["p_target"][1] == pytest.approx(lp[prompts[1].target_id].item(), rel=1e-4, abs=1e-7)
+
+
+def _ablated_probes(model, prompts, heads):
+    """The probes with ``heads`` zero-ablated: their trials under one condition of the runner."""
+    from inductionlab.ablation import Condition
+    from inductionlab.function_probes import build_trials, measure_batch, probe_rows
+    from inductionlab.protocol import run_conditions
+
+    a = run_conditions(SimpleNamespace(model=model), [Condition("ablated", "induction", heads=heads)],
+                       build_trials(prompts, 0), batch_size=16, measure_batch=measure_batch)["ablated"]
+    return probe_rows(prompts, a)

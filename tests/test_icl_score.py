@@ -116,5 +116,19 @@ def test_induction_loss_matches_scores_py():
     assert r["first_copy"] == pytest.approx(ref.induction_loss["first_copy"], rel=1e-5)
     assert r["second_copy"] == pytest.approx(ref.induction_loss["second_copy"], rel=1e-5)
     assert r["benefit"] == pytest.approx(r["first_copy"] - r["second_copy"])
-    abl = induction_loss(model, seq_len=12, n=6, seed=4, bos_id=1, heads=[(1, h) for h in range(8)])
+    abl = _ablated_induction_loss(model, [(1, h) for h in range(8)], seq_len=12, n=6, seed=4, bos_id=1)
     assert not math.isclose(abl["second_copy"], r["second_copy"])
+
+
+def _ablated_induction_loss(model, heads, **kw) -> dict:
+    """The induction loss with ``heads`` zero-ablated: its trials under one condition of the runner."""
+    from functools import partial
+
+    from inductionlab.ablation import Condition
+    from inductionlab.icl_score import induction_ids, induction_summary, measure_batch
+    from inductionlab.protocol import Trials, run_conditions
+
+    ids, T, bos = induction_ids(model, **kw)
+    a = run_conditions(SimpleNamespace(model=model), [Condition("ablated", "induction", heads=heads)],
+                       Trials({"ids": ids}), batch_size=16, measure_batch=partial(measure_batch, hits=True))["ablated"]
+    return induction_summary(a["nll"], a["hits"], T, bos)

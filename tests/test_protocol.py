@@ -1,5 +1,6 @@
 """The protocol runner: a toy probe through run_conditions alone; left-padded batches equal
-one-at-a-time runs (absolute and rotary positions)."""
+one-at-a-time runs (absolute and rotary positions); padded trials through the runner; the
+reference batch asked for by the method's table entry."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from conftest import make_tiny
 from inductionlab.ablation import Condition
 from inductionlab.errors import InductionLabError
 from inductionlab.instrument import ablate
-from inductionlab.protocol import (REFERENCE_TRIALS, Trials, check_method, forward_logits, last_token_logits, pad_left,
-                                   run_conditions)
+from inductionlab.protocol import (REFERENCE_TRIALS, Trials, check_method, forward_logits, last_token_logits,
+                                   model_inputs, needs_reference, pad_left, run_conditions, trim_padding)
 
 
 # -- a toy probe: one build_trials + one measure_batch, nothing else ------------------------------
@@ -87,3 +88,60 @@ def test_padded_batch_matches_single_runs(arch):
             naive = model(input_ids=p["input_ids"], attention_mask=p["attention_mask"]).logits[:, -1]
             alone = model(input_ids=torch.tensor([seqs[1]])).logits[0, -1]
             assert not torch.allclose(naive[1], alone, atol=1e-3)
+
+
+def test_padded_trials_through_the_runner_equal_batches_padded_alone():
+    """Trials left-padded to the longest of all: each batch, cut to its own padding, is exactly
+    pad_left of its own sequences (so the numbers of a per-batch padding, bit for bit)."""
+    model = make_tiny("llama", "eager")
+    seqs = [[11, 12], [21, 22, 23], [31, 32, 33, 34, 35, 36, 37], [41], [51, 52, 53, 54]]
+    trials = Trials.padded(seqs, 0, index=torch.arange(5))
+    assert trials.tensors["ids"].shape == (5, 7) and trials.tensors["attention_mask"].sum().item() == 17
+    seen = []
+
+    def measure(m, batch):
+        batch = trim_padding(batch)
+        seen.append(batch)
+        out = m(**model_inputs(batch), logits_to_keep=1).logits[:, -1].float()     # as last_token_logits
+        return {"logits": out, "index": batch["index"]}
+
+    out = run_conditions(SimpleNamespace(model=model), [Condition("intact", "intact")], trials, batch_size=2,
+                         measure_batch=measure)["intact"]
+    # batch 0 = seqs 0, 1 (longest 3), batch 1 = seqs 2, 3 (7), batch 2 = seq 4 (4)
+    assert [b["ids"].shape[1] for b in seen] == [3, 7, 4]
+    for b, (lo, hi) in zip(seen, [(0, 2), (2, 4), (4, 5)]):
+        alone = pad_left(seqs[lo:hi], 0)
+        assert torch.equal(b["ids"], alone["input_ids"]) and torch.equal(b["position_ids"], alone["position_ids"])
+        assert torch.equal(b["attention_mask"], alone["attention_mask"])
+    with torch.inference_mode():
+        want = torch.cat([last_token_logits(model, seqs[lo:hi]) for lo, hi in [(0, 2), (2, 4), (4, 5)]])
+    assert torch.equal(torch.as_tensor(out["logits"]), want) and out["index"].tolist() == [0, 1, 2, 3, 4]
+    assert trim_padding({"ids": torch.ones(2, 3)})["ids"].shape == (2, 3)      # unpadded: as it is
+
+
+def test_reference_batch_from_the_method_table():
+    """A method whose table entry needs a value gets Trials.reference (else the first trials);
+    the others none."""
+    from inductionlab.instrument import ABLATION_METHODS
+
+    assert needs_reference("mean") and not needs_reference("zero") and not needs_reference("sink")
+    assert all(needs_reference(n) == (m.needs == "value") for n, m in ABLATION_METHODS.items())
+    model = make_tiny("llama", "eager")
+    loaded = SimpleNamespace(model=model)
+    trials = build_repeat_trials(6, 10)
+    other = torch.randint(300, 600, (3, 9), generator=torch.Generator().manual_seed(5))
+    cond = [Condition("L0", "induction", 2, 0, [(0, 1), (0, 5)])]
+    default = run_conditions(loaded, cond, trials, method="mean", batch_size=6, measure_batch=measure_repeat)["L0"]
+    given = run_conditions(loaded, cond, Trials(trials.tensors, reference=other), method="mean", batch_size=6,
+                           measure_batch=measure_repeat)["L0"]
+    ids, tgt = trials.tensors["ids"], trials.tensors["target"]
+    with torch.inference_mode():
+        for ref, got in ((ids[:REFERENCE_TRIALS], default), (other, given)):
+            with ablate(model, cond[0].heads, "mean", reference_ids=ref):
+                p = torch.softmax(model(input_ids=ids).logits[:, -1].float(), -1).gather(1, tgt[:, None])[:, 0]
+            np.testing.assert_allclose(got["p_next"], p.numpy(), rtol=1e-5, atol=1e-7)
+    assert not np.allclose(default["p_next"], given["p_next"])          # the reference reached the ablation
+    # zero ablation reads no reference: a given one changes nothing
+    z = [run_conditions(loaded, cond, t, method="zero", batch_size=6, measure_batch=measure_repeat)["L0"]["p_next"]
+         for t in (trials, Trials(trials.tensors, reference=other))]
+    assert np.array_equal(*z)

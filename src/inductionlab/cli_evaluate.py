@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from .cli_options import (INT, accelerator_options, given, head_score_options, start_run, model_options, quiet_option,
-                          run_dir_options)
+from .cli_options import (INT, accelerator_options, given, head_score_options, join_processes, start_run, model_options,
+                          quiet_option, run_dir_options)
 from .errors import InductionLabError
 from .runs import timestamp
 
@@ -105,10 +105,6 @@ def evaluate(**kw) -> None:
         recall=RecallConfig(n_pairs=kw["recall_pairs"]), token_pool=kw["token_pool"],
         seed=kw["seed"], score_seq_len=kw["score_seq_len"], score_batch_size=kw["score_batch_size"])
     cfg.validate()                                     # fail before the slow part
-    from .distributed import world_size_env
-
-    if world_size_env() > 1:    # N copies would race on --out
-        raise InductionLabError("evaluate does not shard over processes; run it as one process (without torchrun)")
     shards = kw["shards"]
     if kw["token_pool"] == "shards" and shards is None:
         raise InductionLabError("--token-pool shards draws probe tokens from a corpus; add --shards DIR")
@@ -117,9 +113,15 @@ def evaluate(**kw) -> None:
                                 "corpus prepare SOURCE --tokenizer MODEL --out DIR")
     out = Path(kw.pop("out") or Path("runs") / f"evaluate-{Path(kw['model'].rstrip('/')).name}-{timestamp()}")
     overwrite, quiet = kw.pop("overwrite"), kw.pop("quiet")
+    dist, out = join_processes(kw, out)            # torchrun: shard by batch, rank 0 writes
     loaded, load_s = start_run(kw, out, overwrite, quiet, inputs=[shards] if shards else [])
-    res = run_evaluate(loaded, cfg, out, shards=shards, overwrite=overwrite, progress=not quiet, log=click.echo)
-    _print_summary(res, load_s, out)
+    res = run_evaluate(loaded, cfg, out, shards=shards, overwrite=overwrite, progress=not quiet, dist=dist,
+                       log=click.echo)
+    if dist.is_main:
+        _print_summary(res, load_s, out)
+    from .distributed import shutdown
+
+    shutdown()
 
 
 def _print_summary(res, load_s: float, out: Path) -> None:

@@ -3,16 +3,21 @@ context, and how much of that rests on its top induction heads compared with mat
 
 A study in the shape of :mod:`inductionlab.study`; every piece is checkpointed in
 ``<out>/checkpoints/`` through :class:`~inductionlab.runs.ResumableRun` (atomic writes; the same
-command continues an interrupted run from its finished pieces):
+command continues an interrupted run from its finished pieces). The measures are protocols of
+:func:`inductionlab.protocol.run_conditions` run as phases over condition sets
+(:func:`inductionlab.study.run_phases`: ``<phase>/<condition>.npz``), so under torchrun every
+one is sharded by batch (``dist``; rank 0 alone writes); a method that needs a reference value
+(``mean``) gets the first 8 induction-loss sequences ``[BOS] S S`` in every measure:
 
 1. head scores (SPEC §3) → ``scores.json``;
 2. function-style ICL probes, intact (:mod:`inductionlab.icl_tasks`, :mod:`inductionlab.function_probes`):
    HITS@1 / HITS@3 on the first answer token per task at every number of shots (default 0, 1,
-   10) and the label-permutation control (k ≥ 2) → ``probes/intact.npz``;
+   10) and the label-permutation control (k ≥ 2) → ``hits/intact.npz``;
 3. ICL score on natural held-out text (Olsson et al. 2022, :mod:`inductionlab.icl_score`; only with
    ``shards``: windows from the MD5 held-out split that start at document starts — without
-   shards the ICL score is skipped and the report says so) and the induction loss on repeated
-   random tokens → ``icl/intact.json``;
+   shards the ICL score is skipped and the report says so), the induction loss on repeated
+   random tokens and associative recall → ``icl/``, ``induction/``, ``recall/`` ``<condition>.npz``
+   (per-position losses and top-1 hits; intact and under every ablation);
 4. perplexity guard on the held-out split (:mod:`inductionlab.perplexity`; only with ``shards``,
    whose tokenizer must be the model's: a mismatch is refused before anything is written) →
    ``perplexity.json``;
@@ -22,7 +27,8 @@ command continues an interrupted run from its finished pieces):
    chosen head: :func:`~inductionlab.ablation.matched_random_heads`), and ``top-<k>`` (global top-k
    against k random heads outside the top N = min(300, heads/2), as in the temporal study) —
    the probes at ``load_bearing.shots`` (default 10; intact prompts, no control), the ICL
-   benefit and the induction benefit, each condition → ``ablation/<condition>.npz``;
+   benefit and the induction benefit, each condition → ``hits_ablated/<condition>.npz`` (and the
+   token losses above);
 6. lm-evaluation-harness (optional, :mod:`inductionlab.lm_eval_tasks`): our probes exported as
    offline lm-eval tasks (``inductionlab_icl``, ``inductionlab_icl_<task>``) and/or installed
    lm-eval tasks by name → ``lm_eval.json``.
@@ -43,30 +49,32 @@ import re
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
-from . import report
+from . import function_probes, icl_score, report
 from .ablation import (Condition, ablation_conditions, default_exclude_top_n, matched_random_heads,
                        per_layer_top_p)
+from .distributed import Dist
 from .errors import InductionLabError
-from .function_probes import run_probes, summarize_hits
-from .icl_score import associative_recall, heldout_windows, icl_positions, icl_score, induction_loss, model_context
+from .function_probes import probe_rows, summarize_hits
+from .icl_score import (heldout_windows, icl_positions, icl_summary, induction_summary, model_context, recall_sequences,
+                        recall_summary, scaled_positions)
 from .icl_tasks import TASK_NAMES, Prompt, build_tasks, make_all_prompts
 from .checks import check_draws, check_fields, check_loaded, check_seed, check_type
 from .load_bearing_eval import drops_table, score_concentration
-from .models import LoadedModel, announce_dtype, params_identity, ran_identity, with_dtype_choice
-from .protocol import check_method
+from .models import LoadedModel, agree_dtype, announce_dtype, params_identity, ran_identity, with_dtype_choice
+from .protocol import Trials, check_method
 from .runs import ResumableRun, atomic_write_json, versions
 from .scores import HeadScores
-from .stats import ci
+from .stats import pooled, put_ci
 from .stimuli import random_sequences
-from .study import check_ks, check_trials_fit, head_scores_piece
+from .study import Phase, check_ks, check_trials_fit, head_scores_piece, run_phases
 
 KIND = "evaluate"
 TOKEN_POOLS = ("vocab", "shards")
@@ -412,30 +420,20 @@ def _params(loaded: LoadedModel, cfg: EvaluateConfig, shards) -> dict:
             "model": params_identity(ran_identity(loaded))}   # the dtype that runs
 
 
-def _probe_piece(run: ResumableRun, key: str, loaded, prompts: list[Prompt], cfg: EvaluateConfig, heads,
-                 reference, progress: bool) -> dict:
-    def compute():
-        with tqdm(total=len(prompts), desc=f"probes {key.split('/')[-1]}", unit="prompt",
-                  disable=not progress) as bar:
-            df = run_probes(loaded.model, prompts, tokenizer=loaded.tokenizer, batch_size=cfg.probes.batch_size,
-                            heads=heads, method=cfg.load_bearing.method, reference_ids=reference, progress=bar.update)
-        return {"rank": df["rank"].to_numpy(np.int64), "p_target": df["p_target"].to_numpy(np.float64),
-                "target_id": df["target_id"].to_numpy(np.int64)}
-
-    arrays = run.arrays(key, compute)
-    if not np.array_equal(arrays["target_id"], [p.target_id for p in prompts]):
+def _probe_arrays(run: ResumableRun, key: str, arrays: dict, prompts: list[Prompt]) -> dict:
+    """One condition's probe measures in the order of ``prompts``; refuses a piece made with other prompts."""
+    df = probe_rows(prompts, arrays)
+    if len(df) != len(prompts) or not np.array_equal(np.asarray(arrays["target_id"])[np.argsort(arrays["order"])],
+                                                     [p.target_id for p in prompts]):
         raise InductionLabError(f"checkpoint {run.path(key, 'npz')} was made with other prompts; delete it or use "
                                 "--overwrite")
-    return arrays
+    return df
 
 
-def _rows(prompts: list[Prompt], arrays: dict, condition: str, variant: str) -> pd.DataFrame:
-    df = pd.DataFrame({"condition": condition, "variant": variant, "task": [p.task for p in prompts],
-                       "shots": [p.shots for p in prompts], "control": [p.control for p in prompts],
-                       "index": [p.index for p in prompts], "target_id": arrays["target_id"],
-                       "rank": arrays["rank"], "p_target": arrays["p_target"]})
-    for k in (1, 3):
-        df[f"hits{k}"] = (df["rank"] <= k).astype(np.float64)
+def _rows(prompts: list[Prompt], arrays: dict, condition: str, variant: str, run: ResumableRun, key: str) -> pd.DataFrame:
+    df = _probe_arrays(run, key, arrays, prompts)
+    df.insert(0, "variant", variant)
+    df.insert(0, "condition", condition)
     return df
 
 
@@ -456,43 +454,113 @@ def token_pool(loaded, cfg: EvaluateConfig, shards=None):
     return ids[torch.isin(ids, vocab)]
 
 
-def _icl_measures(loaded, cfg: EvaluateConfig, windows, heads, reference, pool) -> dict:
-    """ICL score (when windows), induction loss and associative recall, per-sequence arrays kept."""
-    bos = loaded.tokenizer.bos_token_id if cfg.probes.bos else None
-    out = {"icl": None}
+@dataclass
+class _Measure:
+    """One measure of the evaluation as a protocol of :func:`~inductionlab.study.run_phases`
+    (which reads ``build_trials`` / ``measure_batch`` / ``batch_size`` of a protocol and ``method``
+    of its config: this object is both). Its trials are built before the phases, with the
+    load-bearing test's reference batch (:func:`_reference_ids`)."""
+    trials: Trials
+    measure: Callable
+    size: int
+    method: str
+
+    def build_trials(self, loaded, cfg) -> Trials:
+        return self.trials
+
+    def measure_batch(self, model, batch, cfg):
+        return self.measure(model, batch)
+
+    def batch_size(self, loaded, cfg, trials) -> int:
+        return self.size
+
+
+def _bos_ids(loaded, cfg: EvaluateConfig) -> tuple[int | None, int | None]:
+    """``(bos, induction_bos)``: the BOS of probes and associative recall (None without
+    ``cfg.probes.bos``) and that of the induction sequences (the tokenizer's BOS then, as in
+    :func:`~inductionlab.icl_score.induction_loss`)."""
+    tok = loaded.tokenizer
+    bos = tok.bos_token_id if cfg.probes.bos else None
+    return bos, bos if bos is not None else tok.bos_token_id
+
+
+def _measures(loaded, cfg: EvaluateConfig, prompts: list[Prompt], ab_prompts: list[Prompt], windows, pool
+              ) -> dict[str, _Measure]:
+    """The protocols of the evaluation: ``probes`` (every prompt), ``probes_ablated`` (the prompts of
+    the load-bearing test), ``icl`` (the held-out windows, only with them), ``induction``, ``recall``."""
+    from .scores import build_sequences
+
+    bos, ibos = _bos_ids(loaded, cfg)
     vocab = loaded.identity.get("vocab_size", 1)
+    ref = _reference_ids(loaded, cfg, pool)
+    pad = function_probes._pad_id(loaded.tokenizer)
+    hits = partial(icl_score.measure_batch, hits=True)
+
+    def measure(trials: Trials, fn, size: int) -> _Measure:
+        trials.reference = ref
+        return _Measure(trials, fn, size, cfg.load_bearing.method)
+
+    out = {"probes": measure(function_probes.build_trials(prompts, pad), function_probes.measure_batch,
+                             cfg.probes.batch_size),
+           "probes_ablated": measure(function_probes.build_trials(ab_prompts, pad), function_probes.measure_batch,
+                                     cfg.probes.batch_size)}
     if windows is not None:
-        bs = _fit_batch(cfg.icl.batch_size, windows.shape[1], vocab)
-        out["icl"] = icl_score(loaded.model, windows, late=cfg.icl.late, early=cfg.icl.early, window=cfg.icl.window,
-                               batch_size=bs, heads=heads, method=cfg.load_bearing.method,
-                               reference_ids=reference)
+        lt, _ = scaled_positions(loaded.model, windows, cfg.icl.late, cfg.icl.early)
+        out["icl"] = measure(Trials({"ids": windows[:, :lt + 1]}), icl_score.measure_batch,
+                             _fit_batch(cfg.icl.batch_size, windows.shape[1], vocab))
     S = random_sequences(pool, cfg.induction.n_sequences, cfg.induction.seq_len, cfg.seed)
-    out["induction"] = induction_loss(loaded.model, tokenizer=loaded.tokenizer, sequences=S, bos_id=bos,
-                                      batch_size=_fit_batch(cfg.induction.batch_size, 2 * cfg.induction.seq_len + 1,
-                                                            vocab), heads=heads,
-                                      method=cfg.load_bearing.method, reference_ids=reference)
-    out["recall"] = associative_recall(loaded.model, pool, n_pairs=cfg.recall.n_pairs, n=cfg.recall.n_sequences,
-                                       seed=cfg.seed, bos_id=bos,
-                                       batch_size=_fit_batch(cfg.recall.batch_size, 4 * cfg.recall.n_pairs + 1, vocab),
-                                       heads=heads, method=cfg.load_bearing.method, reference_ids=reference)
+    out["induction"] = measure(Trials({"ids": build_sequences(S, "induction", ibos)}), hits,
+                               _fit_batch(cfg.induction.batch_size, 2 * cfg.induction.seq_len + 1, vocab))
+    out["recall"] = measure(Trials({"ids": recall_sequences(pool, cfg.recall.n_sequences, cfg.recall.n_pairs, cfg.seed,
+                                                            bos)}), hits,
+                            _fit_batch(cfg.recall.batch_size, 4 * cfg.recall.n_pairs + 1, vocab))
+    return out
+
+
+def _phases(measures: dict) -> list[Phase]:
+    """Intact probes on every prompt; ICL (with windows), induction and recall intact and under every
+    ablation; the probes of the load-bearing test under every ablation."""
+    return [Phase("hits", "probes", "intact"), *(Phase(k, k, "all") for k in ("icl", "induction", "recall")
+                                                 if k in measures),
+            Phase("hits_ablated", "probes_ablated", "ablation")]
+
+
+def _icl_results(parts: dict, conditions: Sequence[Condition], cfg: EvaluateConfig, loaded, windows) -> dict:
+    """``"intact"`` -> the ICL score (None without windows), induction loss and associative recall
+    summaries; each ablated condition -> its per-sequence benefits and accuracies."""
+    bos, ibos = _bos_ids(loaded, cfg)
+    pos = scaled_positions(loaded.model, windows, cfg.icl.late, cfg.icl.early) if windows is not None else None
+
+    def summaries(name: str) -> dict:
+        ind, rec = parts["induction"][name], parts["recall"][name]
+        return {"icl": icl_summary(parts["icl"][name]["nll"], *pos, cfg.icl.window) if pos else None,
+                "induction": induction_summary(ind["nll"], ind["hits"], cfg.induction.seq_len, ibos is not None),
+                "recall": recall_summary(rec["nll"], rec["hits"], cfg.recall.n_pairs, bos is not None)}
+
+    out = {"intact": summaries("intact")}
+    for c in conditions:
+        m = summaries(c.name)
+        out[c.name] = {"induction_benefit": m["induction"]["per_sequence"]["benefit"],
+                       "icl_benefit": m["icl"]["per_sequence"]["benefit"] if m["icl"] is not None else None,
+                       "copy_accuracy": m["induction"]["per_sequence"]["copy_accuracy"],
+                       "recall_accuracy": m["recall"]["per_sequence"]["accuracy"]}
     return out
 
 
 def _reference_ids(loaded, cfg: EvaluateConfig, pool):
-    """The mean-ablation reference batch: the first 8 induction-loss sequences ``[BOS] S S`` (None for
-    methods that need no value)."""
-    if cfg.load_bearing.method != "mean":
-        return None
+    """The reference batch of a method that needs one (``mean``; the runner asks for it by the
+    method's table entry): the first 8 induction-loss sequences ``[BOS] S S``, shared by every
+    measure."""
     from .scores import build_sequences
 
     tok = loaded.tokenizer
     S = random_sequences(pool, 8, cfg.induction.seq_len, cfg.seed)
-    ref = build_sequences(S, "induction", tok.bos_token_id if cfg.probes.bos else None)
-    return ref.to(next(loaded.model.parameters()).device)
+    return build_sequences(S, "induction", tok.bos_token_id if cfg.probes.bos else None)
 
 
 def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, shards: str | Path | None = None,
-                 overwrite: bool = False, progress: bool = True, on_checkpoint=None, log=None) -> EvaluateResult:
+                 overwrite: bool = False, progress: bool = True, on_checkpoint=None, dist=None,
+                 log=None) -> EvaluateResult:
     """Run (or resume) the evaluation study on one model and write the run directory ``out``.
 
     Args:
@@ -503,6 +571,9 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
             tokenizer: the ICL score's natural text and the perplexity guard (None: both skipped).
         overwrite: delete ``out`` first and start afresh.
         on_checkpoint: optional callable(key) after each piece is written (tests interrupt here).
+        dist: a :class:`~inductionlab.distributed.Dist` of several processes (torchrun; every rank
+            calling with the same arguments): head scores, probes, token losses and perplexity are
+            sharded by batch; every rank returns the same result and rank 0 alone writes ``out``.
         log: optional callable(str) (the CLI: ``click.echo``) given the line saying which dtype runs
             and why, once the checks have passed (:func:`inductionlab.models.announce_dtype`).
 
@@ -522,6 +593,7 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     out = Path(out)
     inputs = [loaded.identity.get("path"), shards]   # never under --out (--overwrite would delete them)
     ResumableRun.check_out(out, overwrite, inputs=inputs)
+    agree_dtype(loaded, dist)             # torchrun: every rank in rank 0's dtype (after every rank's check_out)
     tok = loaded.tokenizer
     bos = tok.bos_token_id if cfg.probes.bos else None
     timings: dict[str, float] = {}
@@ -555,9 +627,9 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
         notes.append("no --shards: the ICL score (natural held-out text) and the perplexity guard were skipped")
 
     run = ResumableRun(out, "evaluate", _params(loaded, cfg, shard_obj), overwrite=overwrite,
-                       on_checkpoint=on_checkpoint, inputs=inputs)
+                       on_checkpoint=on_checkpoint, inputs=inputs, dist=dist)
     resumed = run.open()
-    announce_dtype(ran_identity(loaded), log)
+    announce_dtype(ran_identity(loaded), log, run.is_main)
 
     t = time.perf_counter()
     hs = head_scores_piece(run, loaded, seq_len=cfg.score_seq_len, batch_size=cfg.score_batch_size, seed=cfg.seed,
@@ -566,16 +638,6 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     pairs = load_bearing_conditions(hs["induction"], cfg.load_bearing, cfg.seed)
     conditions = [c for _, c in pairs]
     variants = {c.name: v for v, c in pairs}
-    reference = _reference_ids(loaded, cfg, pool)
-
-    t = time.perf_counter()
-    rows = [_rows(prompts, _probe_piece(run, "probes/intact", loaded, prompts, cfg, None, None, progress),
-                  "intact", "intact")]
-    timings["probes_s"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    icl = {"intact": run.json("icl/intact", lambda: _icl_measures(loaded, cfg, windows, None, None, pool))}
-    timings["icl_s"] = time.perf_counter() - t
 
     ppl = None
     if shard_obj is not None:
@@ -586,29 +648,21 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
         bs = _fit_batch(cfg.perplexity.batch_size, window, ident.get("vocab_size", 1))
         ppl = run.json("perplexity", lambda: heldout_perplexity(
             loaded.model, shard_obj, tokenizer=tok, context=cfg.perplexity.context,
-            max_tokens=cfg.perplexity.max_tokens, batch_size=bs))
+            max_tokens=cfg.perplexity.max_tokens, batch_size=bs, dist=run.dist))
         timings["perplexity_s"] = time.perf_counter() - t
 
-    t = time.perf_counter()
     ab_prompts = [p for p in prompts if p.shots == cfg.load_bearing.shots and p.control == "intact"]
-    for c in conditions:
-        key = f"ablation/{c.name}"
-
-        def compute(c=c):
-            a = _probe_piece(run, f"ablation_probes/{c.name}", loaded, ab_prompts, cfg, c.heads, reference, progress)
-            m = _icl_measures(loaded, cfg, windows, c.heads, reference, pool)
-            res = {**a, "induction_benefit": m["induction"]["per_sequence"]["benefit"],
-                   "copy_accuracy": m["induction"]["per_sequence"]["copy_accuracy"],
-                   "recall_accuracy": m["recall"]["per_sequence"]["accuracy"]}
-            if m["icl"] is not None:
-                res["icl_benefit"] = m["icl"]["per_sequence"]["benefit"]
-            return res
-
-        a = run.arrays(key, compute)
-        rows.append(_rows(ab_prompts, a, c.name, variants[c.name]))
-        icl[c.name] = {"induction_benefit": a["induction_benefit"], "icl_benefit": a.get("icl_benefit"),
-                       "copy_accuracy": a["copy_accuracy"], "recall_accuracy": a["recall_accuracy"]}
-    timings["load_bearing_s"] = time.perf_counter() - t
+    measures = _measures(loaded, cfg, prompts, ab_prompts, windows, pool)
+    phases = _phases(measures)
+    parts, _ = run_phases(run, loaded, phases, measures, measures,
+                          {"intact": [Condition("intact", "intact")], "ablation": conditions,
+                           "all": [Condition("intact", "intact"), *conditions]},
+                          {ph.key: len(measures[ph.protocol].trials) for ph in phases}, progress=progress,
+                          timings=timings)
+    rows = [_rows(prompts, parts["hits"]["intact"], "intact", "intact", run, "hits/intact")]
+    rows += [_rows(ab_prompts, parts["hits_ablated"][c.name], c.name, variants[c.name], run, f"hits_ablated/{c.name}")
+             for c in conditions]
+    icl = _icl_results(parts, conditions, cfg, loaded, windows)
 
     lm = None
     if cfg.lm_eval.tasks:
@@ -617,6 +671,8 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
         t = time.perf_counter()
 
         def lm_compute():
+            if not run.is_main:           # rank 0 alone runs lm-eval (not sharded); the others read its piece
+                return None
             include = _export_lm_eval(out / "lm_eval_tasks", cfg, tok)
             return run_lm_eval(loaded.model, tok, cfg.lm_eval.tasks, include_path=include,
                                num_fewshot=cfg.lm_eval.num_fewshot, batch_size=cfg.lm_eval.batch_size,
@@ -646,9 +702,12 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
         "lm_eval": lm,
         "notes": notes,
         "resumed": resumed,
+        "distributed": (dist or Dist()).record(),
     }
     res = EvaluateResult(loaded, cfg, hs, conditions, variants, probe_rows, hits, icl, icl_summary, ppl, drops, conc,
                          lm, notes, record, timings)
+    if not run.is_main:
+        return res
     t = time.perf_counter()
     report.write_evaluate_outputs(out, res)
     timings["write_s"] = time.perf_counter() - t
@@ -662,13 +721,11 @@ def hits_table(probe_rows: pd.DataFrame, conditions: Sequence[Condition], varian
     """HITS@1 / HITS@3 with CIs per condition × task × shots × control (macro rows included), plus
     each variant's random draws pooled per prompt as condition ``random-<variant>``."""
     parts = [probe_rows]
-    for v in dict.fromkeys(variants.values()):
-        names = [c.name for c in conditions if c.kind == "random" and variants[c.name] == v]
-        if not names:
-            continue
-        g = probe_rows[probe_rows.condition.isin(names)]
-        pooled = g.groupby(["task", "shots", "control", "index"], sort=False)[["hits1", "hits3"]].mean().reset_index()
-        parts.append(pooled.assign(condition=f"random-{v}", variant=v))
+    for v, names in draws_by_variant(conditions, variants).items():
+        per = {n: probe_rows[probe_rows.condition == n] for n in names}     # the same prompts in the same order
+        keys = per[names[0]][["task", "shots", "control", "index"]].reset_index(drop=True)
+        parts.append(keys.assign(**{h: pooled({n: g[h].to_numpy(np.float64) for n, g in per.items()}, names)
+                                    for h in ("hits1", "hits3")}, condition=f"random-{v}", variant=v))
     rows = pd.concat(parts, ignore_index=True)
     return summarize_hits(rows, by=("condition", "shots", "control"))
 
@@ -722,30 +779,32 @@ def icl_table(icl: dict, conditions: Sequence[Condition], variants: dict[str, st
         s = intact["icl"]
         r.update(icl_score=s["score"], icl_score_ci_low=s["ci_low"], icl_score_ci_high=s["ci_high"],
                  loss_late=s["loss_late"], loss_early=s["loss_early"], late=s["late"], early=s["early"], window=s["window"])
-        _put(r, "icl_benefit", s["per_sequence"]["benefit"])
+        put_ci(r, "icl_benefit", s["per_sequence"]["benefit"])
     ind = intact["induction"]
     r.update(first_copy=ind["first_copy"], second_copy=ind["second_copy"])
-    _put(r, "induction_benefit", ind["per_sequence"]["benefit"])
-    _put(r, "copy_accuracy", ind["per_sequence"]["copy_accuracy"])
-    _put(r, "recall_accuracy", intact["recall"]["per_sequence"]["accuracy"])
+    put_ci(r, "induction_benefit", ind["per_sequence"]["benefit"])
+    put_ci(r, "copy_accuracy", ind["per_sequence"]["copy_accuracy"])
+    put_ci(r, "recall_accuracy", intact["recall"]["per_sequence"]["accuracy"])
     rows.append(r)
     arms = [(c.name, variants[c.name], [c.name]) for c in conditions]
-    for v in dict.fromkeys(variants.values()):
-        names = [c.name for c in conditions if c.kind == "random" and variants[c.name] == v]
-        if names:
-            arms.append((f"random-{v}", v, names))
+    arms += [(f"random-{v}", v, names) for v, names in draws_by_variant(conditions, variants).items()]
     for name, v, members in arms:
         r = {"condition": name, "variant": v}
-        if icl[members[0]].get("icl_benefit") is not None:
-            _put(r, "icl_benefit", np.mean([icl[m]["icl_benefit"] for m in members], axis=0))
-        for k in ("induction_benefit", "copy_accuracy", "recall_accuracy"):
-            _put(r, k, np.mean([icl[m][k] for m in members], axis=0))
+        for k in ("icl_benefit", "induction_benefit", "copy_accuracy", "recall_accuracy"):
+            if icl[members[0]].get(k) is not None:
+                put_ci(r, k, pooled({m: np.asarray(icl[m][k], np.float64) for m in members}, members))
         rows.append(r)
     return pd.DataFrame(rows)
 
 
-def _put(row: dict, name: str, values) -> None:
-    row[name], row[f"{name}_ci_low"], row[f"{name}_ci_high"] = ci(np.asarray(values, np.float64))
+def draws_by_variant(conditions: Sequence[Condition], variants: dict[str, str]) -> dict[str, list[str]]:
+    """``variant -> names`` of its random draws (variants and draws in run order), the members of
+    each pooled ``random-<variant>`` arm."""
+    out: dict[str, list[str]] = {}
+    for c in conditions:
+        if c.kind == "random":
+            out.setdefault(variants[c.name], []).append(c.name)
+    return out
 
 
 __all__ = ["EvaluateConfig", "ProbeConfig", "ICLScoreConfig", "InductionLossConfig", "RecallConfig", "PerplexityConfig",

@@ -6,6 +6,13 @@ Prompts come from :mod:`inductionlab.icl_tasks`. For each prompt the model reads
 rank is <= k. Prompts are run in left-padded batches with ``position_ids`` derived from the
 attention mask (:func:`inductionlab.protocol.pad_left`), sorted by length to limit padding.
 
+A protocol of :func:`inductionlab.protocol.run_conditions`: :func:`build_trials` (the prompts,
+sorted by length and left-padded into one :class:`~inductionlab.protocol.Trials`) and
+:func:`measure_batch` (rank and probability of each target; each batch cut to its own padding,
+so it is the batch a per-batch :func:`~inductionlab.protocol.pad_left` makes); :func:`probe_rows`
+puts the measures back in prompt order. Under ablation: ``run_conditions(loaded, conditions,
+build_trials(prompts, pad_id), method=..., measure_batch=measure_batch)``.
+
 Summaries: per task × shots × control the mean HITS@k with a 95% CI over prompts (normal
 approximation, mean ± 1.96·sd/√n); the macro average over tasks is the mean of per-task means,
 its CI from the per-task standard errors (``1.96·sqrt(Σ se_t²) / n_tasks``; tasks independent).
@@ -13,15 +20,15 @@ its CI from the per-task standard errors (``1.96·sqrt(Σ se_t²) / n_tasks``; t
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from types import SimpleNamespace
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from .protocol import last_token_logits
 from .icl_tasks import Prompt
-from .protocol import ablation_context
+from .protocol import Trials, model_inputs, run_conditions, trim_padding
 from .stats import Z95
 
 KS = (1, 3)
@@ -43,48 +50,85 @@ def target_ranks(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (logits > t).sum(1) + 1
 
 
+def build_trials(prompts: Sequence[Prompt], pad_id: int = 0) -> Trials:
+    """The prompts as trials, sorted by length (shortest first) and left-padded
+    (:meth:`~inductionlab.protocol.Trials.padded`: ``ids`` / ``attention_mask`` / ``position_ids``
+    ``[n, T_max]``), with ``targets`` (the first answer token) and ``order`` (each trial's index in
+    ``prompts``), LongTensors ``[n]``."""
+    prompts = list(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].input_ids))
+    return Trials.padded([prompts[i].input_ids for i in order], pad_id,
+                         targets=torch.tensor([prompts[i].target_id for i in order], dtype=torch.long),
+                         order=torch.tensor(order, dtype=torch.long))
+
+
+def measure_batch(model, batch: dict[str, torch.Tensor], cfg=None) -> dict[str, torch.Tensor]:
+    """One batch of :func:`build_trials`: the logits at each prompt's last token (one forward,
+    ``logits_to_keep=1`` where the architecture has it) → ``rank`` (LongTensor ``[b]``, 1 = top),
+    ``p_target`` (float64 ``[b]``), and ``target_id`` / ``order`` passed through."""
+    batch = trim_padding(batch)
+    kw = model_inputs(batch)
+    try:
+        out = model(**kw, logits_to_keep=1)
+    except TypeError:  # architectures without logits_to_keep
+        out = model(**kw)
+    logits = out.logits[:, -1].float()
+    tgt = batch["targets"]
+    return {"rank": target_ranks(logits, tgt), "p_target": torch.softmax(logits, -1).gather(1, tgt[:, None]).squeeze(1)
+            .double(), "target_id": tgt, "order": batch["order"]}
+
+
+def probe_rows(prompts: Sequence[Prompt], arrays: dict) -> pd.DataFrame:
+    """The tidy rows of :func:`run_probes` from one condition's arrays of :func:`measure_batch`
+    (trial order; put back in the order of ``prompts`` by ``order`` when present)."""
+    prompts = list(prompts)
+    arrays = dict(arrays)
+    if "order" in arrays:
+        order = np.asarray(arrays.pop("order"), np.int64)
+        for k, v in arrays.items():
+            back = np.empty_like(v)
+            back[order] = v
+            arrays[k] = back
+    df = pd.DataFrame({"task": [p.task for p in prompts], "shots": [p.shots for p in prompts],
+                       "control": [p.control for p in prompts], "index": [p.index for p in prompts],
+                       "target_id": [p.target_id for p in prompts],
+                       "rank": np.asarray(arrays.get("rank", np.zeros(0)), np.int64),
+                       "p_target": np.asarray(arrays.get("p_target", np.zeros(0)), np.float64)})
+    for k in KS:
+        df[f"hits{k}"] = (df["rank"] <= k).astype(np.float64)
+    return df
+
+
 def run_probes(model, prompts: Sequence[Prompt], *, tokenizer=None, pad_id: int | None = None,
-               batch_size: int = 16, heads: Iterable[tuple[int, int]] | None = None, method: str = "zero",
-               reference_ids: torch.Tensor | None = None, progress=None) -> pd.DataFrame:
-    """Score every prompt: one tidy row per prompt.
+               batch_size: int = 16, progress=None) -> pd.DataFrame:
+    """Score every prompt on the intact model: one tidy row per prompt (the intact condition of
+    :func:`~inductionlab.protocol.run_conditions` over :func:`build_trials`; ablated conditions:
+    the module docstring).
 
     Args:
         prompts: from :func:`inductionlab.icl_tasks.make_prompts`.
         tokenizer / pad_id: the pad id (default: tokenizer's pad, else EOS, else 0; pads are masked).
-        heads, method, reference_ids: when ``heads`` is given, the forwards run under
-            :func:`inductionlab.instrument.ablate` (``zero`` | ``mean`` | ``sink``).
+        batch_size: prompts per forward pass (consecutive in length order).
         progress: optional callable(n_done_in_batch).
 
     Returns: DataFrame with ``task, shots, control, index, target_id, rank, hits1, hits3,
     p_target`` (probability of the target, float), in the order of ``prompts``.
     """
+    from .ablation import Condition
+
     prompts = list(prompts)
     pid = _pad_id(tokenizer) if pad_id is None else int(pad_id)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].input_ids))
-    ranks = np.zeros(len(prompts), np.int64)
-    probs = np.zeros(len(prompts), np.float64)
-    with torch.inference_mode(), ablation_context(model, heads, method, reference_ids):
-        for s in range(0, len(order), batch_size):
-            idx = order[s:s + batch_size]
-            logits = last_token_logits(model, [prompts[i].input_ids for i in idx], pid)
-            tgt = torch.tensor([prompts[i].target_id for i in idx], device=logits.device)
-            ranks[idx] = target_ranks(logits, tgt).cpu().numpy()
-            probs[idx] = torch.softmax(logits, -1).gather(1, tgt[:, None]).squeeze(1).double().cpu().numpy()
-            if progress is not None:
-                progress(len(idx))
-    df = pd.DataFrame({"task": [p.task for p in prompts], "shots": [p.shots for p in prompts],
-                       "control": [p.control for p in prompts], "index": [p.index for p in prompts],
-                       "target_id": [p.target_id for p in prompts], "rank": ranks, "p_target": probs})
-    for k in KS:
-        df[f"hits{k}"] = (df["rank"] <= k).astype(np.float64)
-    return df
+    arrays = run_conditions(SimpleNamespace(model=model), [Condition("intact", "intact")], build_trials(prompts, pid),
+                            batch_size=batch_size, measure_batch=measure_batch, progress=progress,
+                            reuse=False)["intact"]
+    return probe_rows(prompts, arrays)
 
 
 def summarize_hits(rows: pd.DataFrame, by: Sequence[str] = ("shots", "control")) -> pd.DataFrame:
     """Per task × ``by`` and macro-averaged HITS@1 / HITS@3 with 95% CIs over prompts.
 
     Args:
-        rows: output of :func:`run_probes` (extra grouping columns such as ``condition`` may be
+        rows: output of :func:`run_probes` / :func:`probe_rows` (extra grouping columns such as ``condition`` may be
             named in ``by``).
 
     Returns: DataFrame ``task, *by, n, hits1, hits1_ci_low, hits1_ci_high, hits3, ...``; the
@@ -116,4 +160,4 @@ def summarize_hits(rows: pd.DataFrame, by: Sequence[str] = ("shots", "control"))
     return res.drop(columns=[c for c in res if c.startswith("_se")])
 
 
-__all__ = ["target_ranks", "run_probes", "summarize_hits"]
+__all__ = ["target_ranks", "build_trials", "measure_batch", "probe_rows", "run_probes", "summarize_hits"]

@@ -8,6 +8,10 @@ exactly ``Σ (len(window) − 1)`` tokens are scored (windows of one token score
 
     perplexity = exp( Σ −log p(x_t | window prefix) / n_scored )      (nats inside, e^·)
 
+The windows are trials of :func:`inductionlab.protocol.run_conditions` (the per-position losses of
+:func:`inductionlab.icl_score.measure_batch`): the full windows in one rectangular set, a shorter
+final window in its own; under torchrun their batches are sharded over the processes (``dist``).
+
 The shards must be tokenised with the model's own tokenizer (or the model trained on the
 shards' tokenizer, as our trainer's checkpoints are): the two vocabularies (token → id) must be
 identical, else a one-line error before any forward pass.
@@ -52,8 +56,7 @@ def check_tokenizer_match(shards, tokenizer=None, vocab_size: int | None = None)
 
 
 def heldout_perplexity(model, shards, *, tokenizer=None, context: int | None = None, max_tokens: int | None = None,
-                       batch_size: int = 4, split: str = "heldout", heads=None, method: str = "zero",
-                       reference_ids=None) -> dict:
+                       batch_size: int = 4, split: str = "heldout", dist=None) -> dict:
     """Perplexity of ``model`` on a prepared corpus' held-out split.
 
     Args:
@@ -63,7 +66,8 @@ def heldout_perplexity(model, shards, *, tokenizer=None, context: int | None = N
         context: window length in tokens (default: min(model context, 1024)).
         max_tokens: use only the first ``max_tokens`` tokens of the split (None: all).
         split: ``heldout`` (default) or ``train``.
-        heads, method, reference_ids: ablate these heads meanwhile.
+        dist: a :class:`~inductionlab.distributed.Dist` to shard the windows' batches over (every
+            rank calls with the same arguments and gets the same result; None: one process).
 
     Returns: ``{"perplexity", "nll_per_token" (nats), "nll_sum", "n_scored", "n_tokens",
     "n_windows", "context", "split", "tokenizer"}``; ``n_scored = n_tokens − n_windows`` exactly, less one
@@ -90,13 +94,13 @@ def heldout_perplexity(model, shards, *, tokenizer=None, context: int | None = N
     nll_sum, n_scored, n_windows = 0.0, 0, 0
     if n_full:
         full = torch.as_tensor(stream[:n_full * context].reshape(n_full, context))
-        nll = token_losses(model, full, batch_size=batch_size, heads=heads, method=method, reference_ids=reference_ids)
+        nll = token_losses(model, full, batch_size=batch_size, dist=dist)
         nll_sum += float(nll.sum())
         n_scored += nll.size
         n_windows += n_full
     tail = stream[n_full * context:]
     if len(tail) >= 2:
-        nll = token_losses(model, torch.as_tensor(tail[None]), heads=heads, method=method, reference_ids=reference_ids)
+        nll = token_losses(model, torch.as_tensor(tail[None]), dist=dist)
         nll_sum += float(nll.sum())
         n_scored += nll.size
         n_windows += 1

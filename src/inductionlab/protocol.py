@@ -5,14 +5,17 @@ A behavioural protocol (the lag probe, serial recall, your own probe) is three t
 1. a config dataclass with a ``validate()`` that needs no model;
 2. ``build_trials(loaded, cfg)``: every trial as tensors with a leading trial axis —
    a dict ``{"ids": LongTensor [n_trials, T], ...}`` (``ids`` is what the model reads; other
-   entries, e.g. the target ids of each trial, travel with it batch by batch);
+   entries, e.g. the target ids of each trial, travel with it batch by batch; trials of
+   different lengths are left-padded by :meth:`Trials.padded`, which adds the
+   ``attention_mask`` / ``position_ids`` of :func:`pad_left`);
 3. ``measure_batch(model, batch) -> {name: Tensor [b, ...]}``: per-trial measures of one batch
    (``batch`` holds the same keys as the trials, sliced and on the model's device).
 
 :func:`run_conditions` then does the rest, identically for every protocol: for each
 :class:`~inductionlab.ablation.Condition` in order it opens :func:`~inductionlab.instrument.ablate`
-on the condition's heads (none for ``intact``; for ``mean`` ablation the reference batch is
-the first :data:`REFERENCE_TRIALS` trials' ``ids``), runs the trials in batches of
+on the condition's heads (none for ``intact``; a method whose table entry needs a value —
+``mean``: :data:`inductionlab.names.ABLATION_METHOD_NEEDS` — gets the reference batch
+:attr:`Trials.reference`, by default the first :data:`REFERENCE_TRIALS` trials), runs the trials in batches of
 ``batch_size`` under ``torch.inference_mode``, reports progress in trials, and concatenates
 each measure over batches into a numpy array ``[n_trials, ...]``. Every condition sees the
 same trials in the same order, so differences between conditions are paired — and so a
@@ -23,10 +26,12 @@ by an earlier ablated condition on the same batch, skipping layers ``0..l-1`` (b
 rank ``b % world_size`` and gathers the batches back in order, so every rank gets the arrays of
 one process (:mod:`inductionlab.distributed`).
 
-Batches here are rectangular (every trial of a protocol has the same length). Sequences of
-different lengths go through :func:`pad_left`, which derives ``position_ids`` from the
-attention mask (left padding otherwise shifts every real token's position: TransformerLens
-#1609, nnsight #672).
+Batches here are rectangular. Sequences of different lengths go through :func:`pad_left`
+(:meth:`Trials.padded`), which derives ``position_ids`` from the attention mask (left padding
+otherwise shifts every real token's position: TransformerLens #1609, nnsight #672);
+:func:`trim_padding` then cuts a batch's columns that are padding in every one of its trials,
+so a batch is what :func:`pad_left` makes of its own sequences, and :func:`model_inputs` gives
+the model its ``input_ids`` / ``attention_mask`` / ``position_ids``.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import torch
 
 from . import distributed as D
 from .errors import InductionLabError
+from .names import ABLATION_METHOD_NEEDS
 from .reuse import first_ablated_layer
 
 REFERENCE_TRIALS = 8   # trials in the mean-ablation reference batch (decision: the first 8 of the run)
@@ -53,24 +59,82 @@ def check_method(method: str) -> None:
     if method not in ablation_methods():
         raise InductionLabError(f"unknown ablation method {method!r}; use {', '.join(ablation_methods())}")
 
+
+def needs_reference(method: str) -> bool:
+    """Whether ``method`` needs a value computed from a reference batch (its table entry's
+    ``needs == "value"``: ``mean``), so the runner builds one."""
+    return ABLATION_METHOD_NEEDS.get(method) == "value"
+
 @dataclass
 class Trials:
     """All trials of a protocol run.
 
     Attributes:
         tensors: ``{"ids": LongTensor [n_trials, T], ...}``; every entry has the trial axis first
-            and is sliced into batches alongside ``ids``.
+            and is sliced into batches alongside ``ids``. Left-padded trials also carry
+            ``attention_mask`` / ``position_ids`` (LongTensor ``[n_trials, T]``, as
+            :func:`pad_left` builds them; :meth:`padded`), handed to ``measure_batch`` with ``ids``.
         words: the word set the trials were drawn from (for the record; may be empty).
+        reference: ``[B, T']`` ids of the reference batch for a method that needs a value
+            (:func:`needs_reference`); None: the first :data:`REFERENCE_TRIALS` trials (with
+            their attention mask when padded).
     """
     tensors: dict[str, torch.Tensor]
     words: list[str] = field(default_factory=list)
+    reference: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.tensors["ids"])
 
     def head(self, n: int) -> "Trials":
         """The first ``n`` trials (e.g. a cheaper condition that reuses the start of a run)."""
-        return Trials({k: v[:n] for k, v in self.tensors.items()}, self.words)
+        return Trials({k: v[:n] for k, v in self.tensors.items()}, self.words, self.reference)
+
+    @classmethod
+    def padded(cls, seqs: Sequence[Sequence[int]], pad_id: int, **extra: torch.Tensor) -> "Trials":
+        """Token id lists of any lengths, left-padded by :func:`pad_left` into ``ids`` /
+        ``attention_mask`` / ``position_ids`` ``[n_trials, T_max]``; ``extra`` tensors (trial axis
+        first) travel with them. No sequences: ``ids`` of shape ``[0, 1]``."""
+        if len(seqs):
+            p = pad_left(seqs, pad_id)
+        else:
+            p = {k: torch.zeros((0, 1), dtype=torch.long) for k in ("input_ids", "attention_mask", "position_ids")}
+        return cls({"ids": p["input_ids"], "attention_mask": p["attention_mask"], "position_ids": p["position_ids"],
+                    **extra})
+
+    def reference_batch(self, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(ids, attention_mask or None)`` of the reference batch, on ``device``."""
+        if self.reference is not None:
+            return self.reference.to(device), None
+        n = min(REFERENCE_TRIALS, len(self))
+        mask = self.tensors.get("attention_mask")
+        return self.tensors["ids"][:n].to(device), None if mask is None else mask[:n].to(device)
+
+
+def trim_padding(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A batch of left-padded trials less the leading columns that are padding in all of them
+    (``attention_mask`` 0), so it equals :func:`pad_left` of its own sequences (same shapes, so the
+    same numbers as a batch padded alone). Entries ``[b, T]`` like ``ids`` are cut; a batch
+    without ``attention_mask`` is returned as it is."""
+    mask = batch.get("attention_mask")
+    if mask is None or mask.shape[1] == 0:
+        return batch
+    real = mask.any(0)
+    start = int(real.int().argmax()) if bool(real.any()) else mask.shape[1] - 1
+    if start == 0:
+        return batch
+    T = mask.shape[1]
+    return {k: v[:, start:] if v.dim() == 2 and v.shape[1] == T else v for k, v in batch.items()}
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The keywords a forward pass of a batch takes: ``input_ids`` (its ``ids``), and its
+    ``attention_mask`` / ``position_ids`` when the trials are padded."""
+    kw = {"input_ids": batch["ids"]}
+    for k in ("attention_mask", "position_ids"):
+        if k in batch:
+            kw[k] = batch[k]
+    return kw
 
 
 MeasureBatch = Callable[[torch.nn.Module, dict[str, torch.Tensor]], Mapping[str, torch.Tensor]]
@@ -109,7 +173,8 @@ def auto_batch_size(loaded, seq_len: int, logit_positions: int = 1, cap: int = 6
     return int(max(1, min(cap, 0.5 * free // per)))
 
 
-def ablation_context(model, heads, method: str = "zero", reference_ids: torch.Tensor | None = None):
+def ablation_context(model, heads, method: str = "zero", reference_ids: torch.Tensor | None = None,
+                     reference_mask: torch.Tensor | None = None):
     """:func:`inductionlab.instrument.ablate` over ``heads`` (``(layer, head)`` pairs), or a no-op
     context when ``heads`` is None or empty (an intact condition), so every protocol runs intact and
     ablated through one code path (:func:`~inductionlab.instrument.ablate` itself refuses no heads).
@@ -121,7 +186,7 @@ def ablation_context(model, heads, method: str = "zero", reference_ids: torch.Te
         return contextlib.nullcontext()
     from .instrument import ablate   # here: importing this module does not import transformers
 
-    return ablate(model, heads, method, reference_ids=reference_ids)
+    return ablate(model, heads, method, reference_ids=reference_ids, reference_mask=reference_mask)
 
 
 def residual_cache(model, conditions: Sequence, max_bytes: int = 4 << 30):
@@ -145,7 +210,8 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
             is read only when ``batch_size`` is None on a GPU).
         conditions: :class:`~inductionlab.ablation.Condition` list (``.name``, ``.heads``).
         trials: :class:`Trials`, or its ``tensors`` dict ``{"ids": LongTensor [n_trials, T], ...}``.
-        method: ablation method for the conditions' heads (``zero`` | ``mean`` | ``sink``).
+        method: ablation method for the conditions' heads (``zero`` | ``mean`` | ``sink``); one
+            that needs a value (:func:`needs_reference`) is given :meth:`Trials.reference_batch`.
         batch_size: trials per forward pass; None: :func:`auto_batch_size` (CPU: 8).
         measure_batch: ``(model, batch) -> {measure: Tensor [b, ...]}`` (see module docstring).
         progress: optional callable(n_trials_done).
@@ -174,12 +240,13 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
     check_conditions(conditions, "run_conditions")
     model = loaded.model
     device = next(model.parameters()).device
-    if isinstance(trials, Trials):
-        trials = trials.tensors
+    if not isinstance(trials, Trials):
+        trials = Trials(dict(trials))
+    ref, ref_mask = trials.reference_batch(device) if needs_reference(method) else (None, None)  # same on every rank
+    trials = trials.tensors
     ids = trials["ids"]
     n = len(ids)
     bs = D.min_across(batch_size or auto_batch_size(loaded, ids.shape[1], logit_positions), dist)
-    ref = ids[: min(REFERENCE_TRIALS, n)].to(device) if method == "mean" else None   # the same on every rank
     main = dist is None or dist.is_main
     cache = residual_cache(model, conditions) if reuse is True else reuse or None
     out: dict[str, dict[str, np.ndarray]] = {}
@@ -188,9 +255,12 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
     with torch.inference_mode(), eval_mode(model):      # dropout off (a model left in train()), mode restored
         for c in conditions:
             batches: list[dict[str, torch.Tensor]] = []
-            serve = cache.use(first_ablated_layer(c.heads, len(cache.layers))) if cache else contextlib.nullcontext()
-            with ablation_context(model, c.heads or None, method, ref), serve:
-                for s in D.local_batches(n, bs, dist):      # all of them on one process
+            mine = list(D.local_batches(n, bs, dist))      # all of them on one process
+            serve = cache.use(first_ablated_layer(c.heads, len(cache.layers))) if cache and mine else \
+                contextlib.nullcontext()
+            # a rank without a batch (fewer batches than ranks) opens no ablation: it would run no forward
+            with ablation_context(model, c.heads if mine else None, method, ref, ref_mask), serve:
+                for s in mine:
                     batch = {k: v[s:s + bs].to(device) for k, v in trials.items()}
                     batches.append({key: value.cpu() for key, value in measure_batch(model, batch).items()})
                     if progress is not None and main:

@@ -36,7 +36,7 @@ def mean_ci(arr) -> tuple[np.ndarray, np.ndarray]:
         raise TypeError(f"mean_ci needs [n_trials, ...] values (one per trial), got a scalar {float(arr)}")
     n = arr.shape[0]
     m = arr.mean(0)
-    half = Z95 * arr.std(0, ddof=1) / np.sqrt(n) if n > 1 else np.full_like(m, np.nan)
+    half = Z95 * arr.std(0, ddof=1) / np.sqrt(n) if n > 1 else np.full_like(m, np.nan)[()]   # a scalar for 1-D
     return m, half
 
 
