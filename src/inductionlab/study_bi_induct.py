@@ -718,7 +718,7 @@ def verdict_d(t: pd.DataFrame) -> dict:
             rel = f"; relative not reported (some intact value <= {RELATIVE_FLOOR[m]})"
         parts.append(f"{m} [{unit}]: absolute contrast (induction − random) none − induction = {_fmt(c)}; "
                      f"absolute change induction / random heads per variant: {per}{rel}")
-    ev = " | ".join(parts)
+    ev = " ◆ ".join(parts)      # not "|": the evidence sits in a markdown table cell
     ben = _by_seed(t, "none", "icl_benefit")
     if _n_seeds(t, ("none", "induction")) < MIN_SEEDS_FOR_CI or not (ben > ICL_FLOOR).all():
         why = "fewer than 2 seeds" if _n_seeds(t, ("none", "induction")) < MIN_SEEDS_FOR_CI else \
