@@ -62,11 +62,12 @@ from .checks import check_draws, check_fields, check_loaded, check_seed, check_t
 from .load_bearing_eval import drops_table, score_concentration
 from .models import LoadedModel, announce_dtype, params_identity, ran_identity, with_dtype_choice
 from .protocol import check_method
-from .runs import ResumableRun, atomic_write_json, versions
+from .runs import ResumableRun, versions
 from .scores import HeadScores
 from .stats import ci
 from .stimuli import random_sequences
 from .study import check_ks, check_trials_fit, head_scores_piece
+from .study_run import StudyRun
 
 KIND = "evaluate"
 TOKEN_POOLS = ("vocab", "shards")
@@ -521,10 +522,9 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     cfg.validate()
     out = Path(out)
     inputs = [loaded.identity.get("path"), shards]   # never under --out (--overwrite would delete them)
-    ResumableRun.check_out(out, overwrite, inputs=inputs)
+    StudyRun.check_out(out, overwrite, inputs=inputs)
     tok = loaded.tokenizer
     bos = tok.bos_token_id if cfg.probes.bos else None
-    timings: dict[str, float] = {}
     notes: list[str] = []
     # model-dependent checks, before any file is written
     shard_obj = _open_shards(shards, loaded) if shards is not None else None
@@ -554,42 +554,36 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     if shard_obj is None:
         notes.append("no --shards: the ICL score (natural held-out text) and the perplexity guard were skipped")
 
-    run = ResumableRun(out, "evaluate", _params(loaded, cfg, shard_obj), overwrite=overwrite,
-                       on_checkpoint=on_checkpoint, inputs=inputs)
+    run = StudyRun(out, "evaluate", _params(loaded, cfg, shard_obj), overwrite=overwrite,
+                   on_checkpoint=on_checkpoint, inputs=inputs, started=t_start)
     resumed = run.open()
     announce_dtype(ran_identity(loaded), log)
 
-    t = time.perf_counter()
-    hs = head_scores_piece(run, loaded, seq_len=cfg.score_seq_len, batch_size=cfg.score_batch_size, seed=cfg.seed,
-                           progress=progress, pool=None if cfg.token_pool == "vocab" else pool)
-    timings["head_scores_s"] = time.perf_counter() - t
+    with run.timed("head_scores"):
+        hs = head_scores_piece(run, loaded, seq_len=cfg.score_seq_len, batch_size=cfg.score_batch_size,
+                               seed=cfg.seed, progress=progress, pool=None if cfg.token_pool == "vocab" else pool)
     pairs = load_bearing_conditions(hs["induction"], cfg.load_bearing, cfg.seed)
     conditions = [c for _, c in pairs]
     variants = {c.name: v for v, c in pairs}
     reference = _reference_ids(loaded, cfg, pool)
 
-    t = time.perf_counter()
-    rows = [_rows(prompts, _probe_piece(run, "probes/intact", loaded, prompts, cfg, None, None, progress),
-                  "intact", "intact")]
-    timings["probes_s"] = time.perf_counter() - t
+    with run.timed("probes"):
+        rows = [_rows(prompts, _probe_piece(run, "probes/intact", loaded, prompts, cfg, None, None, progress),
+                      "intact", "intact")]
 
-    t = time.perf_counter()
-    icl = {"intact": run.json("icl/intact", lambda: _icl_measures(loaded, cfg, windows, None, None, pool))}
-    timings["icl_s"] = time.perf_counter() - t
+    icl = {"intact": run.piece("icl/intact", lambda: _icl_measures(loaded, cfg, windows, None, None, pool),
+                               timing="icl")}
 
     ppl = None
     if shard_obj is not None:
         from .perplexity import heldout_perplexity
 
-        t = time.perf_counter()
         window = cfg.perplexity.context or min(int(ctx or 1024), 1024)   # heldout_perplexity's default
         bs = _fit_batch(cfg.perplexity.batch_size, window, ident.get("vocab_size", 1))
-        ppl = run.json("perplexity", lambda: heldout_perplexity(
+        ppl = run.piece("perplexity", lambda: heldout_perplexity(
             loaded.model, shard_obj, tokenizer=tok, context=cfg.perplexity.context,
             max_tokens=cfg.perplexity.max_tokens, batch_size=bs))
-        timings["perplexity_s"] = time.perf_counter() - t
 
-    t = time.perf_counter()
     ab_prompts = [p for p in prompts if p.shots == cfg.load_bearing.shots and p.control == "intact"]
     for c in conditions:
         key = f"ablation/{c.name}"
@@ -604,25 +598,22 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
                 res["icl_benefit"] = m["icl"]["per_sequence"]["benefit"]
             return res
 
-        a = run.arrays(key, compute)
+        with run.timed("load_bearing"):
+            a = run.arrays(key, compute)
         rows.append(_rows(ab_prompts, a, c.name, variants[c.name]))
         icl[c.name] = {"induction_benefit": a["induction_benefit"], "icl_benefit": a.get("icl_benefit"),
                        "copy_accuracy": a["copy_accuracy"], "recall_accuracy": a["recall_accuracy"]}
-    timings["load_bearing_s"] = time.perf_counter() - t
 
     lm = None
     if cfg.lm_eval.tasks:
         from .lm_eval_tasks import run_lm_eval
-
-        t = time.perf_counter()
 
         def lm_compute():
             include = _export_lm_eval(out / "lm_eval_tasks", cfg, tok)
             return run_lm_eval(loaded.model, tok, cfg.lm_eval.tasks, include_path=include,
                                num_fewshot=cfg.lm_eval.num_fewshot, batch_size=cfg.lm_eval.batch_size,
                                limit=cfg.lm_eval.limit, seed=cfg.seed)
-        lm = run.json("lm_eval", lm_compute)
-        timings["lm_eval_s"] = time.perf_counter() - t
+        lm = run.piece("lm_eval", lm_compute)
 
     probe_rows = pd.concat(rows, ignore_index=True)
     hits = hits_table(probe_rows, conditions, variants)
@@ -648,12 +639,8 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
         "resumed": resumed,
     }
     res = EvaluateResult(loaded, cfg, hs, conditions, variants, probe_rows, hits, icl, icl_summary, ppl, drops, conc,
-                         lm, notes, record, timings)
-    t = time.perf_counter()
-    report.write_evaluate_outputs(out, res)
-    timings["write_s"] = time.perf_counter() - t
-    timings["total_s"] = time.perf_counter() - t_start
-    atomic_write_json(out / "timing.json", {"resumed": resumed, "this_session_s": timings})
+                         lm, notes, record, run.timings)
+    run.finish(record, lambda: report.write_evaluate_outputs(out, res))
     return res
 
 
