@@ -92,6 +92,7 @@ class StudyRun(ResumableRun):
         if write is not None:
             with self.timed("write"):
                 write()
+        del self.timings["total_s"]                # set again: the final value, listed last
         self.timings["total_s"] = self.elapsed()
         atomic_write_json(self.out / "results.json", record)
         atomic_write_json(self.out / "timing.json", {"resumed": self.resumed, "this_session_s": self.timings})
