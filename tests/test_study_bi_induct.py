@@ -52,11 +52,11 @@ def test_end_to_end_report_has_every_section_and_claim(study):
                     "## Held-out perplexity", "## Probes: associative recall", "## Load-bearing test"):
         assert section in report
     assert (out / "plots" / "telemetry_variants.png").stat().st_size > 10_000
-    claims = {v["claim"] for v in study.verdicts}
+    claims = {v.claim for v in study.verdicts}
     assert claims == {"A", "B", "C", "D", "E"}
-    assert all(v["verdict"] in ("reproduced", "not reproduced", "not testable at this scale") for v in study.verdicts)
+    assert all(v.status in ("reproduced", "not reproduced", "not testable") for v in study.verdicts)
     for v in study.verdicts:                         # each verdict row in the report, with its rule stated
-        assert f"| {v['claim']}. {v['text']}" in report and v["rule"][:40] in report
+        assert f"| {v.claim}. {v.text}" in report and f"**{v.status}**" in report and v.rule[:40] in report
     t = study.table
     assert sorted(t["run"]) == sorted(f"{v}-s{s}" for v in ("none", "induction", "anti", "balanced") for s in (0, 1))
     # the evaluation ran on every final checkpoint: HITS@1 in [0, 1], a finite perplexity and ablation drop
@@ -163,13 +163,13 @@ def _table(**cols) -> pd.DataFrame:
 
 
 def _by(vs):
-    return {v["claim"] + (v.get("variant") or ""): v["verdict"] for v in vs}
+    return {v.claim + (v.variant or ""): v.status for v in vs}
 
 
 def test_rules_nothing_formed_is_not_testable():
     v = _by(verdicts(_table(), threshold=0.3))
-    assert v["Ainduction"] == v["Abalanced"] == "not testable at this scale"
-    assert v["C"] == "not testable at this scale"          # recall probe at the floor (accuracy 0)
+    assert v["Ainduction"] == v["Abalanced"] == "not testable"
+    assert v["C"] == "not testable"          # recall probe at the floor (accuracy 0)
     assert v["B"] == "reproduced"                          # 0.05 in every seed: CI [0.05, 0.05] < 0.2
     assert v["E"] == "not reproduced"                      # equal perplexities: no penalty
 
@@ -199,18 +199,18 @@ def test_rule_d_natural_only_loses_more_nats():
     # absolute contrasts (nats): none -0.050, -0.051; induction -0.010, -0.009 -> paired d = -0.040, -0.042,
     # t(1) CI = -0.041 +- 12.706 * 0.001414 / sqrt(2) = [-0.0537, -0.0283]: high < 0 -> reproduced
     t = _table(abs_icl_benefit_contrast=lambda v, s: -0.05 - 0.001 * s if v == "none" else -0.01 + 0.001 * s)
-    d = next(x for x in verdicts(t, 0.3) if x["claim"] == "D")
-    assert d["verdict"] == "reproduced"
-    assert "none − induction = -0.041 [-0.054, -0.028]" in d["evidence"]
-    assert "relative not reported" in d["evidence"]          # intact 0.1 is not above RELATIVE_FLOOR 0.10
+    d = next(x for x in verdicts(t, 0.3) if x.claim == "D")
+    assert d.status == "reproduced"
+    assert "none − induction = -0.041 [-0.054, -0.028]" in d.evidence
+    assert "relative not reported" in d.evidence          # intact 0.1 is not above RELATIVE_FLOOR 0.10
     t2 = _table(abs_icl_benefit_contrast=lambda v, s: -0.05 - 0.001 * s if v == "none" else -0.01 + 0.001 * s,
                 icl_benefit=lambda v, s: 0.3)
-    assert "relative contrast none − induction" in next(x for x in verdicts(t2, 0.3) if x["claim"] == "D")["evidence"]
+    assert "relative contrast none − induction" in next(x for x in verdicts(t2, 0.3) if x.claim == "D").evidence
     # the induction variant loses as much: not reproduced
     t = _table(abs_icl_benefit_contrast=lambda v, s: -0.05 - 0.001 * s)
     assert _by(verdicts(t, 0.3))["D"] == "not reproduced"
     t = _table(abs_icl_benefit_contrast=lambda v, s: -0.05 - 0.01 * s, icl_benefit=lambda v, s: 0.0)
-    assert _by(verdicts(t, 0.3))["D"] == "not testable at this scale"   # no ICL benefit to lose
+    assert _by(verdicts(t, 0.3))["D"] == "not testable"   # no ICL benefit to lose
 
 
 def test_seed_ci_is_student_t():
@@ -225,4 +225,4 @@ def test_rule_c_bi_induct_better_on_probes():
     t = _table(recall_accuracy=lambda v, s: 0.3 + 0.01 * s)
     assert _by(verdicts(t, 0.3))["C"] == "reproduced"
     t = _table(recall_accuracy=lambda v, s: 0.5 if v == "induction" else 0.04)     # natural-only at the floor
-    assert _by(verdicts(t, 0.3))["C"] == "not testable at this scale"
+    assert _by(verdicts(t, 0.3))["C"] == "not testable"

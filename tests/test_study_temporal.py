@@ -94,12 +94,12 @@ def test_verdicts_on_known_effects():
     row = head[(head.measure == "lag_plus1")].iloc[0]
     assert row.intact == pytest.approx(0.8, abs=0.01) and row.induction == pytest.approx(0.1, abs=0.01)
     assert row.random_minus_induction == pytest.approx(0.7, abs=0.02)
-    v = {d["claim"]: d["reproduced"] for d in verdicts(lag, rec, head, ks)}
-    assert v == {"a": True, "b": True, "c": True, "d": True}
+    v = {d.claim: d.status == "reproduced" for d in verdicts(lag, rec, head, ks)}
+    assert v == {"A": True, "B": True, "C": True, "D": True}
     lag, rec, ks = _synthetic(collapse=False)
     head = headline_table(lag, rec, ks)
-    v = {d["claim"]: d["reproduced"] for d in verdicts(lag, rec, head, ks)}
-    assert v == {"a": True, "b": False, "c": False, "d": False}
+    v = {d.claim: d.status == "reproduced" for d in verdicts(lag, rec, head, ks)}
+    assert v == {"A": True, "B": False, "C": False, "D": False}
 
 
 def _row(measure, k, intact, ind, rnd, diff_ci):
@@ -122,15 +122,15 @@ def test_majority_rule_ignores_floor_but_not_reversal():
             _row("lag_plus1", 3, 0.8, 0.0, 0.0, (-0.01, 0.01))]
     rows += [_row("recall_accuracy", r["k"], r["intact"], r["induction"], r["random"],
                   (r["random_minus_induction_ci_low"], r["random_minus_induction_ci_high"])) for r in rows]
-    v = {d["claim"]: d for d in verdicts(lag, rec, pd.DataFrame(rows), ks)}
-    assert v["b"]["reproduced"] and v["d"]["reproduced"]
-    assert [v["b"]["per_k"][k]["holds"] for k in ks] == [True, True, False]
-    assert not v["c"]["reproduced"]                         # at k = 3 random ablation removed p(+1)
+    v = {d.claim: d for d in verdicts(lag, rec, pd.DataFrame(rows), ks)}
+    assert v["B"].status == v["D"].status == "reproduced"
+    assert [v["B"].per_k[k]["holds"] for k in ks] == [True, True, False]
+    assert v["C"].status == "not reproduced"                # at k = 3 random ablation removed p(+1)
     # a significant reversal at any k (random lower than induction) refutes (b) and (d)
     rows[2] = _row("lag_plus1", 3, 0.8, 0.6, 0.2, (-0.5, -0.3))
     rows[5] = _row("recall_accuracy", 3, 0.8, 0.6, 0.2, (-0.5, -0.3))
-    v = {d["claim"]: d["reproduced"] for d in verdicts(lag, rec, pd.DataFrame(rows), ks)}
-    assert not v["b"] and not v["d"]
+    v = {d.claim: d.status == "reproduced" for d in verdicts(lag, rec, pd.DataFrame(rows), ks)}
+    assert not v["B"] and not v["D"]
 
 
 def test_load_bearing_table_and_concentration_hand_worked():
@@ -180,7 +180,9 @@ def test_interrupt_and_resume_equals_uninterrupted(tiny, tmp_path):
     assert len(seen) + len(again) == 1 + 2 * n_conditions + 2 * SMALL["load_bearing_top"]
     assert (out / "results.json").read_bytes() == (tmp_path / "full" / "results.json").read_bytes()
     rec = json.loads((out / "results.json").read_text())
-    assert [v["claim"] for v in rec["verdicts"]] == ["a", "b", "c", "d"]
+    assert [v["claim"] for v in rec["verdicts"]] == ["A", "B", "C", "D"]
+    assert all(v["verdict"] in ("reproduced", "not reproduced") for v in rec["verdicts"])
+    assert ["per_k" in v for v in rec["verdicts"]] == [False, True, True, True]
     assert full.lag.probs["intact"].shape == (6, 30)
     # a different configuration in the same directory is refused
     with pytest.raises(InductionLabError, match="different parameters"):
@@ -208,7 +210,10 @@ def test_cli_end_to_end(tiny_dir, tmp_path):
     assert len(lb["table"]) == 3 and set(lb["concentration"]) == {"lag_plus1", "recall_lag_plus1", "recall_accuracy"}
     assert {"lag_plus1_delta", "recall_lag_plus1_delta", "recall_accuracy_delta"} <= set(lb["table"][0])
     report = (out / "report.md").read_text()
-    assert report.count("reproduced") >= 4 and "(d) serial recall" in report
+    assert report.count("reproduced") >= 4 and "(D) serial recall" in report
+    lines = [x for x in r.output.splitlines() if x.startswith("(")]      # the verdict lines (format_verdicts)
+    assert [x[:4] for x in lines] == ["(A) ", "(B) ", "(C) ", "(D) "]
+    assert lines[0].startswith(f"(A) {rec['verdicts'][0]['verdict']}: the intact lag curve peaks at lag +1 — p(+1) = ")
     # a second invocation resumes: nothing left to compute, same results
     before = (out / "results.json").read_bytes()
     r = CliRunner().invoke(main, args)

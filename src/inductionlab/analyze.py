@@ -24,9 +24,10 @@ from .instrument import self_check
 from .lag_probe import LagProbeConfig, LagProbeResult
 from .models import LoadedModel, agree_dtype, announce_dtype, params_identity, ran_identity
 from .protocol import check_method
-from .runs import ResumableRun, atomic_write_json, atomic_write_text, versions
+from .runs import atomic_write_text, versions
 from .scores import HeadScores
 from .study import Phase, check_ks, check_lag_headline, check_study_options, check_trial_ids, check_trials_fit, head_scores_piece, run_phases
+from .study_run import StudyRun
 
 PHASES = (Phase("lag", "lag", "ablation"),)
 PROTOCOLS = {"lag": lag_probe}
@@ -125,31 +126,27 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
     lag_probe.check_cues(loaded, lag_cfg)
     params = {**asdict(cfg), "exclude_top_n": N, "lag": asdict(lag_cfg)}
     params["model"] = params_identity(ident)          # a resume never mixes two models (nor two dtypes)
-    run = ResumableRun(out, "analyze", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
-                       inputs=[ident.get("path")], dist=dist)
+    run = StudyRun(out, "analyze", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
+                   inputs=[ident.get("path")], dist=dist, started=t0)
     run.open()
     announce_dtype(ident, log, run.is_main)
-    timings = {}
 
-    t = time.perf_counter()
-    device = next(loaded.model.parameters()).device
-    gen = torch.Generator().manual_seed(cfg.seed)
-    V = ident["vocab_size"]
-    check_ids = torch.randint(min(100, V // 2), min(V, 1000), (1, 16), generator=gen).to(device)
-    check = self_check(loaded.model, check_ids, atol=1e-2 if ident.get("dtype") != "float32" else 1e-4)
-    timings["self_check_s"] = time.perf_counter() - t
+    with run.timed("self_check"):
+        device = next(loaded.model.parameters()).device
+        gen = torch.Generator().manual_seed(cfg.seed)
+        V = ident["vocab_size"]
+        check_ids = torch.randint(min(100, V // 2), min(V, 1000), (1, 16), generator=gen).to(device)
+        check = self_check(loaded.model, check_ids, atol=1e-2 if ident.get("dtype") != "float32" else 1e-4)
 
-    t = time.perf_counter()
-    hs = head_scores_piece(run, loaded, seq_len=cfg.score_seq_len, batch_size=cfg.score_batch_size,
-                           n_batches=cfg.score_batches, seed=cfg.seed, progress=progress)
-    timings["head_scores_s"] = time.perf_counter() - t
+    with run.timed("head_scores"):
+        hs = head_scores_piece(run, loaded, seq_len=cfg.score_seq_len, batch_size=cfg.score_batch_size,
+                               n_batches=cfg.score_batches, seed=cfg.seed, progress=progress)
 
     conditions = ablation_conditions(hs["induction"], cfg.ks, n_draws=cfg.n_draws, exclude_top_n=N, seed=cfg.seed)
-    t = time.perf_counter()
-    parts, words = run_phases(run, loaded, PHASES, PROTOCOLS, {"lag": lag_cfg}, {"ablation": conditions},
-                              {"lag": lag_cfg.n_permutations}, progress=progress)
-    lag = LagProbeResult.from_parts(parts["lag"], conditions, lag_cfg, words["lag"])
-    timings["lag_probe_s"] = time.perf_counter() - t
+    with run.timed("lag_probe"):
+        parts, words = run_phases(run, loaded, PHASES, PROTOCOLS, {"lag": lag_cfg}, {"ablation": conditions},
+                                  {"lag": lag_cfg.n_permutations}, progress=progress)
+        lag = LagProbeResult.from_parts(parts["lag"], conditions, lag_cfg, words["lag"])
 
     top = top_k_heads(hs["induction"], cfg.top)
     record = {
@@ -163,15 +160,12 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
         "lag_probe": lag.to_json(),
         **({"lag_cues": serial_position.cue_json(lag)} if serial_position.has_cues(lag) else {}),
         "distributed": (dist or Dist()).record(),
-        "timings": timings,
+        "timings": run.timings,
     }
-    res = AnalyzeResult(loaded, hs, lag, timings, record)
-    if not run.is_main:
-        return res
-    t = time.perf_counter()
-    report.write_analyze_outputs(out, res)
-    timings["write_s"] = time.perf_counter() - t
-    timings["total_s"] = time.perf_counter() - t0
-    atomic_write_text(out / "report.md", report.analyze_report(res))
-    atomic_write_json(out / "results.json", record)
+    res = AnalyzeResult(loaded, hs, lag, run.timings, record)
+
+    def write():
+        report.write_analyze_outputs(out, res)
+        atomic_write_text(out / "report.md", report.analyze_report(res))
+    run.finish(record, write)             # rank 0: the files above, then results.json, timing.json
     return res

@@ -13,6 +13,7 @@ from .cli_options import (FLOAT, INT, ablation_options, refuse_conflicts, accele
                           recall_options, run_dir_options)
 from .errors import InductionLabError
 from .runs import timestamp
+from .study_run import format_verdicts
 
 
 @click.group("study")
@@ -55,8 +56,7 @@ def temporal(**kw) -> None:
     if not dist.is_main:
         return
     click.echo(f"model loaded in {load_s:.1f} s; study {res.timings['total_s']:.1f} s")
-    for v in res.verdicts:
-        click.echo(f"({v['claim']}) {'reproduced' if v['reproduced'] else 'NOT reproduced'}: {v['text']} — {v['evidence']}")
+    click.echo("\n".join(format_verdicts(res.verdicts)))
     click.echo(f"report: {out / 'report.md'}")
 
 
@@ -111,9 +111,7 @@ def bi_induct(preset, shards, budget, seeds, jobs, nproc, variants, no_evaluate,
     out = Path(out or Path("runs") / f"study-bi-induct-{preset}-{timestamp()}")
     res = run_bi_induct_study(cfg, out, overwrite=overwrite, progress=not quiet, partial=partial, log=click.echo)
     click.echo(f"study {res.timings['total_s']:.0f} s (training {res.timings.get('train_s', 0):.0f} s)")
-    for v in res.verdicts:
-        click.echo(f"({v['claim']}{'/' + v['variant'] if v.get('variant') else ''}) {v['verdict']}: {v['text']} — "
-                   f"{v['evidence']}")
+    click.echo("\n".join(format_verdicts(res.verdicts)))
     click.echo(f"report: {out / 'report.md'}")
 
 

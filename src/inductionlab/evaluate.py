@@ -70,11 +70,12 @@ from .checks import check_draws, check_fields, check_loaded, check_seed, check_t
 from .load_bearing_eval import drops_table, score_concentration
 from .models import LoadedModel, agree_dtype, announce_dtype, params_identity, ran_identity, with_dtype_choice
 from .protocol import Trials, check_method
-from .runs import ResumableRun, atomic_write_json, versions
+from .runs import ResumableRun, versions
 from .scores import HeadScores
 from .stats import pooled, put_ci
 from .stimuli import random_sequences
 from .study import Phase, check_ks, check_trials_fit, head_scores_piece, run_phases
+from .study_run import StudyRun
 
 KIND = "evaluate"
 TOKEN_POOLS = ("vocab", "shards")
@@ -592,11 +593,10 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     cfg.validate()
     out = Path(out)
     inputs = [loaded.identity.get("path"), shards]   # never under --out (--overwrite would delete them)
-    ResumableRun.check_out(out, overwrite, inputs=inputs)
+    StudyRun.check_out(out, overwrite, inputs=inputs)
     agree_dtype(loaded, dist)             # torchrun: every rank in rank 0's dtype (after every rank's check_out)
     tok = loaded.tokenizer
     bos = tok.bos_token_id if cfg.probes.bos else None
-    timings: dict[str, float] = {}
     notes: list[str] = []
     # model-dependent checks, before any file is written
     shard_obj = _open_shards(shards, loaded) if shards is not None else None
@@ -626,15 +626,14 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     if shard_obj is None:
         notes.append("no --shards: the ICL score (natural held-out text) and the perplexity guard were skipped")
 
-    run = ResumableRun(out, "evaluate", _params(loaded, cfg, shard_obj), overwrite=overwrite,
-                       on_checkpoint=on_checkpoint, inputs=inputs, dist=dist)
+    run = StudyRun(out, "evaluate", _params(loaded, cfg, shard_obj), overwrite=overwrite,
+                   on_checkpoint=on_checkpoint, inputs=inputs, dist=dist, started=t_start)
     resumed = run.open()
     announce_dtype(ran_identity(loaded), log, run.is_main)
 
-    t = time.perf_counter()
-    hs = head_scores_piece(run, loaded, seq_len=cfg.score_seq_len, batch_size=cfg.score_batch_size, seed=cfg.seed,
-                           progress=progress, pool=None if cfg.token_pool == "vocab" else pool)
-    timings["head_scores_s"] = time.perf_counter() - t
+    with run.timed("head_scores"):
+        hs = head_scores_piece(run, loaded, seq_len=cfg.score_seq_len, batch_size=cfg.score_batch_size,
+                               seed=cfg.seed, progress=progress, pool=None if cfg.token_pool == "vocab" else pool)
     pairs = load_bearing_conditions(hs["induction"], cfg.load_bearing, cfg.seed)
     conditions = [c for _, c in pairs]
     variants = {c.name: v for v, c in pairs}
@@ -643,13 +642,11 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     if shard_obj is not None:
         from .perplexity import heldout_perplexity
 
-        t = time.perf_counter()
         window = cfg.perplexity.context or min(int(ctx or 1024), 1024)   # heldout_perplexity's default
         bs = _fit_batch(cfg.perplexity.batch_size, window, ident.get("vocab_size", 1))
-        ppl = run.json("perplexity", lambda: heldout_perplexity(
+        ppl = run.piece("perplexity", lambda: heldout_perplexity(
             loaded.model, shard_obj, tokenizer=tok, context=cfg.perplexity.context,
             max_tokens=cfg.perplexity.max_tokens, batch_size=bs, dist=run.dist))
-        timings["perplexity_s"] = time.perf_counter() - t
 
     ab_prompts = [p for p in prompts if p.shots == cfg.load_bearing.shots and p.control == "intact"]
     measures = _measures(loaded, cfg, prompts, ab_prompts, windows, pool)
@@ -658,7 +655,7 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
                           {"intact": [Condition("intact", "intact")], "ablation": conditions,
                            "all": [Condition("intact", "intact"), *conditions]},
                           {ph.key: len(measures[ph.protocol].trials) for ph in phases}, progress=progress,
-                          timings=timings)
+                          timings=run.timings)
     rows = [_rows(prompts, parts["hits"]["intact"], "intact", "intact", run, "hits/intact")]
     rows += [_rows(ab_prompts, parts["hits_ablated"][c.name], c.name, variants[c.name], run, f"hits_ablated/{c.name}")
              for c in conditions]
@@ -668,8 +665,6 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     if cfg.lm_eval.tasks:
         from .lm_eval_tasks import run_lm_eval
 
-        t = time.perf_counter()
-
         def lm_compute():
             if not run.is_main:           # rank 0 alone runs lm-eval (not sharded); the others read its piece
                 return None
@@ -677,8 +672,7 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
             return run_lm_eval(loaded.model, tok, cfg.lm_eval.tasks, include_path=include,
                                num_fewshot=cfg.lm_eval.num_fewshot, batch_size=cfg.lm_eval.batch_size,
                                limit=cfg.lm_eval.limit, seed=cfg.seed)
-        lm = run.json("lm_eval", lm_compute)
-        timings["lm_eval_s"] = time.perf_counter() - t
+        lm = run.piece("lm_eval", lm_compute)
 
     probe_rows = pd.concat(rows, ignore_index=True)
     hits = hits_table(probe_rows, conditions, variants)
@@ -705,14 +699,10 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
         "distributed": (dist or Dist()).record(),
     }
     res = EvaluateResult(loaded, cfg, hs, conditions, variants, probe_rows, hits, icl, icl_summary, ppl, drops, conc,
-                         lm, notes, record, timings)
+                         lm, notes, record, run.timings)
     if not run.is_main:
         return res
-    t = time.perf_counter()
-    report.write_evaluate_outputs(out, res)
-    timings["write_s"] = time.perf_counter() - t
-    timings["total_s"] = time.perf_counter() - t_start
-    atomic_write_json(out / "timing.json", {"resumed": resumed, "this_session_s": timings})
+    run.finish(record, lambda: report.write_evaluate_outputs(out, res))
     return res
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from . import plots, serial_position
 from .crp import lag_probe_crp
-from .runs import atomic_write_bytes, atomic_write_json, atomic_write_text
+from .runs import atomic_write_bytes, atomic_write_text
 
 
 def model_line(identity: dict) -> str:
@@ -223,8 +223,8 @@ def temporal_report(study, measures: dict[str, str]) -> str:
     """The Markdown report of :func:`inductionlab.study_temporal.run_temporal_study`: verdicts with
     numbers and CIs, headline table, figures. ``measures``: measure -> label."""
     lag, recall, lb_table, conc, head, verd, record, ks = (study.lag, study.recall, study.load_bearing,
-                                                           study.concentration, study.headline, study.verdicts,
-                                                           study.record, study.ks)
+                                                           study.concentration, study.headline,
+                                                           study.record["verdicts"], study.record, study.ks)
     ident = study.loaded.identity
     p = record["params"]
     lines = [f"# Temporal-dependencies study: {ident['name']}", "", model_line(ident) + " "
@@ -236,12 +236,11 @@ def temporal_report(study, measures: dict[str, str]) -> str:
              "(normal approximation); differences are paired.", "",
              "## Claims", "", "| claim | verdict | evidence |", "| --- | --- | --- |"]
     for v in verd:
-        lines.append(f"| ({v['claim']}) {v['text']} | **{'reproduced' if v['reproduced'] else 'not reproduced'}** "
-                     f"| {v['evidence']} |")
+        lines.append(f"| ({v['claim']}) {v['text']} | **{v['verdict']}** | {v['evidence']} |")
     lines += ["", "Decision rules: " + "; ".join(f"({v['claim']}) {v['rule']}" for v in verd) + ".", ""]
-    if not verd[0]["reproduced"]:
-        lines += ["Claim (a) is not reproduced: p(lag +1) is not a peak of the intact lag curve on this model, so (b) and "
-                  "(c) compare ablations on a probability the model does not single out.", ""]
+    if verd[0]["verdict"] != "reproduced":
+        lines += ["Claim (A) is not reproduced: p(lag +1) is not a peak of the intact lag curve on this model, so (B) and "
+                  "(C) compare ablations on a probability the model does not single out.", ""]
     tc = recall.transition_curve()
     tc = tc[(tc.condition == "intact") & (tc.lag != 0)].sort_values("mean", ascending=False)
     if len(tc):
@@ -342,8 +341,9 @@ def write_analyze_outputs(d: Path, res) -> None:
 
 
 def write_temporal_outputs(out: Path, study, measures: dict[str, str]) -> None:
-    """The run directory of :func:`inductionlab.study_temporal.run_temporal_study`: results.json,
-    tables/, plots/ and report.md (each file written atomically). ``measures``: measure -> label."""
+    """The run directory of :func:`inductionlab.study_temporal.run_temporal_study`: tables/, plots/
+    and report.md (each file written atomically; results.json after them, by
+    :meth:`~inductionlab.study_run.StudyRun.finish`). ``measures``: measure -> label."""
     name, ks, method = study.loaded.identity["name"], study.ks, study.lag.config.method
     lag, recall, lb_table, conc, head, hs = (study.lag, study.recall, study.load_bearing, study.concentration,
                                              study.headline, study.scores)
@@ -369,7 +369,7 @@ def write_temporal_outputs(out: Path, study, measures: dict[str, str]) -> None:
     csv(trans, "recall_transition_curve.csv")
     csv(recall.crp(), "recall_crp.csv")
     csv(head, "headline.csv")
-    csv(pd.DataFrame([{k: v for k, v in d.items() if k != "per_k"} for d in study.verdicts]), "verdicts.csv")
+    csv(pd.DataFrame([{k: v for k, v in d.items() if k != "per_k"} for d in study.record["verdicts"]]), "verdicts.csv")
     if lb_table is not None:
         csv(lb_table, "load_bearing.csv")
 
@@ -397,8 +397,7 @@ def write_temporal_outputs(out: Path, study, measures: dict[str, str]) -> None:
                                    title=f"{name}: per-head effect of ablating one induction head ({method})")
         plots.concentration_curve({measures[m]: conc[m] for m in ("lag_plus1", "recall_lag_plus1")},
                                   figs / "concentration.png", title=f"{name}: concentration of the lag +1 effect")
-    atomic_write_json(out / "results.json", study.record)
-    atomic_write_text(out / "report.md", temporal_report(study, measures))
+    atomic_write_text(out / "report.md", temporal_report(study, measures))   # results.json: StudyRun.finish
 
 
 # ---- study bi-induct ---------------------------------------------------------------------------------
@@ -439,7 +438,7 @@ def bi_induct_report(study) -> str:
     for k, r in rec["rules"].items():
         L.append(f"* **{k}**: {r}")
     L += ["", "| claim | verdict | evidence (mean [95% CI] over seeds) |", "|---|---|---|"]
-    for v in study.verdicts:
+    for v in rec["verdicts"]:
         name = v["text"] + (f" ({v['variant']} vs none)" if v.get("variant") else "")
         L.append(f"| {v['claim']}. {name} | **{v['verdict']}** | {v['evidence']} |")
     L += ["", "## Telemetry over training", "", "![telemetry](plots/telemetry_variants.png)", "",
@@ -492,7 +491,8 @@ def bi_induct_report(study) -> str:
 
 
 def write_bi_induct_outputs(out: Path, study, pieces: dict) -> None:
-    """tables/ (runs, telemetry summary, verdicts), plots/telemetry_variants.png, results.json, report.md."""
+    """tables/ (runs, telemetry summary, verdicts), plots/telemetry_variants.png, report.md (results.json
+    after them, by :meth:`~inductionlab.study_run.StudyRun.finish`)."""
     tables, figs = out / "tables", out / "plots"
     frames = []
     for name, pc in pieces.items():
@@ -501,11 +501,10 @@ def write_bi_induct_outputs(out: Path, study, pieces: dict) -> None:
     summ = pd.concat(frames, ignore_index=True)
     atomic_write_text(tables / "runs.csv", study.table.to_csv(index=False))
     atomic_write_text(tables / "telemetry_summary.csv", summ.to_csv(index=False))
-    atomic_write_text(tables / "verdicts.csv", pd.DataFrame(study.verdicts).to_csv(index=False))
+    atomic_write_text(tables / "verdicts.csv", pd.DataFrame(study.record["verdicts"]).to_csv(index=False))
     plots.variant_curves(summ, figs / "telemetry_variants.png", study.record["thresholds"]["induction_threshold"],
                          title=f"Bi-Induct study ({study.record['preset']['name']})")
-    atomic_write_json(out / "results.json", study.record)
-    atomic_write_text(out / "report.md", bi_induct_report(study))
+    atomic_write_text(out / "report.md", bi_induct_report(study))   # results.json: StudyRun.finish
 
 
 # -- evaluate ---------------------------------------------------------------------------------
@@ -627,8 +626,9 @@ def evaluate_report(res) -> str:
 
 
 def write_evaluate_outputs(out: Path, res) -> None:
-    """The run directory of :func:`inductionlab.evaluate.run_evaluate`: tables/, plots/, results.json,
-    report.md (each file written atomically; report.md last)."""
+    """The run directory of :func:`inductionlab.evaluate.run_evaluate`: tables/, plots/, report.md
+    (each file written atomically; report.md last; results.json after them, by
+    :meth:`~inductionlab.study_run.StudyRun.finish`)."""
     tables, figs = out / "tables", out / "plots"
     name, lb = res.loaded.identity.get("name", "?"), res.config.load_bearing
 
@@ -663,5 +663,4 @@ def write_evaluate_outputs(out: Path, res) -> None:
     if labels:
         plots.drop_bars(res.drops, labels, figs / "drops.png",
                         title=f"{name}: relative change under ablation ({lb.method}), 95% CI")
-    atomic_write_json(out / "results.json", res.record)
-    atomic_write_text(out / "report.md", evaluate_report(res))
+    atomic_write_text(out / "report.md", evaluate_report(res))   # results.json: StudyRun.finish

@@ -14,28 +14,34 @@ recipe, not a module)::
     PHASES = (Phase("lag", "lag", "ablation"),)          # 2. piece folder, protocol, condition set
     PROTOCOLS = {"lag": lag_probe}                       #    modules with build_trials / measure_batch
 
-    def run_my_study(loaded, cfg, out, *, progress=True, overwrite=False, on_checkpoint=None) -> MyStudy:
+    def run_my_study(loaded, cfg, out, *, progress=True, overwrite=False, on_checkpoint=None, dist=None) -> MyStudy:
+        t_start = time.perf_counter()
         cfg.validate()                                   #    before any file is written
         params = {..., "model": ran_identity(loaded) less "device"}   # a resume never mixes two models
-        run = ResumableRun(out, "study-mine", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
-                           inputs=[loaded.identity.get("path")])           # never under --out
+        run = StudyRun(out, "study-mine", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
+                       inputs=[loaded.identity.get("path")], dist=dist, started=t_start)  # never under --out
         run.open()                                       # 3. refuses another run; resumes this one
-        hs = head_scores_piece(run, loaded, seq_len=..., batch_size=..., seed=cfg.seed)
+        with run.timed("head_scores"):                   #    timings["head_scores_s"]
+            hs = head_scores_piece(run, loaded, seq_len=..., batch_size=..., seed=cfg.seed)
         conditions = ablation_conditions(hs["induction"], ks, ...)
         parts, words = run_phases(run, loaded, PHASES, PROTOCOLS, {"lag": cfg.lag},
-                                  {"ablation": conditions}, {"lag": cfg.lag.n_permutations})
-        ...                                              # 4. tables and verdicts (pure functions, stats.py)
-        write tables/, plots (plots.py), report.md (report.py), results.json
+                                  {"ablation": conditions}, {"lag": cfg.lag.n_permutations},
+                                  timings=run.timings)  #    timings["lag_s"]
+        ...                                              # 4. tables and verdicts (pure functions, stats.py;
+                                                         #    each claim a study_run.Verdict)
+        record = {..., "verdicts": [v.to_dict() for v in verdicts]}
+        run.finish(record, write=lambda: ...)            #    rank 0: tables/, plots (plots.py), report.md
+                                                         #    (report.py), then results.json, timing.json
         return MyStudy(...)                              # 5. a typed result
 
 Each piece (``scores``, ``<phase>/<condition>``) is computed once, written atomically under
-``<out>/checkpoints/`` and loaded on a re-run (:class:`inductionlab.runs.ResumableRun`).
+``<out>/checkpoints/`` and loaded on a re-run (:class:`inductionlab.runs.ResumableRun`, which
+:class:`inductionlab.study_run.StudyRun` extends with timings and the final record).
 CLI options come from :mod:`inductionlab.cli_options`.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Mapping, Sequence
@@ -48,6 +54,7 @@ from .errors import InductionLabError
 from .protocol import residual_cache, run_conditions
 from .runs import ResumableRun
 from .scores import HeadScores, compute_head_scores
+from .study_run import timed
 
 
 @dataclass(frozen=True)
@@ -193,17 +200,16 @@ def run_phases(run: ResumableRun, loaded, phases: Sequence[Phase], protocols: Ma
             module, cfg = protocols[ph.protocol], configs[ph.protocol]
 
             def compute():
-                t = time.perf_counter()
-                bar.set_postfix_str(key)
-                if ph.protocol not in trials:
-                    trials[ph.protocol] = module.build_trials(loaded, cfg)
-                tr = trials[ph.protocol].head(n_trials[ph.key])
-                bs = module.batch_size(loaded, cfg, tr) if hasattr(module, "batch_size") else cfg.batch_size
-                arrays = run_conditions(loaded, [c], tr, method=cfg.method, batch_size=bs,
-                                        measure_batch=lambda m, b: module.measure_batch(m, b, cfg),
-                                        progress=bar.update, dist=run.dist,
-                                        reuse=caches.get(ph.protocol) or False)[c.name]
-                timings[f"{ph.key}_s"] = timings.get(f"{ph.key}_s", 0.0) + time.perf_counter() - t
+                with timed(timings, ph.key):
+                    bar.set_postfix_str(key)
+                    if ph.protocol not in trials:
+                        trials[ph.protocol] = module.build_trials(loaded, cfg)
+                    tr = trials[ph.protocol].head(n_trials[ph.key])
+                    bs = module.batch_size(loaded, cfg, tr) if hasattr(module, "batch_size") else cfg.batch_size
+                    arrays = run_conditions(loaded, [c], tr, method=cfg.method, batch_size=bs,
+                                            measure_batch=lambda m, b: module.measure_batch(m, b, cfg),
+                                            progress=bar.update, dist=run.dist,
+                                            reuse=caches.get(ph.protocol) or False)[c.name]
                 return {**arrays, "words": np.asarray(tr.words)}
 
             arrays = dict(run.arrays(key, compute))

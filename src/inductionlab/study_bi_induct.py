@@ -7,7 +7,7 @@ checkpoint is evaluated (HITS@1/@3 probes at 1 and 10 shots, ICL score, held-out
 top-2%-per-layer induction vs random head ablation); a verdict per claim of the paper is decided
 by the rules in :data:`RULES` (stated here, in code, before any data is seen).
 
-Phases (the machinery is shared: :class:`inductionlab.runs.ResumableRun`, the trainer, the
+Phases (the machinery is shared: :class:`inductionlab.study_run.StudyRun`, the trainer, the
 evaluation pieces; this module holds config, phases and verdicts):
 
 1. ``plan``: the budget of every run (:class:`~inductionlab.train.flops.Budget`), asserted equal,
@@ -44,7 +44,8 @@ import pandas as pd
 
 from .checks import INT64_MAX, check_fields
 from .errors import InductionLabError
-from .runs import ResumableRun, atomic_write_json, atomic_write_text, own_entries, versions
+from .runs import atomic_write_json, atomic_write_text, own_entries, versions
+from .study_run import StudyRun, Verdict
 from .train.run_dir import TrainRun, final_checkpoint  # noqa: F401 (study_bi_induct.final_checkpoint: the one reader)
 
 VARIANTS = ("none", "induction", "anti", "balanced")
@@ -614,16 +615,18 @@ def _fmt(m: tuple | None, d: int = 3) -> str:
     return f"{mean:+.{d}f} [{lo:+.{d}f}, {hi:+.{d}f}]"
 
 
-def _verdict(claim: str, status: str, evidence: str) -> dict:
-    return {"claim": claim, "text": CLAIMS[claim], "verdict": status, "rule": RULES[claim] + " " + RULES["CI"],
-            "evidence": evidence}
+_STATUS = {"not testable at this scale": "not testable"}   # the rules' wording -> Verdict's status
+
+
+def _verdict(claim: str, status: str, evidence: str) -> Verdict:
+    return Verdict(claim, _STATUS.get(status, status), RULES[claim] + " " + RULES["CI"], evidence, text=CLAIMS[claim])
 
 
 def _n_seeds(t: pd.DataFrame, variants: Sequence[str]) -> int:
     return min((int((t["variant"] == v).sum()) for v in variants), default=0)
 
 
-def verdict_a(t: pd.DataFrame, threshold: float) -> list[dict]:
+def verdict_a(t: pd.DataFrame, threshold: float) -> list[Verdict]:
     """Claim A per forward-copy variant (induction, balanced), by :data:`RULES` ["A"]."""
     out = []
     formed = bool((t["peak_max_induction"] >= threshold).any())
@@ -647,7 +650,7 @@ def verdict_a(t: pd.DataFrame, threshold: float) -> list[dict]:
     return out
 
 
-def verdict_b(t: pd.DataFrame) -> dict:
+def verdict_b(t: pd.DataFrame) -> Verdict:
     vs = [v for v in ("anti", "balanced") if v in set(t["variant"])]
     parts, cis = [], []
     for v in vs:
@@ -665,7 +668,7 @@ def verdict_b(t: pd.DataFrame) -> dict:
     return _verdict("B", "not testable at this scale", "CI straddles the bound; " + ev)
 
 
-def verdict_c(t: pd.DataFrame) -> dict:
+def verdict_c(t: pd.DataFrame) -> Verdict:
     """Claim C by :data:`RULES` ["C"]: the deciding probe :data:`C_MEASURE`, function probes beside it."""
     col = C_MEASURE
     if col not in t or t[col].isna().all():
@@ -697,7 +700,7 @@ def _relative_allowed(t: pd.DataFrame, variants: Sequence[str], measure: str) ->
     return bool(len(g)) and bool((g > RELATIVE_FLOOR[measure]).all())
 
 
-def verdict_d(t: pd.DataFrame) -> dict:
+def verdict_d(t: pd.DataFrame) -> Verdict:
     """Claim D by :data:`RULES` ["D"]: absolute induction − random contrasts, natural-only vs induction."""
     col = f"abs_{D_MEASURE}_contrast"
     if col not in t or t[col].isna().all():
@@ -728,7 +731,7 @@ def verdict_d(t: pd.DataFrame) -> dict:
     return _verdict("D", "reproduced" if m is not None and m[2] < 0 else "not reproduced", ev)
 
 
-def verdict_e(t: pd.DataFrame) -> dict:
+def verdict_e(t: pd.DataFrame) -> Verdict:
     col = "ppl" if "ppl" in t and not t["ppl"].isna().all() else "telemetry_heldout_ppl"
     t = t.assign(log_ppl=np.log(t[col].astype(float)))
     parts = {v: _paired(t, v, "none", "log_ppl")[1] for v in BI_INDUCT if v in set(t["variant"])}
@@ -763,7 +766,7 @@ def variants_table(t: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def verdicts(t: pd.DataFrame, threshold: float) -> list[dict]:
+def verdicts(t: pd.DataFrame, threshold: float) -> list[Verdict]:
     """Every claim's verdict (A per forward variant, then B–E) by :data:`RULES`."""
     return [*verdict_a(t, threshold), verdict_b(t), verdict_c(t), verdict_d(t), verdict_e(t)]
 
@@ -775,7 +778,7 @@ class BiInductStudy:
     out: Path
     config: BiInductStudyConfig
     table: pd.DataFrame
-    verdicts: list[dict]
+    verdicts: list[Verdict]
     record: dict
     timings: dict
 
@@ -801,10 +804,10 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite:
     cfg.validate()
     out = Path(out)
     inputs = [cfg.shards]                # the prepared corpus: never under --out (--overwrite would delete it)
-    ResumableRun.check_out(out, overwrite, inputs=inputs)
+    StudyRun.check_out(out, overwrite, inputs=inputs)
     params = cfg.params()
-    run = ResumableRun(out, "study-bi-induct", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
-                       inputs=inputs)
+    run = StudyRun(out, "study-bi-induct", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
+                   inputs=inputs, started=t_start)
     if not overwrite and (out / "study.json").is_file() and own_entries(out / "runs"):
         old = json.loads((out / "study.json").read_text()).get("params", {})
         if old != run.params:
@@ -812,20 +815,18 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite:
             raise InductionLabError(f"{out} holds a bi-induct study with different parameters ({', '.join(diff)}); "
                                     "use a new --out, the same options (budget, seeds, preset), or --overwrite")
     run.open()
-    timings: dict[str, float] = {}
     budgets = run.json("plan", lambda: {"budgets": plan_budgets(cfg), "versions": versions()})["budgets"]
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    t = time.perf_counter()
-    if partial:
-        walls = {}
-        runs = [r for r in cfg.runs() if run_finished(out / "runs" / r[0])]
-        if not any(v == "none" for _, v, _ in runs):
-            raise InductionLabError(f"{out} holds no finished natural-only run yet; wait, or run without --partial")
-    else:
-        walls = train_runs(cfg, out, progress=progress, log=log)
-        runs = cfg.runs()
+    with run.timed("train"):
+        if partial:
+            walls = {}
+            runs = [r for r in cfg.runs() if run_finished(out / "runs" / r[0])]
+            if not any(v == "none" for _, v, _ in runs):
+                raise InductionLabError(f"{out} holds no finished natural-only run yet; wait, or run without --partial")
+        else:
+            walls = train_runs(cfg, out, progress=progress, log=log)
+            runs = cfg.runs()
     missing = [n for n, _, _ in cfg.runs() if n not in {r[0] for r in runs}]
-    timings["train_s"] = time.perf_counter() - t
     from .train.flops import check_iso_flops, read_budgets
     actual = read_budgets([out / "runs" / n for n, _, _ in runs])
     check_iso_flops(actual)
@@ -836,19 +837,16 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite:
     pieces = {n: run.json(f"train/{n}", lambda n=n: run_piece(out / "runs" / n)) for n, _, _ in runs}
     evals: dict[str, dict] = {}
     if cfg.evaluate:
-        t = time.perf_counter()
         for n, _, s in runs:
             def compute(n=n, s=s):
                 if progress:
                     log(f"evaluate {n}")
                 return evaluate_checkpoint(final_checkpoint(out / "runs" / n), cfg.shards, cfg.eval_config(),
                                            out / "evaluate" / cfg.eval_key() / n, seed=s)
-            evals[n] = run.json(f"{cfg.eval_key()}/{n}", compute)
-        timings["evaluate_s"] = time.perf_counter() - t
+            evals[n] = run.piece(f"{cfg.eval_key()}/{n}", compute, timing="evaluate")
     threshold = float(cfg.train_config("none", 0, "x").induction_threshold)
     table = runs_table(pieces, evals)
     vs = verdicts(table, threshold)
-    timings["total_s"] = time.perf_counter() - t_start
     b0 = next(iter(budgets.values()))
     from .train.telemetry import predicted_emergence
     record = {"kind": "study-bi-induct", "params": params, "preset": dataclasses.asdict(cfg.recipe),
@@ -862,14 +860,15 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite:
                                              "RELATIVE_FLOOR": RELATIVE_FLOOR, "D_MEASURE": D_MEASURE,
                                              "C_MEASURE": C_MEASURE,
                                              "induction_threshold": threshold},
-              "runs": table.to_dict(orient="records"), "variants_table": variants_table(table), "verdicts": vs,
+              "runs": table.to_dict(orient="records"), "variants_table": variants_table(table),
+              "verdicts": [v.to_dict() for v in vs],
               "evaluations": evals,
               "train_wall_s_this_call": walls,
               "train_time_s_total": float(sum(p["train_time_s"] or 0 for p in pieces.values())),
-              "timings": timings, "versions": versions(), "resumed": run.resumed, "missing_runs": missing}
-    study = BiInductStudy(out, cfg, table, vs, record, timings)
+              "timings": run.timings, "versions": versions(), "resumed": run.resumed, "missing_runs": missing}
+    study = BiInductStudy(out, cfg, table, vs, record, run.timings)
     from .report import write_bi_induct_outputs
-    write_bi_induct_outputs(out, study, pieces)
+    run.finish(record, lambda: write_bi_induct_outputs(out, study, pieces))
     return study
 
 

@@ -21,13 +21,13 @@ continues from the finished pieces):
 Then ``results.json``, ``tables/*.csv``, ``plots/*.png`` and ``report.md`` are written, stating
 each claim of the temporal-dependencies paper on this model as reproduced / not reproduced:
 
-(a) the lag curve peaks at lag +1;
-(b) ablating the top-k induction heads lowers p(lag +1) far more than ablating k random heads;
-(c) random ablation leaves p(lag +1) intact or raises it;
-(d) serial recall suffers more under induction ablation than under random ablation.
+(A) the lag curve peaks at lag +1;
+(B) ablating the top-k induction heads lowers p(lag +1) far more than ablating k random heads;
+(C) random ablation leaves p(lag +1) intact or raises it;
+(D) serial recall suffers more under induction ablation than under random ablation.
 
 Decision rules (this project's; the paper states the claims without tests) are in
-:func:`verdicts`. All CIs are 95%, normal approximation over trials; differences between
+:func:`verdicts`, each claim a :class:`~inductionlab.study_run.Verdict`. All CIs are 95%, normal approximation over trials; differences between
 conditions are paired (every condition sees the same trials).
 """
 
@@ -51,12 +51,13 @@ from .load_bearing import concentration, load_bearing_table, single_head_conditi
 from .models import LoadedModel, agree_dtype, announce_dtype, params_identity, ran_identity, with_dtype_choice
 from .protocol import auto_batch_size, check_method
 from .distributed import Dist
-from .runs import ResumableRun, atomic_write_json, versions
+from .runs import versions
 from .scores import HeadScores
 from .serial_recall import SerialRecallConfig, SerialRecallResult
 from .report import fmt_ci, row_ci
 from .stats import ci
 from .study import Phase, check_ks, check_lag_headline, check_study_options, check_trial_ids, check_trials_fit, head_scores_piece, run_phases
+from .study_run import StudyRun, Verdict
 
 PAPER_KS = (10, 20, 50, 100)   # SPEC §4: the seed protocol's k list (models of ~1,000 heads)
 FALLBACK_FRACTIONS = (0.05, 0.1, 0.2, 0.35)
@@ -162,7 +163,7 @@ class TemporalStudy:
     load_bearing: pd.DataFrame | None
     concentration: dict[str, dict] | None
     headline: pd.DataFrame
-    verdicts: list[dict]
+    verdicts: list[Verdict]
     record: dict
     ks: list[int] = field(default_factory=list)
     timings: dict = field(default_factory=dict)
@@ -231,16 +232,14 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     check_trial_ids(lag_probe.build_trials(loaded, replace(lag_cfg, n_permutations=2)), loaded, "lag probe")
     lag_probe.check_cues(loaded, lag_cfg)
     check_trial_ids(serial_recall.build_trials(loaded, replace(rec_cfg, n_trials=1)), loaded, "serial recall")
-    run = ResumableRun(out, "study-temporal", _params(loaded, cfg, ks, N, lag_cfg, rec_cfg), overwrite=overwrite,
-                       on_checkpoint=on_checkpoint, inputs=[loaded.identity.get("path")], dist=dist)
-    resumed = run.open()
+    run = StudyRun(out, "study-temporal", _params(loaded, cfg, ks, N, lag_cfg, rec_cfg), overwrite=overwrite,
+                   on_checkpoint=on_checkpoint, inputs=[loaded.identity.get("path")], dist=dist, started=t_start)
+    run.open()
     announce_dtype(ran_identity(loaded), log, run.is_main)
-    timings: dict[str, float] = {}
 
-    t = time.perf_counter()
-    hs = head_scores_piece(run, loaded, seq_len=cfg.score_seq_len, batch_size=cfg.score_batch_size, seed=cfg.seed,
-                           progress=progress)
-    timings["head_scores_s"] = time.perf_counter() - t
+    with run.timed("head_scores"):
+        hs = head_scores_piece(run, loaded, seq_len=cfg.score_seq_len, batch_size=cfg.score_batch_size,
+                               seed=cfg.seed, progress=progress)
     induction = hs["induction"]
     conditions = ablation_conditions(induction, ks, n_draws=cfg.n_draws, exclude_top_n=N, seed=cfg.seed)
     singles = single_head_conditions(induction, cfg.load_bearing_top) if cfg.load_bearing_top > 0 else []
@@ -248,7 +247,7 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
                                                                "recall": rec_cfg},
                               {"ablation": conditions, "single": singles},
                               {"lag": lag_cfg.n_permutations, "recall": rec_cfg.n_trials, "single": lb_n,
-                               "single_recall": rec_cfg.n_trials}, progress=progress, timings=timings)
+                               "single_recall": rec_cfg.n_trials}, progress=progress, timings=run.timings)
 
     lag_parts = parts["lag"]
     lag = LagProbeResult.from_parts(lag_parts, conditions, lag_cfg, words["lag"])
@@ -266,7 +265,7 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
         "head_scores": {**hs.to_dict(), "params": hs.params},
         "conditions": [c.to_dict() for c in conditions],
         "headline": head.to_dict(orient="records"),
-        "verdicts": verd,
+        "verdicts": [v.to_dict() for v in verd],
         "lag_probe": lag.to_json(),
         **({"lag_cues": serial_position.cue_json(lag)} if serial_position.has_cues(lag) else {}),
         "lag_crp_argmax": _crp_block(lag_probe_crp(lag)),
@@ -275,14 +274,9 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
                                                        "concentration": conc, "n_trials": lb_n},
         "distributed": (dist or Dist()).record(),
     }
-    study = TemporalStudy(loaded, cfg, hs, conditions, lag, recall, lb_table, conc, head, verd, record, ks, timings)
-    if not run.is_main:
-        return study
-    t = time.perf_counter()
-    report.write_temporal_outputs(out, study, MEASURES)
-    timings["write_s"] = time.perf_counter() - t
-    timings["total_s"] = time.perf_counter() - t_start
-    atomic_write_json(out / "timing.json", {"resumed": resumed, "this_session_s": timings})
+    study = TemporalStudy(loaded, cfg, hs, conditions, lag, recall, lb_table, conc, head, verd, record, ks,
+                          run.timings)
+    run.finish(record, lambda: report.write_temporal_outputs(out, study, MEASURES))   # rank 0 writes
     return study
 
 
@@ -346,23 +340,24 @@ def headline_table(lag: LagProbeResult, recall: SerialRecallResult, ks: list[int
     return pd.DataFrame(rows)
 
 
-def verdicts(lag: LagProbeResult, recall: SerialRecallResult, head: pd.DataFrame, ks: list[int]) -> list[dict]:
-    """The four claims, each ``{"claim", "reproduced": bool, "rule", "evidence", "per_k"}``.
+def verdicts(lag: LagProbeResult, recall: SerialRecallResult, head: pd.DataFrame, ks: list[int]) -> list[Verdict]:
+    """The four claims A–D, each a :class:`~inductionlab.study_run.Verdict` (status reproduced or
+    not reproduced; B–D with ``per_k``).
 
     Decision rules (project decisions):
 
-    (a) the intact mean curve's highest lag (lag 0 excluded) is +1 and its 95% CI lies above the
+    (A) the intact mean curve's highest lag (lag 0 excluded) is +1 and its 95% CI lies above the
         CI of the next highest lag;
-    (b) at k: the paired difference p_random − p_induction has a CI above 0 and the induction drop
+    (B) at k: the paired difference p_random − p_induction has a CI above 0 and the induction drop
         (intact − induction) is positive and at least twice the random drop; reproduced if this
         holds at half of the ks or more and the opposite (random − induction CI below 0) holds at
         none. (Not "at the largest k": at a large fraction of a small model's heads both arms can
         sit at the floor, which is no evidence either way; every k is listed in ``per_k``.)
-    (c) at k: random ablation lowers p(+1) by less than 10% of the intact value, or the paired
+    (C) at k: random ablation lowers p(+1) by less than 10% of the intact value, or the paired
         difference random − intact is not significantly negative (CI reaches 0); reproduced if it
         holds at every k;
-    (d) at k: the paired difference of teacher-forced serial-recall accuracy random − induction
-        has a CI above 0; reproduced like (b) (majority of ks, contradicted at none).
+    (D) at k: the paired difference of teacher-forced serial-recall accuracy random − induction
+        has a CI above 0; reproduced like (B) (majority of ks, contradicted at none).
     """
     lp = {int(r.k): r for r in head[head.measure == "lag_plus1"].itertuples()}
     ra = {int(r.k): r for r in head[head.measure == "recall_accuracy"].itertuples()}
@@ -380,20 +375,24 @@ def _triple(r, name: str) -> list[float]:
     return [getattr(r, name), getattr(r, f"{name}_ci_low"), getattr(r, f"{name}_ci_high")]
 
 
-def _claim_a(lag: LagProbeResult) -> dict:
+def _status(reproduced: bool) -> str:
+    return "reproduced" if reproduced else "not reproduced"
+
+
+def _claim_a(lag: LagProbeResult) -> Verdict:
     s = lag.summary()
     cur = s[(s.condition == "intact") & (s.lag != 0)].sort_values("mean", ascending=False)
     best, second = cur.iloc[0], cur.iloc[1]
     p1 = cur[cur.lag == 1].iloc[0]
     runner = second if best.lag == 1 else best
-    return {"claim": "a", "text": "the intact lag curve peaks at lag +1",
-            "reproduced": bool(best.lag == 1 and p1.ci_low > second.ci_high),
-            "rule": "highest lag (0 excluded) is +1 and its CI lies above the next highest lag's CI",
-            "evidence": f"p(+1) = {fmt_ci(p1['mean'], p1.ci_low, p1.ci_high)}; highest other lag {int(runner.lag):+d}: "
-                        f"{fmt_ci(runner['mean'], runner.ci_low, runner.ci_high)}"}
+    return Verdict("A", text="the intact lag curve peaks at lag +1",
+                   status=_status(best.lag == 1 and p1.ci_low > second.ci_high),
+                   rule="highest lag (0 excluded) is +1 and its CI lies above the next highest lag's CI",
+                   evidence=f"p(+1) = {fmt_ci(p1['mean'], p1.ci_low, p1.ci_high)}; highest other lag "
+                            f"{int(runner.lag):+d}: {fmt_ci(runner['mean'], runner.ci_low, runner.ci_high)}")
 
 
-def _claims_b_c(lp: dict, ks: list[int]) -> list[dict]:
+def _claims_b_c(lp: dict, ks: list[int]) -> list[Verdict]:
     per_b, per_c = {}, {}
     for k in ks:
         r = lp[k]
@@ -404,28 +403,30 @@ def _claims_b_c(lp: dict, ks: list[int]) -> list[dict]:
         per_c[k] = {"holds": bool(r.random >= 0.9 * r.intact or r.random_minus_intact_ci_high >= 0),
                     "random": _triple(r, "random"), "random_minus_intact": _triple(r, "random_minus_intact")}
     up = [k for k in ks if lp[k].random_minus_intact_ci_low > 0]
-    b = {"claim": "b", "text": "induction-head ablation lowers p(lag +1) far more than random ablation",
-         "reproduced": _majority(per_b, ks), "per_k": per_b,
-         "rule": "random − induction CI > 0 and induction drop ≥ 2 × random drop at ≥ half the ks, "
-                 "significantly reversed at none",
-         "evidence": f"intact {row_ci(lp[ks[-1]], 'intact')}; " + "; ".join(
-             f"k={k}: induction {row_ci(lp[k], 'induction')}, random {row_ci(lp[k], 'random')}" for k in ks)
-             + f"; held at {sum(v['holds'] for v in per_b.values())}/{len(ks)} ks"}
-    c = {"claim": "c", "text": "random ablation leaves p(lag +1) intact or raises it",
-         "reproduced": all(v["holds"] for v in per_c.values()), "per_k": per_c,
-         "rule": "at every k: random ≥ 0.9 × intact, or the random − intact CI reaches 0",
-         "evidence": "; ".join(f"k={k}: random − intact {fmt_ci(*v['random_minus_intact'])}" for k, v in per_c.items())
-                     + (f" (significantly raised at k = {', '.join(map(str, up))})" if up else "")}
+    b = Verdict("B", text="induction-head ablation lowers p(lag +1) far more than random ablation",
+                status=_status(_majority(per_b, ks)), per_k=per_b,
+                rule="random − induction CI > 0 and induction drop ≥ 2 × random drop at ≥ half the ks, "
+                     "significantly reversed at none",
+                evidence=f"intact {row_ci(lp[ks[-1]], 'intact')}; " + "; ".join(
+                    f"k={k}: induction {row_ci(lp[k], 'induction')}, random {row_ci(lp[k], 'random')}" for k in ks)
+                    + f"; held at {sum(v['holds'] for v in per_b.values())}/{len(ks)} ks")
+    c = Verdict("C", text="random ablation leaves p(lag +1) intact or raises it",
+                status=_status(all(v["holds"] for v in per_c.values())), per_k=per_c,
+                rule="at every k: random ≥ 0.9 × intact, or the random − intact CI reaches 0",
+                evidence="; ".join(f"k={k}: random − intact {fmt_ci(*v['random_minus_intact'])}"
+                                   for k, v in per_c.items())
+                         + (f" (significantly raised at k = {', '.join(map(str, up))})" if up else ""))
     return [b, c]
 
 
-def _claim_d(ra: dict, ks: list[int]) -> dict:
+def _claim_d(ra: dict, ks: list[int]) -> Verdict:
     per_d = {k: {"holds": bool(ra[k].random_minus_induction_ci_low > 0), "intact": ra[k].intact,
                  "induction": ra[k].induction, "random": ra[k].random,
                  "random_minus_induction": _triple(ra[k], "random_minus_induction")} for k in ks}
-    return {"claim": "d", "text": "serial recall suffers more under induction ablation than under random ablation",
-            "reproduced": _majority(per_d, ks), "per_k": per_d,
-            "rule": "teacher-forced accuracy random − induction CI > 0 at ≥ half the ks, significantly reversed at none",
-            "evidence": f"accuracy intact {row_ci(ra[ks[-1]], 'intact')}; " + "; ".join(
-                f"k={k}: induction {row_ci(ra[k], 'induction')}, random {row_ci(ra[k], 'random')}" for k in ks)
-                + f"; held at {sum(v['holds'] for v in per_d.values())}/{len(ks)} ks"}
+    return Verdict("D", text="serial recall suffers more under induction ablation than under random ablation",
+                   status=_status(_majority(per_d, ks)), per_k=per_d,
+                   rule="teacher-forced accuracy random − induction CI > 0 at ≥ half the ks, significantly reversed "
+                        "at none",
+                   evidence=f"accuracy intact {row_ci(ra[ks[-1]], 'intact')}; " + "; ".join(
+                       f"k={k}: induction {row_ci(ra[k], 'induction')}, random {row_ci(ra[k], 'random')}" for k in ks)
+                       + f"; held at {sum(v['holds'] for v in per_d.values())}/{len(ks)} ks")
