@@ -48,14 +48,19 @@ from inductionlab.train.telemetry import Telemetry
 from inductionlab.train.trainer import _optimizer
 
 
-def bare_loop(cfg: TrainConfig, data, steps: int) -> dict:
-    """Tokens/s of forward + backward + clip + AdamW over ``steps`` pre-cut batches."""
+def fresh_model(cfg: TrainConfig, data):
+    """(model config, model in train mode, AdamW): what the trainer builds from ``cfg.seed``."""
     torch.manual_seed(cfg.seed)
     mcfg = model_config(cfg.preset, data.vocab_size, max_position_embeddings=cfg.seq_len,
                         bos_token_id=data.bos_id, eos_token_id=data.eos_id)
     mcfg._attn_implementation = cfg.attn_implementation
     model = LlamaForCausalLM(mcfg).train()
-    opt = _optimizer(model, cfg)
+    return mcfg, model, _optimizer(model, cfg)
+
+
+def bare_loop(cfg: TrainConfig, data, steps: int) -> dict:
+    """Tokens/s of forward + backward + clip + AdamW over ``steps`` pre-cut batches."""
+    _, model, opt = fresh_model(cfg, data)
     batches = [data.stream.batch(s).input_ids for s in range(steps)]
     t0 = time.perf_counter()
     for ids in batches:
@@ -76,17 +81,9 @@ def update_blocks(cfg: TrainConfig, data, blocks: int, block_steps: int) -> dict
     from inductionlab.train.schedule import build_scheduler
     from inductionlab.train.trainer import _Parts, _update
 
-    def build():
-        torch.manual_seed(cfg.seed)
-        m = model_config(cfg.preset, data.vocab_size, max_position_embeddings=cfg.seq_len,
-                         bos_token_id=data.bos_id, eos_token_id=data.eos_id)
-        m._attn_implementation = cfg.attn_implementation
-        model = LlamaForCausalLM(m).train()
-        opt = _optimizer(model, cfg)
-        return m, model, opt, build_scheduler(opt, cfg.steps, cfg.warmup_frac, cfg.min_lr_ratio)
-
-    _, bare_model, bare_opt, _ = build()
-    mcfg, model, opt, sched = build()
+    _, bare_model, bare_opt = fresh_model(cfg, data)
+    mcfg, model, opt = fresh_model(cfg, data)
+    sched = build_scheduler(opt, cfg.steps, cfg.warmup_frac, cfg.min_lr_ratio)
     parts, dist = _Parts(mcfg, model, model, opt, sched, None), D.init()
     n = blocks * block_steps
     batches = [data.stream.batch(s % data.stream.num_batches).input_ids for s in range(n)]
