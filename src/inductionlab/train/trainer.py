@@ -69,7 +69,8 @@ class TrainData:
     special_ids: Sequence[int] = ()
     identity: dict = field(default_factory=dict)
     probe_pool: np.ndarray | None = None      # ids of the training split (TokenShards.token_pool): telemetry draws
-                                              # its random probe tokens here (None: the whole vocabulary)
+                                              # its random probe tokens here (None: the whole vocabulary;
+                                              # not counted when telemetry is off)
 
 
 def open_data(cfg: TrainConfig) -> TrainData:
@@ -96,7 +97,7 @@ def open_data(cfg: TrainConfig) -> TrainData:
     return TrainData(stream=stream, heldout=shards.heldout, vocab_size=shards.vocab_size,
                      tokenizer=shards.hf_tokenizer(), bos_id=shards.bos_id, eos_id=shards.eos_id,
                      sep_id=shards.sep_id, special_ids=special, identity=identity,
-                     probe_pool=shards.token_pool())
+                     probe_pool=shards.token_pool() if cfg.telemetry else None)
 
 
 def check_data(cfg: TrainConfig, data: TrainData) -> None:
