@@ -565,9 +565,9 @@ def runs_table(pieces: dict[str, dict], evals: dict[str, dict]) -> pd.DataFrame:
                 ab = e["ablation"].get(m)
                 if ab is None:
                     continue
-                for kind, key in (("induction", "induction"), ("random", "random"), ("contrast", "contrast")):
-                    row[f"abs_{m}_{key}"] = _f(ab[kind].get("absolute"))
-                    row[f"rel_{m}_{key}"] = _f(ab[kind].get("relative"))
+                for kind in ("induction", "random", "contrast"):
+                    row[f"abs_{m}_{kind}"] = _f(ab[kind].get("absolute"))
+                    row[f"rel_{m}_{kind}"] = _f(ab[kind].get("relative"))
             row.update(icl_score=e["icl"]["score"], icl_benefit=e["icl"]["benefit"],
                        ppl=e["perplexity"]["perplexity"],
                        drop_induction=_f(e["ablation"]["icl_benefit"]["induction"]["relative"]),
@@ -615,11 +615,8 @@ def _fmt(m: tuple | None, d: int = 3) -> str:
     return f"{mean:+.{d}f} [{lo:+.{d}f}, {hi:+.{d}f}]"
 
 
-_STATUS = {"not testable at this scale": "not testable"}   # the rules' wording -> Verdict's status
-
-
 def _verdict(claim: str, status: str, evidence: str) -> Verdict:
-    return Verdict(claim, _STATUS.get(status, status), RULES[claim] + " " + RULES["CI"], evidence, text=CLAIMS[claim])
+    return Verdict(claim, status, RULES[claim] + " " + RULES["CI"], evidence, text=CLAIMS[claim])
 
 
 def _n_seeds(t: pd.DataFrame, variants: Sequence[str]) -> int:
@@ -643,7 +640,7 @@ def verdict_a(t: pd.DataFrame, threshold: float) -> list[Verdict]:
               f" (threshold {threshold})")
         if _n_seeds(t, (v, "none")) < MIN_SEEDS_FOR_CI or not formed:
             why = "fewer than 2 seeds" if _n_seeds(t, (v, "none")) < MIN_SEEDS_FOR_CI else "no run formed a head"
-            out.append(_verdict("A", "not testable at this scale", f"{why}; {ev}") | {"variant": v})
+            out.append(_verdict("A", "not testable", f"{why}; {ev}") | {"variant": v})
             continue
         ok = (m is not None and m[0] >= INDUCTION_EFFECT and m[1] > 0) or earlier
         out.append(_verdict("A", "reproduced" if ok else "not reproduced", ev) | {"variant": v})
@@ -660,19 +657,19 @@ def verdict_b(t: pd.DataFrame) -> Verdict:
         parts.append(f"{v}: peak max anti-induction {_fmt(c)} (seeds {len(x)})")
     ev = "; ".join(parts) + f" (bound {ANTI_NEAR_ZERO})"
     if not vs or _n_seeds(t, vs) < MIN_SEEDS_FOR_CI:
-        return _verdict("B", "not testable at this scale", "fewer than 2 seeds of anti/balanced; " + ev)
+        return _verdict("B", "not testable", "fewer than 2 seeds of anti/balanced; " + ev)
     if any(c[0] >= ANTI_NEAR_ZERO for c in cis):
         return _verdict("B", "not reproduced", ev)
     if all(c[2] < ANTI_NEAR_ZERO for c in cis):
         return _verdict("B", "reproduced", ev)
-    return _verdict("B", "not testable at this scale", "CI straddles the bound; " + ev)
+    return _verdict("B", "not testable", "CI straddles the bound; " + ev)
 
 
 def verdict_c(t: pd.DataFrame) -> Verdict:
     """Claim C by :data:`RULES` ["C"]: the deciding probe :data:`C_MEASURE`, function probes beside it."""
     col = C_MEASURE
     if col not in t or t[col].isna().all():
-        return _verdict("C", "not testable at this scale", f"no {col} results (evaluation not run)")
+        return _verdict("C", "not testable", f"no {col} results (evaluation not run)")
     vs = [v for v in BI_INDUCT if v in set(t["variant"])]
     diffs = {v: _paired(t, v, "none", col)[1] for v in vs}
     nat = _by_seed(t, "none", col)
@@ -685,9 +682,9 @@ def verdict_c(t: pd.DataFrame) -> Verdict:
         f"; natural-only intact {col} per seed {[round(float(x), 3) for x in nat]} (floor {PROBE_FLOOR}); " + \
         "; ".join(side)
     if _n_seeds(t, ("none", *vs)) < MIN_SEEDS_FOR_CI:
-        return _verdict("C", "not testable at this scale", f"fewer than 2 seeds; {ev}")
+        return _verdict("C", "not testable", f"fewer than 2 seeds; {ev}")
     if not (nat > PROBE_FLOOR).all():
-        return _verdict("C", "not testable at this scale", f"natural-only is at the floor on {col} (the probe is "
+        return _verdict("C", "not testable", f"natural-only is at the floor on {col} (the probe is "
                                                             f"uninformative); {ev}")
     better = [v for v, m in diffs.items() if m is not None and m[0] > PROBE_MARGIN and m[1] > 0]
     return _verdict("C", "not reproduced" if better else "reproduced", ev)
@@ -704,7 +701,7 @@ def verdict_d(t: pd.DataFrame) -> Verdict:
     """Claim D by :data:`RULES` ["D"]: absolute induction − random contrasts, natural-only vs induction."""
     col = f"abs_{D_MEASURE}_contrast"
     if col not in t or t[col].isna().all():
-        return _verdict("D", "not testable at this scale", "no ablation results (evaluation not run)")
+        return _verdict("D", "not testable", "no ablation results (evaluation not run)")
     parts = []
     for m, unit in (("icl_benefit", "nats"), ("recall_accuracy", "acc"), ("copy_accuracy", "acc")):
         if f"abs_{m}_contrast" not in t:
@@ -713,7 +710,6 @@ def verdict_d(t: pd.DataFrame) -> Verdict:
         per = ", ".join(f"{v} {t.loc[t.variant == v, f'abs_{m}_induction'].mean():+.3f} / "
                         f"{t.loc[t.variant == v, f'abs_{m}_random'].mean():+.3f} (intact "
                         f"{t.loc[t.variant == v, m].mean():.3f})" for v in VARIANTS if v in set(t.variant))
-        rel = ""
         if _relative_allowed(t, ("none", "induction"), m):
             _, rc = _paired(t, "none", "induction", f"rel_{m}_contrast")
             rel = f"; relative contrast none − induction {_fmt(rc)} (intact above {RELATIVE_FLOOR[m]})"
@@ -726,7 +722,7 @@ def verdict_d(t: pd.DataFrame) -> Verdict:
     if _n_seeds(t, ("none", "induction")) < MIN_SEEDS_FOR_CI or not (ben > ICL_FLOOR).all():
         why = "fewer than 2 seeds" if _n_seeds(t, ("none", "induction")) < MIN_SEEDS_FOR_CI else \
             f"natural-only has no ICL benefit to lose (<= {ICL_FLOOR} nats)"
-        return _verdict("D", "not testable at this scale", f"{why}; {ev}")
+        return _verdict("D", "not testable", f"{why}; {ev}")
     _, m = _paired(t, "none", "induction", col)
     return _verdict("D", "reproduced" if m is not None and m[2] < 0 else "not reproduced", ev)
 
@@ -739,7 +735,7 @@ def verdict_e(t: pd.DataFrame) -> Verdict:
         "; ppl " + ", ".join(f"{v} {t.loc[t.variant == v, col].mean():.2f}" for v in VARIANTS if v in set(t.variant)) \
         + f" (source {col})"
     if _n_seeds(t, ("none", "induction")) < MIN_SEEDS_FOR_CI:
-        return _verdict("E", "not testable at this scale", "fewer than 2 seeds; " + ev)
+        return _verdict("E", "not testable", "fewer than 2 seeds; " + ev)
     m = parts.get("induction")
     return _verdict("E", "reproduced" if m is not None and m[1] > 0 else "not reproduced", ev)
 

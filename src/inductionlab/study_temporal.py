@@ -392,6 +392,14 @@ def _claim_a(lag: LagProbeResult) -> Verdict:
                             f"{int(runner.lag):+d}: {fmt_ci(runner['mean'], runner.ci_low, runner.ci_high)}")
 
 
+def _per_k_evidence(rows: dict, ks: list[int], per: dict, intact: str) -> str:
+    """``<intact> <row at the largest k>; k=…: induction …, random …; held at n/len(ks) ks``."""
+    return (f"{intact} {row_ci(rows[ks[-1]], 'intact')}; "
+            + "; ".join(f"k={k}: induction {row_ci(rows[k], 'induction')}, random {row_ci(rows[k], 'random')}"
+                        for k in ks)
+            + f"; held at {sum(v['holds'] for v in per.values())}/{len(ks)} ks")
+
+
 def _claims_b_c(lp: dict, ks: list[int]) -> list[Verdict]:
     per_b, per_c = {}, {}
     for k in ks:
@@ -407,9 +415,7 @@ def _claims_b_c(lp: dict, ks: list[int]) -> list[Verdict]:
                 status=_status(_majority(per_b, ks)), per_k=per_b,
                 rule="random − induction CI > 0 and induction drop ≥ 2 × random drop at ≥ half the ks, "
                      "significantly reversed at none",
-                evidence=f"intact {row_ci(lp[ks[-1]], 'intact')}; " + "; ".join(
-                    f"k={k}: induction {row_ci(lp[k], 'induction')}, random {row_ci(lp[k], 'random')}" for k in ks)
-                    + f"; held at {sum(v['holds'] for v in per_b.values())}/{len(ks)} ks")
+                evidence=_per_k_evidence(lp, ks, per_b, "intact"))
     c = Verdict("C", text="random ablation leaves p(lag +1) intact or raises it",
                 status=_status(all(v["holds"] for v in per_c.values())), per_k=per_c,
                 rule="at every k: random ≥ 0.9 × intact, or the random − intact CI reaches 0",
@@ -427,6 +433,4 @@ def _claim_d(ra: dict, ks: list[int]) -> Verdict:
                    status=_status(_majority(per_d, ks)), per_k=per_d,
                    rule="teacher-forced accuracy random − induction CI > 0 at ≥ half the ks, significantly reversed "
                         "at none",
-                   evidence=f"accuracy intact {row_ci(ra[ks[-1]], 'intact')}; " + "; ".join(
-                       f"k={k}: induction {row_ci(ra[k], 'induction')}, random {row_ci(ra[k], 'random')}" for k in ks)
-                       + f"; held at {sum(v['holds'] for v in per_d.values())}/{len(ks)} ks")
+                   evidence=_per_k_evidence(ra, ks, per_d, "accuracy intact"))
