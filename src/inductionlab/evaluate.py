@@ -332,6 +332,7 @@ class EvaluateResult:
         concentration: :func:`~inductionlab.load_bearing_eval.score_concentration` of the induction score.
         notes: what was skipped and why.
         record: the content of results.json.
+        pool: LongTensor of the ids random probe tokens were drawn from (:func:`token_pool`).
     """
     loaded: LoadedModel
     config: EvaluateConfig
@@ -349,6 +350,7 @@ class EvaluateResult:
     notes: list[str]
     record: dict
     timings: dict = field(default_factory=dict)
+    pool: torch.Tensor | None = None
 
 
 # -- the study ------------------------------------------------------------------------------
@@ -699,7 +701,7 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
         "distributed": (dist or Dist()).record(),
     }
     res = EvaluateResult(loaded, cfg, hs, conditions, variants, probe_rows, hits, icl, icl_summary, ppl, drops, conc,
-                         lm, notes, record, run.timings)
+                         lm, notes, record, run.timings, pool)
     if not run.is_main:
         return res
     run.finish(record, lambda: report.write_evaluate_outputs(out, res))

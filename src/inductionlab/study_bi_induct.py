@@ -480,14 +480,11 @@ def evaluate_checkpoint(ckpt: Path, shards: str, ev: dict, out: Path, *, seed: i
     res = run_evaluate(loaded, ecfg, out, shards=shards, progress=False)
     calibration = {}
     if ev.get("calibration_lengths"):                  # max induction at several |S| (issue 19: not only one)
-        from .data.shards import TokenShards
-        from .evaluate import token_pool
         from .scores import compute_head_scores
 
-        pool = token_pool(loaded, ecfg, TokenShards.open(shards))
-        for T in ev["calibration_lengths"]:
+        for T in ev["calibration_lengths"]:        # the evaluation's own token pool (the shards' ids)
             hs = compute_head_scores(loaded.model, tokenizer=loaded.tokenizer, seq_len=int(T), batch_size=32,
-                                     seed=seed + 1, names=("induction",), pool=pool, induction_loss=False)
+                                     seed=seed + 1, names=("induction",), pool=res.pool, induction_loss=False)
             calibration[str(int(T))] = float(np.max(hs.scores["induction"]))
     h = res.hits
     macro = h[(h["condition"] == "intact") & (h["task"] == "macro")]
