@@ -71,7 +71,7 @@ def word_tokenizer():
 @pytest.fixture
 def tiny_loaded(word_tokenizer):
     """A LoadedModel around a tiny GQA Llama and the word tokenizer."""
-    from inductionlab.models import LoadedModel, attention_shape
+    from inductionlab.core.models import LoadedModel, attention_shape
     model = make_tiny("llama")
     return LoadedModel(model, word_tokenizer, {"name": "tiny-llama", **attention_shape(model.config)})
 

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from inductionlab.ablation import (ablation_conditions, default_exclude_top_n, matched_random_heads,
+from inductionlab.core.ablation import (ablation_conditions, default_exclude_top_n, matched_random_heads,
                                    per_layer_top_p, random_heads, top_k_heads)
 from inductionlab.errors import InductionLabError
 

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from conftest import make_tiny
-from inductionlab.analyze import AnalyzeConfig, analyze
+from inductionlab.studies.analyze.study import AnalyzeConfig, analyze
 from inductionlab.errors import InductionLabError
-from inductionlab.lag_probe import LagProbeConfig
-from inductionlab.models import LoadedModel, attention_shape
+from inductionlab.protocols.lag_probe import LagProbeConfig
+from inductionlab.core.models import LoadedModel, attention_shape
 
 
 @pytest.fixture

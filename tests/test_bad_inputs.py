@@ -25,10 +25,10 @@ import torch
 from click.testing import CliRunner
 
 from _tiny import tiny_llama_dir
-from inductionlab.analyze import AnalyzeConfig
+from inductionlab.studies.analyze.study import AnalyzeConfig
 from inductionlab.cli import main
 from inductionlab.errors import InductionLabError
-from inductionlab.study_temporal import TemporalStudyConfig
+from inductionlab.studies.temporal.study import TemporalStudyConfig
 from test_train_helpers import make_corpus, run_cli, tiny_flags
 
 READ_ONLY = "/proc/inductionlab-test/out"     # /proc refuses new entries, even to root
@@ -249,7 +249,7 @@ def test_output_is_not_an_input(tmp_path, model_dir, corpus, command, case):
 # -- corrupt or mismatched model inputs -------------------------------------------------------------------
 
 def _gguf_truncated(tmp: Path) -> Path:
-    from inductionlab.models import EMBEDDED, _embedded_path
+    from inductionlab.core.models import EMBEDDED, _embedded_path
     src = _embedded_path(EMBEDDED["smollm2-135m"])
     p = tmp / "truncated.gguf"
     with open(src, "rb") as f:
@@ -364,9 +364,9 @@ def test_run_dir_without_finished_piece_is_taken_over(tmp_path, model_dir):
 # -- API misuse with silent wrong results: the record says what ran -------------------------------------
 
 def test_analyze_records_the_dtype_that_ran(tmp_path, model_dir):
-    from inductionlab.analyze import analyze
-    from inductionlab.lag_probe import LagProbeConfig
-    from inductionlab.models import load_model
+    from inductionlab.studies.analyze.study import analyze
+    from inductionlab.protocols.lag_probe import LagProbeConfig
+    from inductionlab.core.models import load_model
 
     loaded = load_model(str(model_dir), dtype="float32")
     loaded.model.to(torch.bfloat16)           # the identity still says float32
@@ -430,7 +430,7 @@ def test_sigterm_during_a_write_leaves_nothing_half_written(tmp_path, model_dir,
 
 
 def test_stale_partial_folders_removed_on_next_run(tmp_path):
-    from inductionlab.runs import staged_run_dir
+    from inductionlab.runtime.runs import staged_run_dir
 
     import socket
     host = socket.gethostname()
@@ -450,7 +450,7 @@ def test_resumed_run_removes_a_dead_writers_temporary_files(tmp_path):
     """SIGKILL mid atomic write leaves ``.<name>.partial-<pid>-<host>-*.tmp``; the resumed run removes it."""
     import socket
 
-    from inductionlab.runs import ResumableRun
+    from inductionlab.runtime.runs import ResumableRun
 
     run = ResumableRun(tmp_path / "out", "toy", {"a": 1})
     assert run.open() is False

@@ -160,10 +160,10 @@ def test_telemetry_never_writes_over_the_run_it_reads(tmp_path, sub):
 
 
 def test_api_refuses_an_output_holding_an_input(tmp_path, model_dir, corpus):
-    from inductionlab.analyze import AnalyzeConfig, analyze
-    from inductionlab.lag_probe import LagProbeConfig
-    from inductionlab.models import load_model
-    from inductionlab.study_bi_induct import BiInductStudyConfig, run_bi_induct_study
+    from inductionlab.studies.analyze.study import AnalyzeConfig, analyze
+    from inductionlab.protocols.lag_probe import LagProbeConfig
+    from inductionlab.core.models import load_model
+    from inductionlab.studies.bi_induct.study import BiInductStudyConfig, run_bi_induct_study
 
     model = _copy(model_dir, tmp_path / "work" / "m")
     loaded = load_model(str(model), dtype="float32")
@@ -212,9 +212,9 @@ def test_resume_with_another_dtype_refused(tmp_path, model_dir, bpe_models, comm
 def test_api_resume_with_another_model_refused(tmp_path, model_dir, other_model_dir):
     import torch
 
-    from inductionlab.analyze import AnalyzeConfig, analyze
-    from inductionlab.lag_probe import LagProbeConfig
-    from inductionlab.models import load_model
+    from inductionlab.studies.analyze.study import AnalyzeConfig, analyze
+    from inductionlab.protocols.lag_probe import LagProbeConfig
+    from inductionlab.core.models import load_model
 
     cfg = AnalyzeConfig(ks=(1,), n_draws=1, top=2, score_seq_len=8, score_batch_size=2,
                         lag=LagProbeConfig(n_permutations=2, list_length=20, cue_position=10))
@@ -380,9 +380,9 @@ def test_os_error_names_path_cause_and_fix():
 
 
 def test_api_unreachable_output_is_a_clear_error(tmp_path, model_dir):
-    from inductionlab.analyze import AnalyzeConfig, analyze
-    from inductionlab.lag_probe import LagProbeConfig
-    from inductionlab.models import load_model
+    from inductionlab.studies.analyze.study import AnalyzeConfig, analyze
+    from inductionlab.protocols.lag_probe import LagProbeConfig
+    from inductionlab.core.models import load_model
 
     cfg = AnalyzeConfig(ks=(1,), n_draws=1, top=2, score_seq_len=8, score_batch_size=2,
                         lag=LagProbeConfig(n_permutations=2, list_length=20, cue_position=10))

@@ -86,7 +86,7 @@ def test_model_files_that_do_not_match(tmp_path, model_dir, command, case):
 
 @pytest.mark.parametrize("case", list(WEIGHT_CASES))
 def test_load_model_refuses_files_that_do_not_match(tmp_path, model_dir, case):
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
     with pytest.raises(InductionLabError, match=WEIGHT_CASES[case][1]):
         load_model(str(_damaged_copy(model_dir, tmp_path, case)))
 
@@ -96,7 +96,7 @@ def test_intact_and_tied_models_still_load(tmp_path, model_dir):
     (saved without lm_head.weight) is not 'missing' one."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
     lm = load_model(str(model_dir))
     saved = st.load_file(model_dir / "model.safetensors")
     assert torch.equal(lm.model.state_dict()[Q0], saved[Q0])
@@ -113,7 +113,7 @@ def test_intact_and_tied_models_still_load(tmp_path, model_dir):
 
 def test_bin_checkpoint_missing_a_weight(tmp_path, model_dir):
     """The same check for a PyTorch .bin checkpoint (save_pretrained(safe_serialization=False))."""
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
     d = Path(shutil.copytree(model_dir, tmp_path / "bin"))
     sd = st.load_file(d / "model.safetensors")
     (d / "model.safetensors").unlink()
@@ -173,7 +173,7 @@ def test_damaged_lag_piece_is_recomputed(tmp_path, model_dir, command, damage):
 
 def test_damaged_pieces_api(tmp_path):
     """ResumableRun, the one reader of pieces: npz and JSON pieces, each damage is recomputed once."""
-    from inductionlab.runs import ResumableRun
+    from inductionlab.runtime.runs import ResumableRun
     run = ResumableRun(tmp_path / "r", "toy", {"a": 1})
     run.open()
     calls = []
@@ -315,7 +315,7 @@ def dropout_loaded(word_tokenizer):
     """A tiny Llama with attention dropout 0.5, left in train() mode, one submodule set to eval()."""
     from transformers import AutoModelForCausalLM
 
-    from inductionlab.models import LoadedModel, attention_shape
+    from inductionlab.core.models import LoadedModel, attention_shape
     cfg = tiny_config("llama")
     cfg.attention_dropout = 0.5
     torch.manual_seed(0)
@@ -329,7 +329,7 @@ def _modes(model) -> list[bool]:
 
 
 def test_train_mode_head_scores_are_the_eval_mode_scores(dropout_loaded):
-    from inductionlab.scores import compute_head_scores
+    from inductionlab.core.scores import compute_head_scores
     model = dropout_loaded.model
     x = torch.randint(5, 800, (1, 12))
     with torch.no_grad():                              # dropout is live in this model: train-mode forwards differ
@@ -347,8 +347,8 @@ def test_train_mode_head_scores_are_the_eval_mode_scores(dropout_loaded):
 
 
 def test_train_mode_lag_probe_is_the_eval_mode_probe(dropout_loaded):
-    from inductionlab.ablation import Condition
-    from inductionlab.lag_probe import LagProbeConfig, run_lag_probe
+    from inductionlab.core.ablation import Condition
+    from inductionlab.protocols.lag_probe import LagProbeConfig, run_lag_probe
     model = dropout_loaded.model
     conds = [Condition("intact", "intact"), Condition("induction-1", "induction", 1, 0, [(1, 2)])]
     cfg = LagProbeConfig(n_permutations=2, list_length=12, cue_position=6, batch_size=2)
@@ -366,7 +366,7 @@ def test_train_mode_lag_probe_is_the_eval_mode_probe(dropout_loaded):
 def test_another_threads_forward_is_not_ablated(tiny_loaded):
     """While thread A holds ablate(), thread B's plain forward of the same model gets the plain logits,
     and B's own ablate() of that model is refused with a clear error."""
-    from inductionlab.instrument import AlreadyInstrumented, ablate
+    from inductionlab.core.instrument import AlreadyInstrumented, ablate
     model = tiny_loaded.model
     x = torch.randint(5, 800, (1, 10))
     with torch.inference_mode():
@@ -407,7 +407,7 @@ def test_another_threads_forward_is_not_ablated(tiny_loaded):
 def test_intact_kv_cache_reused_inside_ablate_is_refused(tiny_loaded):
     from transformers import DynamicCache
 
-    from inductionlab.instrument import StaleKVCache, ablate, instrument
+    from inductionlab.core.instrument import StaleKVCache, ablate, instrument
     model = tiny_loaded.model
     x = torch.randint(5, 800, (1, 9))
     heads = [(0, 1), (0, 5)]

@@ -19,9 +19,9 @@ import click
 import pytest
 import torch
 
-from inductionlab.ablation import Condition
+from inductionlab.core.ablation import Condition
 from inductionlab.cli import main
-from inductionlab.cli_options import _Number
+from inductionlab.cli.options import _Number
 from inductionlab.errors import InductionLabError
 from test_bad_inputs import _args, corpus, model_dir, refused  # noqa: F401  (fixtures)
 from test_cli_train_data import _fake_run
@@ -122,11 +122,11 @@ def test_numeric_ranges(tmp_path, model_dir, corpus, command, extra, pattern):
 
 
 def _configs():
-    from inductionlab.analyze import AnalyzeConfig
-    from inductionlab.evaluate import EvaluateConfig, ICLScoreConfig, LoadBearingConfig, ProbeConfig
-    from inductionlab.lag_probe import LagProbeConfig
-    from inductionlab.serial_recall import SerialRecallConfig
-    from inductionlab.study_temporal import TemporalStudyConfig
+    from inductionlab.studies.analyze.study import AnalyzeConfig
+    from inductionlab.studies.evaluate.study import EvaluateConfig, ICLScoreConfig, LoadBearingConfig, ProbeConfig
+    from inductionlab.protocols.lag_probe import LagProbeConfig
+    from inductionlab.protocols.serial_recall import SerialRecallConfig
+    from inductionlab.studies.temporal.study import TemporalStudyConfig
 
     return [
         (LagProbeConfig(n_permutations=2 ** 70), InductionLabError, "--n-permutations .*64-bit"),
@@ -156,7 +156,7 @@ def test_configs_refuse_the_same_numbers(i):
 
 
 def test_bi_induct_config_refuses_numbers(corpus):
-    from inductionlab.study_bi_induct import BiInductStudyConfig
+    from inductionlab.studies.bi_induct.study import BiInductStudyConfig
 
     for kw, pattern in ((dict(budget=2 ** 70), "64-bit"), (dict(budget=-1), "--budget"),
                         (dict(seeds=10 ** 6), "at most 1000"), (dict(jobs=10 ** 6), "CPUs")):
@@ -201,7 +201,7 @@ def test_corpus_prepare_vocab_size_with_a_given_tokenizer(tmp_path, model_dir, c
 
 
 def test_load_model_refuses_device_beside_device_map(model_dir):
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
 
     with pytest.raises(InductionLabError, match="device 'cuda:1' and device_map 'auto' conflict"):
         load_model(str(model_dir), device="cuda:1", device_map="auto")
@@ -211,7 +211,7 @@ def test_load_model_refuses_device_beside_device_map(model_dir):
 
 @pytest.fixture(scope="module")
 def loaded(model_dir):
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
 
     return load_model(pathlib.Path(model_dir))        # a Path is a path
 
@@ -224,20 +224,20 @@ def test_load_model_takes_a_path(loaded, model_dir):
 
 @pytest.mark.parametrize("spec", [None, 3, b"smollm2-135m"])
 def test_load_model_refuses_a_non_path(spec):
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
 
     with pytest.raises(TypeError, match="load_model: spec must be a str or a path"):
         load_model(spec)
 
 
 def _small_lag():
-    from inductionlab.lag_probe import LagProbeConfig
+    from inductionlab.protocols.lag_probe import LagProbeConfig
 
     return LagProbeConfig(n_permutations=2, list_length=20, cue_position=10, batch_size=2)
 
 
 def test_run_lag_probe_types(loaded):
-    from inductionlab.lag_probe import run_lag_probe
+    from inductionlab.protocols.lag_probe import run_lag_probe
 
     intact = [Condition("intact", "intact")]
     with pytest.raises(TypeError, match="run_lag_probe: loaded must be a LoadedModel.*load_model"):
@@ -257,7 +257,7 @@ def test_run_lag_probe_types(loaded):
 
 
 def test_run_serial_recall_types(loaded):
-    from inductionlab.serial_recall import SerialRecallConfig, run_serial_recall
+    from inductionlab.protocols.serial_recall import SerialRecallConfig, run_serial_recall
 
     with pytest.raises(TypeError, match="run_serial_recall: loaded"):
         run_serial_recall(None, [Condition("intact", "intact")])
@@ -268,9 +268,9 @@ def test_run_serial_recall_types(loaded):
 
 
 def test_study_entry_points_types(tmp_path, loaded):
-    from inductionlab.analyze import AnalyzeConfig, analyze
-    from inductionlab.evaluate import EvaluateConfig, run_evaluate
-    from inductionlab.study_temporal import TemporalStudyConfig, run_temporal_study
+    from inductionlab.studies.analyze.study import AnalyzeConfig, analyze
+    from inductionlab.studies.evaluate.study import EvaluateConfig, run_evaluate
+    from inductionlab.studies.temporal.study import TemporalStudyConfig, run_temporal_study
 
     out = tmp_path / "out"
     for fn, cfg, name in ((analyze, AnalyzeConfig(), "AnalyzeConfig"),
@@ -284,7 +284,7 @@ def test_study_entry_points_types(tmp_path, loaded):
 
 
 def test_ablate_refuses_no_heads(loaded):
-    from inductionlab.instrument import ablate
+    from inductionlab.core.instrument import ablate
 
     ids = torch.tensor([[1, 5, 6, 7]])
     with pytest.raises(InductionLabError, match="heads is empty.*without ablate\\(\\) for the intact model"):
@@ -306,7 +306,7 @@ def test_ablate_refuses_no_heads(loaded):
 def test_run_conditions_intact_and_empty(loaded):
     """The protocol runner's intact condition (no heads) does not call ablate(); an empty
     condition list is refused."""
-    from inductionlab.protocol import run_conditions
+    from inductionlab.protocols.runner import run_conditions
 
     ids = torch.tensor([[1, 5, 6, 7, 8], [1, 9, 10, 11, 12]])
 
@@ -327,7 +327,7 @@ def test_run_conditions_intact_and_empty(loaded):
 
 def _call_with_none(name):
     import inductionlab as il
-    from inductionlab.instrument import instrument
+    from inductionlab.core.instrument import instrument
 
     intact = [Condition("intact", "intact")]
     calls = {
@@ -363,7 +363,7 @@ def test_public_entry_points_refuse_none(name, tmp_path, monkeypatch):
 
 
 def test_training_entry_points_refuse_a_dict(tmp_path, corpus):
-    from inductionlab.study_bi_induct import BiInductStudyConfig, run_bi_induct_study
+    from inductionlab.studies.bi_induct.study import BiInductStudyConfig, run_bi_induct_study
     from inductionlab.train import TrainConfig, train
 
     with pytest.raises(TypeError, match=r"train: cfg must be a TrainConfig, got dict; build one with .*config_from_dict"):

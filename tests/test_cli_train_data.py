@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from inductionlab.cli import main
-from inductionlab.curriculum import BiInductStream, CurriculumConfig
+from inductionlab.data.curriculum import BiInductStream, CurriculumConfig
 from inductionlab.data.shards import TokenShards, prepare_corpus
 from inductionlab.errors import InductionLabError
 from inductionlab.train import TrainConfig, model_config

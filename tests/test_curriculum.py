@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from inductionlab.curriculum import BiInductStream, CurriculumConfig
+from inductionlab.data.curriculum import BiInductStream, CurriculumConfig
 from inductionlab.errors import InductionLabError
 
 V = 50_000           # vocabulary; the natural stream is 0, 1, 2, ... so order is visible

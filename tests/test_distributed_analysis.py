@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from inductionlab import distributed as D
+from inductionlab.runtime import distributed as D
 
 HERE = Path(__file__).parent
 
@@ -54,7 +54,7 @@ def _loaded():
     from _tiny import word_tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from inductionlab.models import LoadedModel, attention_shape
+    from inductionlab.core.models import LoadedModel, attention_shape
 
     tok = word_tokenizer()
     torch.manual_seed(0)
@@ -67,10 +67,10 @@ def _loaded():
 
 def _measure(dist) -> dict:
     """Everything compared, computed with ``dist`` (None: one process)."""
-    from inductionlab.ablation import Condition
-    from inductionlab.lag_probe import LagProbeConfig, run_lag_probe
-    from inductionlab.scores import compute_head_scores
-    from inductionlab.serial_recall import SerialRecallConfig, run_serial_recall
+    from inductionlab.core.ablation import Condition
+    from inductionlab.protocols.lag_probe import LagProbeConfig, run_lag_probe
+    from inductionlab.core.scores import compute_head_scores
+    from inductionlab.protocols.serial_recall import SerialRecallConfig, run_serial_recall
 
     torch.set_num_threads(1)
     loaded = _loaded()
@@ -211,7 +211,7 @@ def test_refused_run_ends_every_rank(tiny_dir, tmp_path):
 def test_failure_on_one_rank_ends_the_job(tiny_dir, tmp_path):
     """Rank 1 raises inside the lag probe while rank 0 waits in the gather: torchrun stops rank 0
     and the job exits non-zero (well before the collective timeout), leaving no results.json."""
-    crash = ("import os\nfrom inductionlab import lag_probe\n_m = lag_probe.measure_batch\n"
+    crash = ("import os\nfrom inductionlab.protocols import lag_probe\n_m = lag_probe.measure_batch\n"
              "def measure_batch(*a, **k):\n    if os.environ['RANK'] == '1':\n"
              "        raise RuntimeError('injected failure on rank 1')\n    return _m(*a, **k)\n"
              "lag_probe.measure_batch = measure_batch\nfrom inductionlab.cli import main\nmain()")

@@ -10,7 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from inductionlab import dtype_choice as D
+from inductionlab.runtime import dtype_choice as D
 from inductionlab.errors import InductionLabError
 
 AMD = {"amx": False, "avx512_bf16": True, "capability": "AVX512", "model": "AMD EPYC", "machine": "x86_64"}
@@ -155,7 +155,7 @@ def test_mlp_shape_of_configs():
 # -- load_model and the run record ------------------------------------------------------------------
 
 def test_load_model_auto_follows_the_probe(cpu, tiny_dir):
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
 
     calls = cpu(AMD, 2.4)
     lm = load_model(str(tiny_dir))                                   # the default is auto
@@ -175,7 +175,7 @@ def test_load_model_auto_follows_the_probe(cpu, tiny_dir):
 
 
 def test_ran_identity_says_when_the_choice_was_undone(cpu, tiny_dir):
-    from inductionlab.models import load_model, params_identity, ran_identity
+    from inductionlab.core.models import load_model, params_identity, ran_identity
 
     cpu(AMD, 2.4)
     lm = load_model(str(tiny_dir))
@@ -188,9 +188,9 @@ def test_ran_identity_says_when_the_choice_was_undone(cpu, tiny_dir):
 
 
 def test_every_torchrun_rank_runs_in_rank_0s_dtype(cpu, tiny_dir, monkeypatch):
-    import inductionlab.distributed as dist_mod
-    from inductionlab.distributed import Dist
-    from inductionlab.models import agree_dtype, load_model
+    import inductionlab.runtime.distributed as dist_mod
+    from inductionlab.runtime.distributed import Dist
+    from inductionlab.core.models import agree_dtype, load_model
 
     cpu(AMD, 0.5)
     lm = load_model(str(tiny_dir))                                   # this rank's probe said float32
@@ -247,10 +247,10 @@ def test_a_refused_input_prints_only_its_error(cpu, tiny_dir, tmp_path):
 
 
 def test_study_temporal_resume_in_another_dtype_is_refused(cpu, tiny_dir, tmp_path):
-    from inductionlab.lag_probe import LagProbeConfig
-    from inductionlab.models import load_model
-    from inductionlab.serial_recall import SerialRecallConfig
-    from inductionlab.study_temporal import TemporalStudyConfig, run_temporal_study
+    from inductionlab.protocols.lag_probe import LagProbeConfig
+    from inductionlab.core.models import load_model
+    from inductionlab.protocols.serial_recall import SerialRecallConfig
+    from inductionlab.studies.temporal.study import TemporalStudyConfig, run_temporal_study
 
     cfg = TemporalStudyConfig(lag=LagProbeConfig(n_permutations=2, list_length=20, cue_position=10),
                               recall=SerialRecallConfig(n_trials=2, list_length=4, n_shots=1), ks=[1], n_draws=1,

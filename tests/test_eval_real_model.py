@@ -20,14 +20,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.realmodel, pytest.mark.skipif(
 def smol():
     import torch
 
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
     torch.set_num_threads(1)
     return load_model("smollm2-135m", dtype="bfloat16")
 
 
 def test_copy_probe_and_permutation_control(smol):
-    from inductionlab.function_probes import run_probes, summarize_hits
-    from inductionlab.icl_tasks import build_task, make_prompts
+    from inductionlab.protocols.function_probes import run_probes, summarize_hits
+    from inductionlab.protocols.icl_tasks import build_task, make_prompts
 
     prompts = make_prompts(build_task("copy"), smol.tokenizer, shots=(0, 10), n_prompts=16, seed=0)
     s = summarize_hits(run_probes(smol.model, prompts, tokenizer=smol.tokenizer)).set_index(["task", "shots", "control"])
@@ -37,9 +37,9 @@ def test_copy_probe_and_permutation_control(smol):
 
 
 def test_induction_loss_and_concentration(smol):
-    from inductionlab.icl_score import induction_loss
-    from inductionlab.load_bearing_eval import score_concentration
-    from inductionlab.scores import compute_head_scores
+    from inductionlab.protocols.icl_score import induction_loss
+    from inductionlab.measures.load_bearing_eval import score_concentration
+    from inductionlab.core.scores import compute_head_scores
 
     r = induction_loss(smol.model, tokenizer=smol.tokenizer, seq_len=50, n=8, seed=0)
     # measured (bf16, n = 8): first copy 14.2 nats, second 3.4, benefit CI [10.3, 11.3]

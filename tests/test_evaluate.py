@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from inductionlab.cli import main
 from inductionlab.errors import InductionLabError
-from inductionlab.evaluate import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LoadBearingConfig,
+from inductionlab.studies.evaluate.study import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LoadBearingConfig,
                                    PerplexityConfig, ProbeConfig, load_bearing_conditions, parse_variant, run_evaluate)
 from test_train_helpers import make_corpus, run_cli, tiny_flags
 
@@ -71,8 +71,8 @@ def test_cli_end_to_end_on_a_trained_checkpoint(trained, tmp_path):
     assert set(ab.shots) == {10} and set(ab.control) == {"intact"} and len(ab) == 6 * 13 * 3
 
     # one intact prompt's rank re-derived by a plain forward pass of the checkpoint
-    from inductionlab.icl_tasks import build_tasks, make_prompts
-    from inductionlab.models import load_model
+    from inductionlab.protocols.icl_tasks import build_tasks, make_prompts
+    from inductionlab.core.models import load_model
     lm = load_model(str(run), dtype="float32")
     p = make_prompts(build_tasks(["copy"])["copy"], lm.tokenizer, shots=(10,), n_prompts=3, seed=0, permuted=False,
                      bos_id=lm.tokenizer.bos_token_id)[1]
@@ -102,7 +102,7 @@ def test_cli_end_to_end_on_a_trained_checkpoint(trained, tmp_path):
 
 
 def test_resume_reuses_finished_pieces(trained, tmp_path):
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
     data, run = trained
     lm = load_model(str(run), dtype="float32")
     cfg = small_config()
@@ -180,7 +180,7 @@ def test_lm_eval_local_task_recorded(trained, tmp_path):
 
 def test_checkpoint_without_tokenizer_takes_the_training_corpus_tokenizer(trained, tmp_path):
     from inductionlab.data.shards import TokenShards
-    from inductionlab.models import TOKENIZER_FILES, load_model
+    from inductionlab.core.models import TOKENIZER_FILES, load_model
     data, run = trained
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
@@ -244,7 +244,7 @@ def test_parse_variant():
 def _evaluate_sharded(run: str, data: str, base: str, dist) -> dict:
     """``run_evaluate`` (mean ablation, uneven last batches) with ``dist`` (None: one process), each
     rank given its own ``out`` (rank 0's alone may be written); the tables every rank returns."""
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
 
     torch.set_num_threads(1)
     rank = dist.rank if dist is not None else "one"

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from inductionlab.function_probes import run_probes, summarize_hits, target_ranks
-from inductionlab.icl_tasks import Item, Prompt
+from inductionlab.protocols.function_probes import run_probes, summarize_hits, target_ranks
+from inductionlab.protocols.icl_tasks import Item, Prompt
 
 V = 50
 
@@ -76,7 +76,7 @@ def test_summary_by_hand():
 
 def test_ablation_hook_changes_only_under_heads():
     from conftest import make_tiny
-    from inductionlab.instrument import ablate
+    from inductionlab.core.instrument import ablate
     model = make_tiny("llama")
     rng = np.random.default_rng(0)
     prompts = [_prompt("t", rng.integers(5, 700, n).tolist(), int(rng.integers(5, 700)), i)
@@ -93,9 +93,9 @@ def test_ablation_hook_changes_only_under_heads():
 
 def _ablated_probes(model, prompts, heads):
     """The probes with ``heads`` zero-ablated: their trials under one condition of the runner."""
-    from inductionlab.ablation import Condition
-    from inductionlab.function_probes import build_trials, measure_batch, probe_rows
-    from inductionlab.protocol import run_conditions
+    from inductionlab.core.ablation import Condition
+    from inductionlab.protocols.function_probes import build_trials, measure_batch, probe_rows
+    from inductionlab.protocols.runner import run_conditions
 
     a = run_conditions(SimpleNamespace(model=model), [Condition("ablated", "induction", heads=heads)],
                        build_trials(prompts, 0), batch_size=16, measure_batch=measure_batch)["ablated"]

@@ -15,8 +15,8 @@ import torch
 from transformers import DynamicCache
 
 from conftest import ARCHS, make_tiny
-from inductionlab.instrument import HeadIntervention, instrument
-from inductionlab.scores import induction_targets
+from inductionlab.core.instrument import HeadIntervention, instrument
+from inductionlab.core.scores import induction_targets
 
 ATOL_PROB, ATOL_LOGIT = 1e-6, 1e-5
 
@@ -77,7 +77,7 @@ def test_fused_cached_decoding_equals_full(arch):
 
 def test_induction_head_scores_match_eager_path():
     """compute_head_scores' values (fused) equal the eager pattern's on the tiny GQA Llama."""
-    from inductionlab.scores import score_from_pattern
+    from inductionlab.core.scores import score_from_pattern
     model = make_tiny("llama")
     Tc = 8
     S = torch.randint(10, 700, (3, Tc), generator=torch.Generator().manual_seed(4))

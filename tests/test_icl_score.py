@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inductionlab.errors import InductionLabError
-from inductionlab.icl_score import (heldout_windows, icl_positions, icl_score, induction_loss, text_windows,
+from inductionlab.protocols.icl_score import (heldout_windows, icl_positions, icl_score, induction_loss, text_windows,
                                     token_losses)
 
 V = 64
@@ -109,7 +109,7 @@ def test_text_windows(word_tokenizer):
 def test_induction_loss_matches_scores_py():
     from conftest import make_tiny
 
-    from inductionlab.scores import compute_head_scores
+    from inductionlab.core.scores import compute_head_scores
     model = make_tiny("llama")
     r = induction_loss(model, seq_len=12, n=6, seed=4, bos_id=1, batch_size=4)
     ref = compute_head_scores(model, seq_len=12, batch_size=6, seed=4, bos_id=1, names=("induction",))
@@ -124,9 +124,9 @@ def _ablated_induction_loss(model, heads, **kw) -> dict:
     """The induction loss with ``heads`` zero-ablated: its trials under one condition of the runner."""
     from functools import partial
 
-    from inductionlab.ablation import Condition
-    from inductionlab.icl_score import induction_ids, induction_summary, measure_batch
-    from inductionlab.protocol import Trials, run_conditions
+    from inductionlab.core.ablation import Condition
+    from inductionlab.protocols.icl_score import induction_ids, induction_summary, measure_batch
+    from inductionlab.protocols.runner import Trials, run_conditions
 
     ids, T, bos = induction_ids(model, **kw)
     a = run_conditions(SimpleNamespace(model=model), [Condition("ablated", "induction", heads=heads)],

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from inductionlab.errors import InductionLabError
-from inductionlab.icl_tasks import (TASK_NAMES, Item, answer_tokens, build_task, build_tasks, derangement,
+from inductionlab.protocols.icl_tasks import (TASK_NAMES, Item, answer_tokens, build_task, build_tasks, derangement,
                                     format_prompt, make_prompts)
 
 

@@ -7,10 +7,10 @@ import torch
 
 from conftest import ARCHS, make_tiny
 from inductionlab.errors import InductionLabError
-from inductionlab.instrument import (ABLATION_METHODS, AblationMethod, HeadIntervention, NoOpIntervention,
+from inductionlab.core.instrument import (ABLATION_METHODS, AblationMethod, HeadIntervention, NoOpIntervention,
                                      UnsupportedArchitecture, ablate, ablation_methods, gather_targets,
                                      head_output_means, instrument, self_check)
-from inductionlab.models import attention_shape
+from inductionlab.core.models import attention_shape
 
 
 def ids_for(model, B=2, T=12, seed=1):

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from inductionlab.ablation import Condition
+from inductionlab.core.ablation import Condition
 from inductionlab.errors import InductionLabError
-from inductionlab.lag_probe import LagProbeConfig, log_enrichment, run_lag_probe
-from inductionlab.models import LoadedModel
+from inductionlab.protocols.lag_probe import LagProbeConfig, log_enrichment, run_lag_probe
+from inductionlab.core.models import LoadedModel
 
 DELTA = 1.5
 LIST_MASS = 1e-3     # total prior mass on list words; the rest on token 3 (a non-list token)

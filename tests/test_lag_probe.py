@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from inductionlab.ablation import Condition
+from inductionlab.core.ablation import Condition
 from inductionlab.errors import InductionLabError
-from inductionlab.lag_probe import LagProbeConfig, build_trials, make_stimulus, run_lag_probe
-from inductionlab.models import LoadedModel
+from inductionlab.protocols.lag_probe import LagProbeConfig, build_trials, make_stimulus, run_lag_probe
+from inductionlab.core.models import LoadedModel
 
 
 class CopyModel(torch.nn.Module):

@@ -20,12 +20,12 @@ import torch
 from click.testing import CliRunner
 from conftest import ARCHS, make_tiny
 
-from inductionlab.ablation import Condition
+from inductionlab.core.ablation import Condition
 from inductionlab.errors import InductionLabError
-from inductionlab.lag_probe import LagProbeConfig, build_trials, measure_batch, run_lag_probe
-from inductionlab.models import LoadedModel, attention_shape
-from inductionlab.protocol import run_conditions
-from inductionlab.reuse import ResidualCache
+from inductionlab.protocols.lag_probe import LagProbeConfig, build_trials, measure_batch, run_lag_probe
+from inductionlab.core.models import LoadedModel, attention_shape
+from inductionlab.protocols.runner import run_conditions
+from inductionlab.core.reuse import ResidualCache
 
 HERE = Path(__file__).parent
 TOL = 1e-5
@@ -234,7 +234,7 @@ def test_two_processes_equal_one_bit_for_bit(tmp_path):
 def test_analyze_all_cues_keeps_the_seed_headline_and_stores_the_cues(word_tokenizer, tmp_path):
     """``analyze`` with every cue (its default cues every 10th position: all:10) gives the seed run's headline within 1e-5, and
     writes the per-cue arrays to lag_trials.npz and results.json's record."""
-    from inductionlab.analyze import AnalyzeConfig, analyze
+    from inductionlab.studies.analyze.study import AnalyzeConfig, analyze
 
     model = make_tiny("llama", ctx=64)
     lm = LoadedModel(model, word_tokenizer, {"name": "tiny", "dtype": "float32", **attention_shape(model.config)})

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("lm_eval")
 
 from inductionlab.errors import InductionLabError  # noqa: E402
-from inductionlab.icl_tasks import build_task  # noqa: E402
-from inductionlab.lm_eval_tasks import export_lm_eval_tasks, load_lm_eval_tasks, run_lm_eval  # noqa: E402
+from inductionlab.protocols.icl_tasks import build_task  # noqa: E402
+from inductionlab.protocols.lm_eval_tasks import export_lm_eval_tasks, load_lm_eval_tasks, run_lm_eval  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,14 @@ import pandas as pd
 import pytest
 
 from inductionlab.errors import InductionLabError
-from inductionlab.load_bearing_eval import (drops_table, gini, headline, relative_change,
+from inductionlab.measures.load_bearing_eval import (drops_table, gini, headline, relative_change,
                                             relative_contrast, score_concentration)
 
 Z = 1.959963984540054
 
 
 def test_ci_by_hand():   # the evaluation pieces use stats.ci (one CI convention)
-    from inductionlab.stats import ci
+    from inductionlab.measures.stats import ci
     m, lo, hi = ci([1, 2, 3, 4])
     assert m == 2.5 and hi - m == pytest.approx(Z * math.sqrt(5 / 3) / 2)
     assert math.isnan(ci([1.0])[1])

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from inductionlab.errors import InductionLabError
-from inductionlab.outputs import check_output_dir, check_output_file
+from inductionlab.runtime.outputs import check_output_dir, check_output_file
 
 
 def _bad_paths(tmp_path):

@@ -11,7 +11,7 @@ import torch
 
 from inductionlab.data.shards import prepare_corpus
 from inductionlab.errors import InductionLabError
-from inductionlab.perplexity import heldout_perplexity
+from inductionlab.protocols.perplexity import heldout_perplexity
 
 WORDS = "the king queen castle sword river night morning letter crown ship storm garden horse".split()
 

@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from conftest import make_tiny
-from inductionlab.instrument import HeadIntervention, ablate, head_output_means, instrument
+from inductionlab.core.instrument import HeadIntervention, ablate, head_output_means, instrument
 
 ATOL = 1e-5
 LENGTHS = (5, 9, 7)          # rows of the padded batch

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from inductionlab.errors import InductionLabError
-from inductionlab.icl_score import associative_recall, induction_loss, recall_sequences
-from inductionlab.load_bearing_eval import absolute_change, drops_table
+from inductionlab.protocols.icl_score import associative_recall, induction_loss, recall_sequences
+from inductionlab.measures.load_bearing_eval import absolute_change, drops_table
 from test_train_helpers import make_corpus
 
 
@@ -45,7 +45,7 @@ def test_token_pool_is_the_training_split_minus_specials(corpus):
 
 def test_telemetry_draws_from_the_training_split(corpus, tmp_path):
     from inductionlab.data.shards import TokenShards
-    from inductionlab.curriculum import CurriculumConfig
+    from inductionlab.data.curriculum import CurriculumConfig
     from inductionlab.train import TrainConfig, train
 
     cfg = TrainConfig(curriculum=CurriculumConfig(span_length=8), data=str(corpus), out=str(tmp_path / "run"), preset="cpu-micro", seq_len=32,

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import make_tiny
-from inductionlab.ablation import Condition
+from inductionlab.core.ablation import Condition
 from inductionlab.errors import InductionLabError
-from inductionlab.instrument import ablate
-from inductionlab.protocol import (REFERENCE_TRIALS, Trials, check_method, forward_logits, last_token_logits,
+from inductionlab.core.instrument import ablate
+from inductionlab.protocols.runner import (REFERENCE_TRIALS, Trials, check_method, forward_logits, last_token_logits,
                                    model_inputs, needs_reference, pad_left, run_conditions, trim_padding)
 
 
@@ -122,7 +122,7 @@ def test_padded_trials_through_the_runner_equal_batches_padded_alone():
 def test_reference_batch_from_the_method_table():
     """A method whose table entry needs a value gets Trials.reference (else the first trials);
     the others none."""
-    from inductionlab.instrument import ABLATION_METHODS
+    from inductionlab.core.instrument import ABLATION_METHODS
 
     assert needs_reference("mean") and not needs_reference("zero") and not needs_reference("sink")
     assert all(needs_reference(n) == (m.needs == "value") for n, m in ABLATION_METHODS.items())

@@ -13,14 +13,14 @@ pytestmark = [pytest.mark.realmodel, pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def smol():
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
     return load_model("smollm2-135m", dtype="bfloat16")
 
 
 def test_identity_and_self_check(smol):
     import torch
 
-    from inductionlab.instrument import self_check
+    from inductionlab.core.instrument import self_check
     idn = smol.identity
     assert (idn["n_layers"], idn["n_heads"], idn["n_kv_heads"], idn["head_dim"]) == (30, 9, 3, 64)
     assert len(idn["sha256"]["SmolLM2-135M-Instruct.Q4_1.gguf"]) == 64
@@ -28,8 +28,8 @@ def test_identity_and_self_check(smol):
 
 
 def test_top_induction_head_and_main_job(smol, tmp_path):
-    from inductionlab.analyze import AnalyzeConfig, analyze
-    from inductionlab.lag_probe import LagProbeConfig
+    from inductionlab.studies.analyze.study import AnalyzeConfig, analyze
+    from inductionlab.protocols.lag_probe import LagProbeConfig
 
     cfg = AnalyzeConfig(ks=(5,), n_draws=1, lag=LagProbeConfig(n_permutations=2, batch_size=2))
     res = analyze(smol, cfg, tmp_path / "run", progress=False)

@@ -1,4 +1,4 @@
-"""Residual reuse across conditions (inductionlab.reuse): the run with reuse equals the run without,
+"""Residual reuse across conditions (inductionlab.core.reuse): the run with reuse equals the run without,
 bit for bit, on every tested architecture and ablation method, and the layers it says it skipped
 were really skipped."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from conftest import ARCHS, tiny_config
-from inductionlab.ablation import Condition
-from inductionlab.protocol import Trials, forward_logits, pad_left, residual_cache, run_conditions
-from inductionlab.reuse import ResidualCache, decoder_layers
+from inductionlab.core.ablation import Condition
+from inductionlab.protocols.runner import Trials, forward_logits, pad_left, residual_cache, run_conditions
+from inductionlab.core.reuse import ResidualCache, decoder_layers
 
 
 def tiny3(arch: str, attn: str = "sdpa"):
@@ -130,7 +130,7 @@ def test_budget_and_other_trials():
 
 
 def test_instrumentation_that_reads_every_layer_is_never_served():
-    from inductionlab.instrument import HeadIntervention, ablate, instrument
+    from inductionlab.core.instrument import HeadIntervention, ablate, instrument
     model = tiny3("gpt_neox")
     ids = trials(2).tensors["ids"]
     cache = residual_cache(model, CONDITIONS[1:2])

@@ -1,4 +1,4 @@
-"""``train/run_dir.TrainRun``, the one reader of a training run directory, on a real tiny run."""
+"""``runtime/run_dir.TrainRun``, the one reader of a training run directory, on a real tiny run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from inductionlab.errors import InductionLabError
-from inductionlab.train.run_dir import TrainRun
+from inductionlab.runtime.run_dir import TrainRun
 from test_train_helpers import make_corpus
 
 STEPS = 4                       # 4 updates of 1024 tokens; log_checkpoints=2 -> geomspace(1, 4, 2) = {1, 4}
@@ -61,7 +61,8 @@ def test_checkpoints_final_and_telemetry(trained):
     assert TrainRun.of_checkpoint(run.final_checkpoint()).path == run_dir
     assert TrainRun.of_checkpoint(run_dir) is None
     # every other reader goes to the same checkpoint
-    from inductionlab import models, study_bi_induct
+    from inductionlab.core import models
+    from inductionlab.studies.bi_induct import study as study_bi_induct
     assert models.final_checkpoint(run_dir) == study_bi_induct.final_checkpoint(run_dir) == _step_dir(run_dir, STEPS)
     assert models.resolve(str(run_dir))[:2] == ("checkpoint", _step_dir(run_dir, STEPS))
 

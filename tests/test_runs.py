@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from inductionlab.errors import InductionLabError
-from inductionlab.runs import ResumableRun, atomic_write_json
+from inductionlab.runtime.runs import ResumableRun, atomic_write_json
 
 
 def test_pieces_are_computed_once_and_reloaded_identically(tmp_path):

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from conftest import make_tiny
-from inductionlab import scores as scores_mod
+from inductionlab.core import scores as scores_mod
 from inductionlab.errors import InductionLabError
-from inductionlab.instrument import instrument
-from inductionlab.scores import (SCORE_NAMES, SCORES, ScoreSpec, build_sequences, compute_head_scores, repeated,
+from inductionlab.core.instrument import instrument
+from inductionlab.core.scores import (SCORE_NAMES, SCORES, ScoreSpec, build_sequences, compute_head_scores, repeated,
                                  score_from_pattern, score_names, score_targets)
 
 T = 6  # tokens per copy; sequence [BOS] S S has 13 positions
@@ -98,7 +98,7 @@ def test_batched_equals_one_at_a_time_and_options_are_honoured():
 
 
 def test_random_pool_excludes_special_tokens(word_tokenizer):
-    from inductionlab.stimuli import ordinary_token_ids, random_sequences
+    from inductionlab.core.stimuli import ordinary_token_ids, random_sequences
     pool = ordinary_token_ids(800, exclude_ids=[10], tokenizer=word_tokenizer)
     banned = set(word_tokenizer.all_special_ids) | {10}
     assert not banned & set(pool.tolist()) and len(pool) == 800 - len(banned)

@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from inductionlab import serial_position as sp
-from inductionlab.ablation import Condition
-from inductionlab.lag_probe import LagProbeConfig, LagProbeResult, log_enrichment
-from inductionlab.stats import mean_ci
+from inductionlab.measures import serial_position as sp
+from inductionlab.core.ablation import Condition
+from inductionlab.protocols.lag_probe import LagProbeConfig, LagProbeResult, log_enrichment
+from inductionlab.measures.stats import mean_ci
 
 L = 6
 
@@ -247,7 +247,7 @@ def test_cue_log_enrichment_against_a_brute_force_baseline(far):
 def _analyze_like(with_cues: bool, n=6, length=30, cue=15):
     import json
 
-    from inductionlab.scores import HeadScores
+    from inductionlab.core.scores import HeadScores
     rng = np.random.default_rng(6)
     conds = [Condition("intact", "intact"), Condition("induction-2", "induction", 2, 0, [(0, 0), (0, 1)]),
              Condition("random-2-d0", "random", 2, 0, [(1, 0), (1, 1)]), Condition("random-2-d1", "random", 2, 1, [(1, 1), (0, 1)])]
@@ -272,14 +272,14 @@ def _analyze_like(with_cues: bool, n=6, length=30, cue=15):
               "top_induction_heads": [{"layer": 0, "head": 0, "score": 0.9}]}
     if with_cues:
         record["lag_cues"] = sp.cue_json(lag)
-        json.loads(json.dumps(__import__("inductionlab.runs", fromlist=["_jsonable"])._jsonable(record),
+        json.loads(json.dumps(__import__("inductionlab.runtime.runs", fromlist=["_jsonable"])._jsonable(record),
                               allow_nan=False))               # results.json stays strict JSON
     return types.SimpleNamespace(loaded=types.SimpleNamespace(identity={"name": "fake"}), scores=hs, lag=lag,
                                  timings={"lag_probe_s": 1.0}, record=record)
 
 
 def test_analyze_outputs_with_cue_arrays(tmp_path):
-    from inductionlab import report
+    from inductionlab.studies import report
     seed, full = _analyze_like(False), _analyze_like(True)
     report.write_analyze_outputs(tmp_path / "seed", seed)
     report.write_analyze_outputs(tmp_path / "full", full)
@@ -310,7 +310,7 @@ def test_analyze_outputs_with_cue_arrays(tmp_path):
 
 
 def test_cue_outputs_in_tables_and_plots_folders(tmp_path):
-    from inductionlab import report
+    from inductionlab.studies import report
     full = _analyze_like(True)
     report.write_cue_outputs(tmp_path / "tables", tmp_path / "plots", full.lag, "fake", ["intact", "induction-2",
                              "random-2"], ["intact", "induction-2", "random-2"])

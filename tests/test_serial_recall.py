@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from _tiny import FakeRecallModel, word_tokenizer
-from inductionlab.ablation import Condition
+from inductionlab.core.ablation import Condition
 from inductionlab.errors import InductionLabError
-from inductionlab.serial_recall import SerialRecallConfig, build_recall_trials, run_serial_recall
+from inductionlab.protocols.serial_recall import SerialRecallConfig, build_recall_trials, run_serial_recall
 
 L = 14
 
@@ -123,7 +123,7 @@ def test_bad_input(tok):
 def test_greedy_with_kv_cache_equals_recomputing(tok):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from inductionlab.serial_recall import _greedy
+    from inductionlab.protocols.serial_recall import _greedy
 
     torch.manual_seed(1)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,

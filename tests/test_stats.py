@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from inductionlab.ablation import Condition
-from inductionlab.stats import Z95, ci, draws_by_k, mean_ci, paired_diff, pooled, pooled_arms, put_ci
+from inductionlab.core.ablation import Condition
+from inductionlab.measures.stats import Z95, ci, draws_by_k, mean_ci, paired_diff, pooled, pooled_arms, put_ci
 
 
 def test_mean_ci_hand_worked():

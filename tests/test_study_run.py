@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from inductionlab.study_run import STATUSES, StudyRun, Verdict, format_verdicts
+from inductionlab.studies.run import STATUSES, StudyRun, Verdict, format_verdicts
 
 
 class Clock:

@@ -9,11 +9,11 @@ import pytest
 from click.testing import CliRunner
 
 from _tiny import tiny_llama_dir
-from inductionlab.ablation import Condition, ablation_conditions, top_k_heads
+from inductionlab.core.ablation import Condition, ablation_conditions, top_k_heads
 from inductionlab.errors import InductionLabError
-from inductionlab.lag_probe import LagProbeConfig, LagProbeResult
-from inductionlab.serial_recall import SerialRecallConfig, SerialRecallResult
-from inductionlab.study_temporal import TemporalStudyConfig, default_ks, headline_table, run_temporal_study, verdicts
+from inductionlab.protocols.lag_probe import LagProbeConfig, LagProbeResult
+from inductionlab.protocols.serial_recall import SerialRecallConfig, SerialRecallResult
+from inductionlab.studies.temporal.study import TemporalStudyConfig, default_ks, headline_table, run_temporal_study, verdicts
 
 SMALL = dict(lag=LagProbeConfig(n_permutations=6, list_length=30, cue_position=15),
              recall=SerialRecallConfig(n_trials=4, list_length=6, n_shots=2),
@@ -28,7 +28,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny(tiny_dir):
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
     return load_model(str(tiny_dir), dtype="float32")
 
 
@@ -134,7 +134,7 @@ def test_majority_rule_ignores_floor_but_not_reversal():
 
 
 def test_load_bearing_table_and_concentration_hand_worked():
-    from inductionlab.load_bearing import concentration, load_bearing_table, single_head_conditions
+    from inductionlab.protocols.load_bearing import concentration, load_bearing_table, single_head_conditions
 
     induction = np.array([[0.1, 0.9], [0.5, 0.2]])
     conds = single_head_conditions(induction, 3)

@@ -148,7 +148,7 @@ def test_corpus_is_deterministic_and_its_manifest_records_everything(source, tmp
 
 
 def test_training_windows_are_the_sequences(source, tmp_path):
-    from inductionlab.curriculum import BiInductStream, CurriculumConfig
+    from inductionlab.data.curriculum import BiInductStream, CurriculumConfig
     s = prepare_synth_bigram(source, tmp_path / "s", repetition=0.5, reliability=0.5, tokens=2048, seq_len=16,
                              heldout_tokens=0)
     stream = BiInductStream.from_shards(s, CurriculumConfig(variant="none"), batch_size=4, seq_len=16,

@@ -109,7 +109,7 @@ def test_iso_flops_check_refuses_different_budgets():
 
 
 def test_curriculum_is_nested(tmp_path):
-    from inductionlab.curriculum import CurriculumConfig
+    from inductionlab.data.curriculum import CurriculumConfig
     (tmp_path / "n.yaml").write_text("curriculum:\n  variant: balanced\n  span_length: 8\n  span_length_range: [4, 12]\n"
                                      "  m0: 0.25\n")
     c = load_config(tmp_path / "n.yaml").curriculum
@@ -132,9 +132,9 @@ def test_curriculum_is_nested(tmp_path):
 def test_help_from_field_metadata_and_same_curriculum_flags():
     import dataclasses
 
-    from inductionlab.cli_data import curriculum_preview
-    from inductionlab.cli_train import train_cmd
-    from inductionlab.curriculum import CurriculumConfig
+    from inductionlab.cli.data import curriculum_preview
+    from inductionlab.cli.train import train_cmd
+    from inductionlab.data.curriculum import CurriculumConfig
     for cls in (TrainConfig, CurriculumConfig):
         for f in dataclasses.fields(cls):
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"

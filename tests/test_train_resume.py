@@ -137,7 +137,7 @@ def test_corrupt_checkpoint_and_foreign_output_are_refused(runs):
 
 def test_checkpoint_reloads_through_load_model(runs):
     from inductionlab.data.shards import TokenShards
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
     from inductionlab.train.telemetry import heldout_loss
     from transformers import LlamaForCausalLM
 

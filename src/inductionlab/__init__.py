@@ -3,16 +3,16 @@
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "load_model": "models", "LoadedModel": "models",
-    "instrument": "instrument", "ablate": "instrument", "HeadIntervention": "instrument",
-    "compute_head_scores": "scores", "HeadScores": "scores",
-    "ablation_conditions": "ablation", "top_k_heads": "ablation", "per_layer_top_p": "ablation",
-    "random_heads": "ablation", "Condition": "ablation",
-    "run_lag_probe": "lag_probe", "LagProbeConfig": "lag_probe", "LagProbeResult": "lag_probe",
-    "run_serial_recall": "serial_recall", "SerialRecallConfig": "serial_recall",
-    "run_conditions": "protocol", "Trials": "protocol", "mean_ci": "stats",
-    "AnalyzeConfig": "analyze",   # the function: inductionlab.analyze.analyze (the name is the module's)
-    "run_temporal_study": "study_temporal", "TemporalStudyConfig": "study_temporal",
+    "load_model": "core.models", "LoadedModel": "core.models",
+    "instrument": "core.instrument", "ablate": "core.instrument", "HeadIntervention": "core.instrument",
+    "compute_head_scores": "core.scores", "HeadScores": "core.scores",
+    "ablation_conditions": "core.ablation", "top_k_heads": "core.ablation", "per_layer_top_p": "core.ablation",
+    "random_heads": "core.ablation", "Condition": "core.ablation",
+    "run_lag_probe": "protocols.lag_probe", "LagProbeConfig": "protocols.lag_probe", "LagProbeResult": "protocols.lag_probe",
+    "run_serial_recall": "protocols.serial_recall", "SerialRecallConfig": "protocols.serial_recall",
+    "run_conditions": "protocols.runner", "Trials": "protocols.runner", "mean_ci": "measures.stats",
+    "analyze": "studies.analyze", "AnalyzeConfig": "studies.analyze",
+    "run_temporal_study": "studies.temporal", "TemporalStudyConfig": "studies.temporal",
     "InductionLabError": "errors",
 }
 

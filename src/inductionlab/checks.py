@@ -131,7 +131,7 @@ def check_type(value, expected: type | tuple[type, ...], what: str, hint: str = 
 
 
 def check_loaded(loaded, what: str, needs: tuple[str, ...] = ("model", "tokenizer", "identity")) -> None:
-    """``loaded`` is a :class:`~inductionlab.models.LoadedModel` (what :func:`~inductionlab.load_model`
+    """``loaded`` is a :class:`~inductionlab.core.models.LoadedModel` (what :func:`~inductionlab.load_model`
     returns) or an object with the same attributes ``needs`` (tests pass exact fakes).
 
     Raises:
@@ -158,22 +158,3 @@ def check_path_like(value, what: str) -> str:
     if isinstance(value, (str, os.PathLike)):
         return os.fspath(value)
     raise TypeError(f"{what} must be a str or a path (pathlib.Path), got {type(value).__name__}")
-
-
-def check_conditions(conditions, what: str) -> None:
-    """``conditions`` is a non-empty sequence of :class:`~inductionlab.ablation.Condition`.
-
-    Raises:
-        TypeError: not a sequence (None, a single Condition) or an item that is not a Condition.
-        InductionLabError: empty (nothing would run: almost surely a bug)."""
-    from .ablation import Condition
-
-    if isinstance(conditions, Condition) or isinstance(conditions, (str, bytes, dict)) \
-            or not hasattr(conditions, "__len__"):
-        raise TypeError(f"{what}: conditions must be a list of Condition (e.g. from ablation_conditions()), got "
-                        f"{type(conditions).__name__}")
-    if not len(conditions):
-        raise InductionLabError(f"{what}: conditions is empty, so nothing would run; pass at least one, e.g. "
-                                "[Condition('intact', 'intact', 0, 0, [])] or ablation_conditions(scores, ks)")
-    for c in conditions:
-        check_type(c, Condition, f"{what}: each condition")

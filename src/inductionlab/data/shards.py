@@ -26,9 +26,9 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import InductionLabError
-from ..runs import atomic_write_json, own_entries, sha256_file, staged_run_dir, versions
+from ..runtime.outputs import check_output_dir
+from ..runtime.runs import atomic_write_json, own_entries, sha256_file, staged_run_dir, versions
 from .corpus import auto_heldout_fraction, md5_unit, resolve_source
-from ..outputs import check_output_dir
 from .tokenizer import TokenizerInfo, check_bpe_vocab_size, load_tokenizer, train_bpe
 
 FORMAT = "inductionlab-token-shards/1"
@@ -165,7 +165,7 @@ class TokenShards:
         Raises:
             InductionLabError: an id out of range (damaged shard or another tokenizer's ids).
         """
-        from ..curriculum import check_token_ids
+        from .curriculum import check_token_ids
         for split in SPLITS:
             check_token_ids(getattr(self, split), vocab_size or self.vocab_size, f"{self.path / (split + '.bin')}")
 

@@ -47,8 +47,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InductionLabError
-from ..outputs import check_output_dir
-from ..runs import atomic_write_json, own_entries, sha256_file, staged_run_dir, versions
+from ..runtime.outputs import check_output_dir
+from ..runtime.runs import atomic_write_json, own_entries, sha256_file, staged_run_dir, versions
 from .shards import FORMAT, SPLITS, TokenShards
 
 GENERATOR = "synth-bigram/1"

@@ -174,7 +174,7 @@ def load_tokenizer(spec: str | os.PathLike) -> TokenizerInfo:
         return _from_hf(_auto_tokenizer(str(p), s), s)
     if p.exists():
         raise InductionLabError(f"{p}: not a tokenizer.json or a directory holding one")
-    from .. import model_specs
+    from ..runtime import model_specs
     if s.lower() in model_specs.EMBEDDED:         # the tokenizer from the GGUF's metadata; no weights loaded
         _, path, gguf, _ = model_specs.resolve(s)
         return _from_hf(_auto_tokenizer(str(Path(path).parent), s, gguf_file=gguf), s)

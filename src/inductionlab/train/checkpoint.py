@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from ..errors import InductionLabError
-from ..runs import atomic_write_json, sha256_file, swap_in
-from .run_dir import CHECKPOINTS, TrainRun
+from ..runtime.run_dir import CHECKPOINTS, TrainRun
+from ..runtime.runs import atomic_write_json, sha256_file, swap_in
 
 META = "meta.json"
 STATE = "trainer_state.pt"
@@ -103,7 +103,7 @@ class CheckpointManager:
 
     def list(self) -> list[tuple[int, Path, dict]]:
         """Published checkpoints, oldest first, as (step, path, meta) (the ``step_N`` directories
-        :meth:`~inductionlab.train.run_dir.TrainRun.checkpoints` lists, complete or not)."""
+        :meth:`~inductionlab.runtime.run_dir.TrainRun.checkpoints` lists, complete or not)."""
         out = []
         for c in TrainRun(self.dir.parent).checkpoints(complete=False):
             try:

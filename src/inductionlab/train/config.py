@@ -6,7 +6,7 @@ the command line (``--field-name value``). Unknown keys are errors, never silent
 
 Model sizes are :class:`transformers.LlamaConfig` presets (:data:`PRESETS`, :func:`model_config`):
 RoPE θ = 10000, pre-norm RMSNorm, SwiGLU MLP, grouped-query attention, untied embeddings — so
-every checkpoint opens in transformers, in :func:`inductionlab.models.load_model` and in
+every checkpoint opens in transformers, in :func:`inductionlab.core.models.load_model` and in
 lm-evaluation-harness.
 """
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 import yaml
 
-from ..curriculum import CurriculumConfig
+from ..data.curriculum import CurriculumConfig
 from ..errors import InductionLabError
 
 # name -> (layers, hidden, MLP, query heads, KV heads). Paper sizes from the Bi-Induct paper
@@ -85,7 +85,7 @@ class TrainConfig:
 
     Token counts are in tokens; learning rates in units of the AdamW step; steps are optimizer
     updates (one update = ``tokens_per_update`` tokens, reached by gradient accumulation). The
-    Bi-Induct settings are a nested :class:`inductionlab.curriculum.CurriculumConfig`
+    Bi-Induct settings are a nested :class:`inductionlab.data.curriculum.CurriculumConfig`
     (``cfg.curriculum.variant``, ``cfg.curriculum.span_length``, ...).
     """
 
@@ -320,7 +320,7 @@ def _curriculum_from_dict(d: dict[str, Any], base: CurriculumConfig) -> Curricul
 def config_from_dict(d: dict[str, Any], base: TrainConfig | None = None) -> TrainConfig:
     """Build a config from a mapping.
 
-    ``curriculum`` is a nested table of :class:`~inductionlab.curriculum.CurriculumConfig` fields
+    ``curriculum`` is a nested table of :class:`~inductionlab.data.curriculum.CurriculumConfig` fields
     (``curriculum: {variant: induction, span_length: 20}``), or a variant name as shorthand
     (``curriculum: induction``), or dotted keys (``curriculum.m0: 0.3``). Other nested tables are
     flattened one level, as grouping only (``{"schedule": {"lr": ...}}`` reads as ``lr``). The

@@ -1,6 +1,6 @@
 """Everything distributed about training in one place (torchtitan's ``distributed/``), so the
 single-process path stays plain PyTorch. The process group itself (:class:`Dist`, :func:`init`,
-:func:`barrier`, :func:`mean_across`) is :mod:`inductionlab.distributed`, shared with the analysis.
+:func:`barrier`, :func:`mean_across`) is :mod:`inductionlab.runtime.distributed`, shared with the analysis.
 
 Launch with PyTorch's own launcher: ``torchrun --nproc_per_node=N -m inductionlab.cli train ...``
 (multi-node: add ``--nnodes``, ``--node_rank``, ``--rdzv_endpoint``). :func:`init` reads the
@@ -21,12 +21,12 @@ import contextlib
 
 import torch
 
-from ..distributed import Dist, barrier, init as _init, mean_across, shutdown  # noqa: F401 (shared with analysis)
+from ..runtime.distributed import Dist, barrier, init as _init, mean_across, shutdown  # noqa: F401 (shared with analysis)
 
 
 def init() -> Dist:
     """Join the process group when launched by torchrun with WORLD_SIZE > 1; the device is CUDA
-    (``cuda:LOCAL_RANK``) when available, else the CPU (:func:`inductionlab.distributed.init`)."""
+    (``cuda:LOCAL_RANK``) when available, else the CPU (:func:`inductionlab.runtime.distributed.init`)."""
     return _init()
 
 

@@ -24,7 +24,7 @@ from typing import Any, Iterable
 from transformers import LlamaConfig
 
 from ..errors import InductionLabError
-from .run_dir import TrainRun
+from ..runtime.run_dir import TrainRun
 
 
 @dataclass(frozen=True)
@@ -114,13 +114,13 @@ def check_iso_flops(budgets: dict[str, dict[str, Any]]) -> None:
 
 def read_budgets(run_dirs: Iterable[str | Path]) -> dict[str, dict[str, Any]]:
     """Budgets of several run directories, keyed by directory name (raises on a missing run.json):
-    :attr:`~inductionlab.train.run_dir.TrainRun.budget`."""
+    :attr:`~inductionlab.runtime.run_dir.TrainRun.budget`."""
     return {Path(rd).name: TrainRun.open(rd).budget for rd in run_dirs}
 
 
 def read_run_record(run_dir: str | Path) -> dict[str, Any]:
     """A training run's ``run.json``, checked to hold a ``budget`` and a ``config`` object
-    (:meth:`inductionlab.train.run_dir.TrainRun.open`).
+    (:meth:`inductionlab.runtime.run_dir.TrainRun.open`).
 
     Raises:
         InductionLabError: no run.json (not a training run), or one that is unreadable, not JSON

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..runs import _jsonable, atomic_write_text
+from ..runtime.runs import _jsonable, atomic_write_text
 
 
 class MetricsLogger:

@@ -3,7 +3,7 @@ checkpoint, their summaries, the emergence step, and plots.
 
 Measured at each checkpoint (:func:`measure`):
 
-* ``induction`` / ``anti_induction``: :func:`inductionlab.scores.compute_head_scores` on random
+* ``induction`` / ``anti_induction``: :func:`inductionlab.core.scores.compute_head_scores` on random
   repeated sequences of ``telemetry_seq_len`` tokens (50 by default, SPEC §3).
 * ``copy_offset``: mean attention probability from each query in the second half of a snippet
   ``[BOS] S SEP S`` (S = L random tokens, L = the curriculum's span length) to the key q − L,
@@ -34,9 +34,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.scores import copy_offset_scores, copy_offset_targets  # noqa: F401 (moved to scores.py; re-exported)
 from ..errors import InductionLabError
-from ..scores import copy_offset_scores, copy_offset_targets  # noqa: F401 (moved to scores.py; re-exported)
-from .run_dir import TrainRun
+from ..runtime.run_dir import TrainRun
 
 DEFAULT_THRESHOLDS = (0.1, 0.2, 0.4)
 
@@ -94,8 +94,8 @@ def measure(model, *, vocab_size: int, special_ids: Sequence[int] = (), bos_id: 
     Returns: ``{"scores": {name: [[float]] (n_layers x n_heads)}, "heldout_loss": nats | None,
     "heldout_ppl": float | None, "params": {...}}``.
     """
-    from ..scores import compute_head_scores
-    from ..stimuli import ordinary_token_ids
+    from ..core.scores import compute_head_scores
+    from ..core.stimuli import ordinary_token_ids
 
     was_training = model.training
     model.eval()
@@ -138,7 +138,7 @@ def _read_checkpoint_telemetry(p: Path) -> dict[str, Any]:
     Raises:
         InductionLabError: the file is unreadable, not JSON, of another shape, or fails its checksum
             (naming the file and the fix)."""
-    from ..runs import sha256_file
+    from ..runtime.runs import sha256_file
 
     fix = (f"restore it from a copy of the run, or delete the checkpoint {p.parent} to leave step "
            f"{p.parent.name.removeprefix('step_').lstrip('0') or '0'} out of the telemetry")
@@ -324,7 +324,7 @@ def run_summary(heads: pd.DataFrame, evals: pd.DataFrame, threshold: float,
 def write_tables(run_dir: str | Path) -> None:
     """Rebuild the run-level telemetry tables (heads, eval, summary CSVs) from the checkpoints'
     telemetry.json, each written atomically."""
-    from ..runs import atomic_write_text
+    from ..runtime.runs import atomic_write_text
     heads, evals = read_telemetry(run_dir)
     atomic_write_text(Path(run_dir) / "telemetry_heads.csv", heads.to_csv(index=False))
     atomic_write_text(Path(run_dir) / "telemetry_eval.csv", evals.to_csv(index=False))

@@ -1,7 +1,7 @@
 """Matched-compute pretraining (SPEC §7): a thin loop over components.
 
     config      TrainConfig, model presets              (config.py)
-    data        TokenShards + Bi-Induct stream           (inductionlab.data, inductionlab.curriculum)
+    data        TokenShards + Bi-Induct stream           (inductionlab.data, inductionlab.data.curriculum)
     parallel    torchrun / DDP / FSDP2                   (distributed.py)
     optimizer   AdamW + warm-up/cosine                   (schedule.py)
     checkpoint  Checkpointer: FSDP gather + atomic, verified, log-spaced checkpoints   (checkpoint.py)
@@ -35,14 +35,14 @@ import torch
 from transformers import LlamaForCausalLM
 
 from ..errors import InductionLabError
-from ..outputs import check_output_dir
-from ..runs import atomic_write_json, own_entries, remove_stale_partials, versions
+from ..runtime.outputs import check_output_dir
+from ..runtime.run_dir import TrainRun
+from ..runtime.runs import atomic_write_json, own_entries, remove_stale_partials, versions
 from . import distributed as D
 from .checkpoint import Checkpointer, CheckpointManager, checkpoint_schedule, set_rng_state
 from .config import TrainConfig, model_config
 from .flops import budget as make_budget
 from .metrics import MetricsLogger
-from .run_dir import TrainRun
 from .schedule import build_scheduler, lr_factor
 from .telemetry import Telemetry, check_telemetry, read_telemetry, run_summary, write_tables
 
@@ -80,7 +80,7 @@ def open_data(cfg: TrainConfig) -> TrainData:
         InductionLabError: not a prepared corpus, a token id outside the vocabulary in either
             split, a curriculum that does not fit the data.
     """
-    from ..curriculum import BiInductStream, check_token_ids
+    from ..data.curriculum import BiInductStream, check_token_ids
     from ..data.shards import TokenShards
 
     shards = TokenShards.open(cfg.data)

@@ -1,0 +1,5 @@
+"""``python -m inductionlab.cli``."""
+
+from .main import main
+
+main()

@@ -1,0 +1,282 @@
+"""CLI for pretraining data: ``inductionlab corpus prepare|info`` and
+``inductionlab curriculum preview`` (thin layer over :mod:`inductionlab.data` and
+:mod:`inductionlab.data.curriculum`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+from ..data.curriculum import SPAN_SOURCES, VARIANTS, BiInductStream, Batch, CurriculumConfig
+from ..errors import InductionLabError
+from ..runtime.outputs import check_output_file
+from .options import FLOAT, INT, given, refuse_conflicts, run_dir_options
+
+
+@click.group()
+def corpus() -> None:
+    """Prepare and inspect tokenised pretraining corpora."""
+
+
+@corpus.command("prepare")
+@click.argument("source")
+@click.option("--tokenizer", default="bpe", show_default=True,
+              help="'bpe' (train a byte-level BPE on the training split), a tokenizer.json, a "
+                   "directory holding one, or a model spec such as smollm2-135m.")
+@click.option("--vocab-size", type=INT, default=4096, show_default=True, help="BPE vocabulary size.")
+@click.option("--heldout-fraction", type=FLOAT, default=None,
+              help="Fraction of documents held out by MD5 [default: auto, 0.2%..5%].")
+@click.option("--seed", type=INT, default=0, show_default=True, help="Seed of the document order.")
+@click.option("--text-field", default="text", show_default=True, help="JSONL/Parquet/dataset field.")
+@click.option("--max-documents", type=INT, default=None, help="Use only the first N documents.")
+@click.option("--chunk-chars", type=INT, default=4000, show_default=True,
+              help="Plain text: group paragraphs into documents of at least this many characters.")
+@click.option("--no-shuffle", is_flag=True, help="Keep source document order.")
+@click.option("--from", "synth_from", type=click.Path(path_type=Path), default=None,
+              help="synth-bigram: the prepared corpus whose bigram statistics and tokenizer to use.")
+@click.option("--repetition", type=FLOAT, default=None, help="synth-bigram: P(A B ... A), in [0, 1].")
+@click.option("--reliability", type=FLOAT, default=None, help="synth-bigram: P(B | A B ... A), in [0, 1].")
+@click.option("--tokens", type=INT, default=None, help="synth-bigram: training tokens to sample.")
+@click.option("--seq-len", type=INT, default=64, show_default=True,
+              help="synth-bigram: tokens per sequence, EOS included (train with the same --seq-len).")
+@click.option("--alpha", type=FLOAT, default=1e-6, show_default=True,
+              help="synth-bigram: additive smoothing of the bigram probabilities.")
+@click.option("--heldout-tokens", type=INT, default=65536, show_default=True,
+              help="synth-bigram: held-out tokens (sequences of an independent stream).")
+@run_dir_options("corpus", required=True)
+@click.pass_context
+def corpus_prepare(ctx, source, out, tokenizer, vocab_size, heldout_fraction, seed, text_field,
+                   max_documents, chunk_chars, no_shuffle, overwrite, synth_from, repetition,
+                   reliability, tokens, seq_len, alpha, heldout_tokens) -> None:
+    """Tokenise SOURCE ('demo', a .txt/.jsonl/.parquet file or directory, or a saved Hugging
+    Face dataset) into memory-mapped shards with an MD5 held-out split.
+
+    SOURCE 'synth-bigram' samples a semi-synthetic corpus instead (Aoyama et al. 2025): sequences
+    from the bigram statistics of the prepared corpus --from, with repetition P(A B ... A) and
+    reliability P(B | A B ... A), e.g. ``corpus prepare synth-bigram --from data/demo-512
+    --repetition 0.9 --reliability 0.9 --tokens 12000000 --out data/synth``."""
+    from ..data.shards import TokenShards, prepare_corpus   # lazy: tokenizers, numpy
+
+    synth_opts = ("synth_from", "repetition", "reliability", "tokens", "seq_len", "alpha", "heldout_tokens")
+    text_opts = ("tokenizer", "vocab_size", "heldout_fraction", "text_field", "max_documents",
+                 "chunk_chars", "no_shuffle")
+    passed = {k for k in synth_opts + text_opts
+              if ctx.get_parameter_source(k) not in (click.core.ParameterSource.DEFAULT, None)}
+    flag = {k: "--" + ("from" if k == "synth_from" else k.replace("_", "-")) for k in synth_opts + text_opts}
+    if source == "synth-bigram":
+        wrong = [flag[k] for k in text_opts if k in passed]
+        if wrong:
+            raise InductionLabError(f"{', '.join(wrong)}: not used by synth-bigram (it keeps the --from "
+                                    "corpus's tokenizer); drop them")
+        missing = [flag[k] for k in ("synth_from", "repetition", "reliability", "tokens") if k not in passed]
+        if missing:
+            raise InductionLabError(f"synth-bigram needs {', '.join(missing)}; e.g. --from data/demo-512 "
+                                    "--repetition 0.9 --reliability 0.9 --tokens 12000000")
+        from ..data.synth_bigram import prepare_synth_bigram
+        shards = prepare_synth_bigram(synth_from, out, repetition=repetition, reliability=reliability,
+                                      tokens=tokens, seq_len=seq_len, alpha=alpha,
+                                      heldout_tokens=heldout_tokens, seed=seed, overwrite=overwrite)
+        _print_info(shards)
+        return
+    wrong = [flag[k] for k in synth_opts if k in passed]
+    if wrong:
+        raise InductionLabError(f"{', '.join(wrong)}: only for SOURCE synth-bigram; drop them or pass "
+                                "synth-bigram as SOURCE")
+    if no_shuffle and given("seed"):
+        raise InductionLabError("--seed orders the shuffled documents; with --no-shuffle it has no effect: drop one "
+                                "of them")
+    if tokenizer != "bpe" and given("vocab_size"):
+        raise InductionLabError(f"--vocab-size sizes the BPE trained by --tokenizer bpe; --tokenizer {tokenizer} brings "
+                                "its own vocabulary: drop --vocab-size (or use --tokenizer bpe)")
+    shards = prepare_corpus(source, out, tokenizer=tokenizer, vocab_size=vocab_size,
+                            heldout_fraction=heldout_fraction, seed=seed, text_field=text_field,
+                            max_documents=max_documents, chunk_chars=chunk_chars,
+                            shuffle=not no_shuffle, overwrite=overwrite)
+    _print_info(shards)
+
+
+@corpus.command("info")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--verify", is_flag=True, help="Also check the token files' sha256.")
+def corpus_info(path, verify) -> None:
+    """Summarise a prepared corpus directory."""
+    from ..data.shards import TokenShards, prepare_corpus   # lazy: tokenizers, numpy
+
+    shards = TokenShards.open(path)
+    if verify:
+        shards.verify()
+    _print_info(shards)
+    if verify:
+        click.echo("sha256: ok")
+
+
+def _print_info(s: "TokenShards") -> None:
+    m = s.manifest
+    t = m["tokenizer"]
+    src = m.get("source", {}).get("spec", "?") if isinstance(m.get("source"), dict) else "?"
+    size = f"{m['characters']:,} characters" if "characters" in m else "sampled"
+    click.echo(f"corpus: {s.path}  (source {src}, {m.get('documents', '?')} documents, {size})")
+    g = m.get("generator")
+    if isinstance(g, dict):
+        real = (g.get("realised") or {}).get("train") or {}
+        click.echo(f"generator: {g.get('name')} from {m['source'].get('from')}  repetition {g.get('repetition')} "
+                   f"(realised {real.get('repetition', float('nan')):.4f})  reliability {g.get('reliability')} "
+                   f"(realised {real.get('reliability') if real.get('reliability') is not None else float('nan'):.4f})  "
+                   f"seq-len {g.get('seq_len')}  seed {g.get('seed')}")
+    click.echo(f"tokenizer: {t.get('spec', '?')} vocab {s.vocab_size}  eos {s.eos_id} "
+               f"bos {s.bos_id} sep {s.sep_id} ({t.get('sep_token')!r})  dtype {m['dtype']}")
+    frac = m.get("heldout_fraction")
+    click.echo(f"held-out fraction: {frac if frac is None else format(frac, '.4g')} "
+               f"({m.get('heldout_fraction_requested')})")
+    for split, c in m["splits"].items():
+        click.echo(f"  {split:8s} {c.get('documents', 0):>8,} documents {c['tokens']:>12,} tokens")
+
+
+def _cur_help(name: str) -> str:
+    return next(f.metadata["help"] for f in dataclasses.fields(CurriculumConfig) if f.name == name)
+
+
+def curriculum_options(f):
+    """The Bi-Induct options, spelled the same in ``train`` and ``curriculum preview``; help from
+    :class:`CurriculumConfig`'s field metadata. Unset options are None (the command's default
+    or its config file applies); :func:`curriculum_overrides` turns them into config keys."""
+    opts = [
+        click.option("--curriculum", "--variant", "cur_variant", type=click.Choice(VARIANTS), default=None,
+                     help=_cur_help("variant") + " [default: none; preview: balanced]"),
+        click.option("--span-length", "cur_span_length", type=INT, default=None,
+                     help=_cur_help("span_length") + " [default: 20]"),
+        click.option("--span-range", "cur_span_length_range", default=None, metavar="LO,HI",
+                     help=_cur_help("span_length_range")),
+        click.option("--m0", "cur_m0", type=FLOAT, default=None, help=_cur_help("m0") + " [default: 0.5]"),
+        click.option("--anneal-tokens", "cur_anneal_tokens", type=INT, default=None, help=_cur_help("anneal_tokens")),
+        click.option("--span-source", "cur_span_source", type=click.Choice(SPAN_SOURCES), default=None,
+                     help=_cur_help("span_source") + " [default: natural]"),
+        click.option("--sep-id", "cur_sep_id", type=INT, default=None, help=_cur_help("sep_id")),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def curriculum_overrides(kwargs: dict) -> dict:
+    """Pop the ``cur_*`` options from a command's kwargs: ``{CurriculumConfig field: value}`` of
+    those given (``--span-range`` parsed to a (lo, hi) tuple)."""
+    refuse_conflicts(("--span-length", "--span-range", kwargs.get("cur_span_length") is not None
+                      and kwargs.get("cur_span_length_range") is not None))
+    out = {}
+    for k in [k for k in kwargs if k.startswith("cur_")]:
+        v = kwargs.pop(k)
+        if v is not None:
+            out[k[4:]] = _parse_range(v) if k == "cur_span_length_range" else v
+    return out
+
+
+@click.group()
+def curriculum() -> None:
+    """The Bi-Induct curriculum (SPEC §6)."""
+
+
+def _render_row(batch: Batch, row: int, decode, color: bool) -> str:
+    """Decoded window with snippets marked ⟦S ⟨SEP⟩ copy⟧ (newlines inside snippets as ↵)."""
+    ids = batch.input_ids[row].tolist()
+    out, col = [], 0
+    for r, start, L, direction in sorted(x for x in batch.snippets if x[0] == row):
+        out.append(decode(ids[col:start]))
+        s = decode(ids[start:start + L]).replace("\n", "↵")
+        copy = decode(ids[start + L + 1:start + 2 * L + 1]).replace("\n", "↵")
+        arrow = "→" if direction == "forward" else "←"
+        out.append(click.style(f"⟦{arrow} ", fg="yellow", bold=True) if color else f"⟦{arrow} ")
+        out.append(click.style(s, fg="cyan") if color else s)
+        out.append(click.style(" ⟨SEP⟩ ", fg="yellow") if color else " ⟨SEP⟩ ")
+        out.append(click.style(copy, fg="green" if direction == "forward" else "magenta")
+                   if color else copy)
+        out.append(click.style("⟧", fg="yellow", bold=True) if color else "⟧")
+        col = start + 2 * L + 1
+    out.append(decode(ids[col:]))
+    return "".join(out)
+
+
+def plot_synthetic_fraction(stream: BiInductStream, path: Path) -> None:
+    """PNG: realised snippet-token fraction per batch against the schedule m(t)."""
+    from ..studies.plots import curriculum_fraction
+    tt = np.linspace(0, stream.total_tokens, 400)
+    L = stream.lo if stream.lo == stream.hi else (stream.lo, stream.hi)
+    curriculum_fraction(stream.realised_fractions(), stream.tokens_per_batch, tt,
+                        np.array([stream.expected_fraction(t) for t in tt]), path,
+                        f"Bi-Induct {stream.cfg.variant}: m0={stream.cfg.m0}, T_a={stream.anneal_tokens:,}, L={L}",
+                        stream.cfg.m0)
+
+
+def _parse_range(value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    try:
+        lo, hi = (int(x) for x in value.split(","))
+    except ValueError:
+        raise InductionLabError(f"--span-range {value!r} is not LO,HI (e.g. 10,30)") from None
+    return lo, hi
+
+
+@curriculum.command("preview")
+@click.argument("corpus_dir", type=click.Path(path_type=Path))
+@curriculum_options
+@click.option("--seed", type=INT, default=0, show_default=True, help="Seed of snippet placement.")
+@click.option("--batch-size", type=INT, default=8, show_default=True)
+@click.option("--seq-len", type=INT, default=128, show_default=True)
+@click.option("--total-tokens", type=INT, default=1_000_000, show_default=True)
+@click.option("--step", type=INT, default=0, show_default=True, help="Batch to show.")
+@click.option("--windows", type=INT, default=2, show_default=True, help="Rows of that batch to print.")
+@click.option("--plot", type=click.Path(path_type=Path), default=None,
+              help="Write a PNG of realised synthetic fraction vs the schedule.")
+@click.option("--color/--no-color", default=None, help="Colour snippets [default: if a terminal].")
+def curriculum_preview(corpus_dir, seed, batch_size, seq_len, total_tokens, step, windows, plot, color,
+                       **cur) -> None:
+    """Print decoded training windows with Bi-Induct snippets marked ⟦→ S ⟨SEP⟩ copy⟧
+    (→ induction copy, ← reversed copy) and optionally plot the realised synthetic fraction."""
+    cfg = CurriculumConfig(**{"variant": "balanced", **curriculum_overrides(cur)}, seed=seed)
+    cfg.validate()
+    for name, v, lo in (("--batch-size", batch_size, 1), ("--seq-len", seq_len, 2), ("--total-tokens", total_tokens, 1),
+                        ("--step", step, 0), ("--windows", windows, 0), ("--seed", seed, 0)):
+        if v < lo:
+            raise InductionLabError(f"{name} must be >= {lo}, got {v}")
+    if plot is not None:
+        check_output_file(plot, "--plot", inputs=[corpus_dir])
+    from ..data.shards import TokenShards, prepare_corpus   # lazy: tokenizers, numpy
+
+    shards = TokenShards.open(corpus_dir)
+    stream = BiInductStream.from_shards(shards, cfg, batch_size=batch_size, seq_len=seq_len,
+                                        total_tokens=total_tokens)
+    if step >= stream.num_batches:
+        raise InductionLabError(f"--step {step} is past the last batch ({stream.num_batches - 1}) of "
+                                f"--total-tokens {total_tokens}; pass a smaller --step")
+    b = stream.batch(step)
+    tok = shards.tokenizer()
+
+    def decode(ids):
+        return tok.decode(ids, skip_special_tokens=False)
+
+    if color is None:
+        color = sys.stdout.isatty()
+    fr = stream.realised_fractions()
+    variant = cfg.variant
+    click.echo(f"variant {variant}: {stream.num_batches} batches of {batch_size}x{seq_len}, "
+               f"{stream.total_tokens:,} tokens ({stream.epochs:.3f} epochs of natural text); "
+               f"step {step}: synthetic {b.synthetic_fraction:.3f}, m(t) "
+               f"{stream.expected_fraction(b.tokens_before):.3f}; whole run: realised "
+               f"{fr.mean():.4f} vs schedule mean "
+               f"{np.mean([stream.expected_fraction(t) for t in np.arange(stream.total_tokens, step=max(1, stream.total_tokens // 10000))]):.4f}")
+    for row in range(min(windows, batch_size)):
+        n = sum(1 for x in b.snippets if x[0] == row)
+        click.echo(click.style(f"--- window {row} ({n} snippets) ---", bold=True) if color
+                   else f"--- window {row} ({n} snippets) ---")
+        click.echo(_render_row(b, row, decode, color), color=color)
+    if plot is not None:
+        plot_synthetic_fraction(stream, plot)
+        click.echo(f"plot: {plot}")
+
+
+COMMANDS = [corpus, curriculum]   # registered on `inductionlab` by cli.py

@@ -1,0 +1,16 @@
+"""Core: the model and what we do to its heads.
+
+* ``models`` — :func:`~inductionlab.core.models.load_model` (embedded packages, GGUF, checkpoints) and
+  :class:`~inductionlab.core.models.LoadedModel` with its identity.
+* ``instrument`` — the one place that hooks attention: per-head probabilities and outputs, the
+  ablation methods table (zero / mean / sink / knockout), :func:`~inductionlab.core.instrument.ablate`.
+* ``ablation`` — head selection: :class:`~inductionlab.core.ablation.Condition`, top-k, per-layer top-p,
+  matched random heads.
+* ``scores`` — head scores (induction, anti-induction, previous-token, duplicate-token, sink).
+* ``reuse`` — the residual-stream cache shared across ablation conditions.
+* ``stimuli`` — word pools, seeds and random token sequences.
+
+Imports ``runtime``, ``data`` and the face. A new head score is a function and a ``SCORES`` entry in
+``scores``; a new ablation method a function and an ``ABLATION_METHODS`` entry in ``instrument``
+(its name in :data:`inductionlab.names.ABLATION_METHOD_NEEDS`).
+"""

