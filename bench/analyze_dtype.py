@@ -15,10 +15,10 @@ import time
 import numpy as np
 import torch
 
-from inductionlab.ablation import Condition, top_k_heads
-from inductionlab.lag_probe import LagProbeConfig, run_lag_probe
-from inductionlab.models import load_model
-from inductionlab.scores import compute_head_scores
+from inductionlab.core.ablation import Condition, top_k_heads
+from inductionlab.protocols.lag_probe import LagProbeConfig, run_lag_probe
+from inductionlab.core.models import load_model
+from inductionlab.core.scores import compute_head_scores
 
 
 def main() -> None:

@@ -16,9 +16,16 @@ OMP_NUM_THREADS=1, mean ablation so the reference batch and batching are exercis
         --load-bearing-top 2 --load-bearing-permutations 4 --batch-size 3 --no-progress --threads 1 --method mean
 
 Every leaf of results.json is compared exactly (tolerance 0; NaN equals NaN), and every CSV file
-(analyze: top level; study: tables/) byte for byte. Prints each difference as a JSON path and
-exits 1 if any value differs. Keys ignored by default: timings, versions (they are meant to
-differ), params (their layout is compared by eye: see the report of issue 8).
+(analyze: top level; study: tables/; bi-induct: runs/*/ too) cell for cell. Prints each difference
+as a JSON path and exits 1 if any value differs. Ignored by default, because they are meant to
+differ: the keys timings, versions and params of results.json (params' layout is compared by eye:
+see the report of issue 8), CSV columns and results.json keys of measured seconds (``s`` one of the name's ``_`` words:
+``step_time_s``, ``tokens_per_s``, ``train_wall_s_this_call``; ``--seconds`` compares them too), and where the two runs lie: a string that names a path under
+either run's parent directory is compared relative to it (``evaluate RUN_DIR`` records its model's path).
+
+Issue 16's before/after runs (every job above plus `evaluate` with zero and mean ablation of a tiny
+trained checkpoint, a fixed-seed `train`, `study bi-induct --preset tiny`) are the jobs of one script
+run once per code version, each into its own OUT; then this script per job directory.
 """
 
 from __future__ import annotations
@@ -30,19 +37,51 @@ import sys
 from pathlib import Path
 
 
-def diff(a, b, path="") -> list[str]:
+def seconds(name) -> bool:
+    """A name of a measured time: ``s`` is one of its ``_``-separated words after the first
+    (``step_time_s``, ``tokens_per_s``, ``train_wall_s_this_call``, ``train_time_s_total``)."""
+    return "s" in str(name).split("_")[1:]
+
+
+def diff(a, b, path="", skip_seconds: bool = True) -> list[str]:
+    """Every leaf that differs, as a JSON path; keys of seconds (:func:`seconds`) skipped unless asked."""
     if isinstance(a, dict) and isinstance(b, dict):
         out = [f"{path}/{k}: only in {'before' if k in a else 'after'}" for k in sorted(set(a) ^ set(b))]
         for k in a.keys() & b.keys():
-            out += diff(a[k], b[k], f"{path}/{k}")
+            if not (skip_seconds and seconds(k)):
+                out += diff(a[k], b[k], f"{path}/{k}", skip_seconds)
         return out
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             return [f"{path}: length {len(a)} != {len(b)}"]
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in diff(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in diff(x, y, f"{path}[{i}]", skip_seconds)]
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return []
     return [] if a == b and type(a) is type(b) else [f"{path}: {a!r} != {b!r}"]
+
+
+def relative_paths(obj, root: str):
+    """``obj`` with ``root`` (a directory, as a string) cut from the front of every string that starts with it."""
+    if isinstance(obj, dict):
+        return {k: relative_paths(v, root) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [relative_paths(v, root) for v in obj]
+    if isinstance(obj, str) and obj.startswith(root):
+        return "<runs>" + obj[len(root):]
+    return obj
+
+
+def csv_differences(a: Path, b: Path, skip_seconds: bool = True) -> list[str]:
+    """Columns that differ between two CSV files (columns of seconds skipped unless asked)."""
+    if a.read_bytes() == b.read_bytes():
+        return []
+    import pandas as pd
+
+    x, y = pd.read_csv(a), pd.read_csv(b)
+    if list(x.columns) != list(y.columns) or len(x) != len(y):
+        return ["columns or rows differ"]
+    keep = [c for c in x.columns if not (skip_seconds and seconds(c))]
+    return [f"column {c}" for c in keep if not x[c].equals(y[c])]
 
 
 def main() -> int:
@@ -51,24 +90,27 @@ def main() -> int:
     ap.add_argument("after", type=Path)
     ap.add_argument("--ignore", nargs="*", default=["timings", "versions", "params"],
                     help="top-level keys of results.json to skip")
+    ap.add_argument("--seconds", action="store_true",
+                    help="also compare measured times (CSV columns and results.json keys such as step_time_s)")
     args = ap.parse_args()
-    a = json.loads((args.before / "results.json").read_text())
-    b = json.loads((args.after / "results.json").read_text())
+    a = relative_paths(json.loads((args.before / "results.json").read_text()), str(args.before.resolve().parent))
+    b = relative_paths(json.loads((args.after / "results.json").read_text()), str(args.after.resolve().parent))
     for k in args.ignore:
         a.pop(k, None), b.pop(k, None)
-    problems = diff(a, b)
+    problems = diff(a, b, skip_seconds=not args.seconds)
     csvs = sorted(p.relative_to(args.before) for p in args.before.rglob("*.csv") if "checkpoints" not in p.parts)
     for rel in csvs:
         other = args.after / rel
         if not other.exists():
             problems.append(f"{rel}: missing after")
-        elif other.read_bytes() != (args.before / rel).read_bytes():
-            problems.append(f"{rel}: differs")
+        else:
+            problems += [f"{rel}: {d}" for d in csv_differences(args.before / rel, other, not args.seconds)]
     n_leaves = len(json.dumps(a))
     for p in problems:
         print(p)
     print(f"{'DIFFERENT' if problems else 'IDENTICAL'}: results.json ({n_leaves} characters compared, "
-          f"ignoring {', '.join(args.ignore)}) and {len(csvs)} CSV files")
+          f"ignoring {', '.join(args.ignore)}) and {len(csvs)} CSV files"
+          + ("" if args.seconds else " (measured seconds skipped)"))
     return 1 if problems else 0
 
 

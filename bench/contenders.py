@@ -90,7 +90,7 @@ def timed(run, inner: int):
 def _load(dtype="float32", attn="sdpa"):
     import torch
 
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
     lm = load_model("smollm2-135m", dtype=dtype)
     if attn != "sdpa":
         lm.model.set_attn_implementation(attn)
@@ -100,7 +100,7 @@ def _load(dtype="float32", attn="sdpa"):
 def _score_ids(lm, B, n):
     import torch
 
-    from inductionlab.stimuli import ordinary_token_ids, random_sequences
+    from inductionlab.core.stimuli import ordinary_token_ids, random_sequences
     pool = ordinary_token_ids(lm.model.config.vocab_size, tokenizer=lm.tokenizer)
     S = random_sequences(pool, B, n, 0)
     return S, torch.cat([torch.full((B, 1), lm.tokenizer.bos_token_id), S, S], 1)
@@ -133,8 +133,8 @@ def worker(name: str, B: int, n: int, inner: int, dtype: str) -> dict:
                 model(input_ids=ids, logits_to_keep=1)
                 return None
             if name == "reduction":
-                from inductionlab.instrument import instrument
-                from inductionlab.scores import induction_targets
+                from inductionlab.core.instrument import instrument
+                from inductionlab.core.scores import induction_targets
                 with instrument(model, reductions={"induction": induction_targets(n, True)}) as inst:
                     model(input_ids=ids, logits_to_keep=1)
                 t = induction_targets(n, True)
@@ -142,7 +142,7 @@ def worker(name: str, B: int, n: int, inner: int, dtype: str) -> dict:
             if name == "eager":
                 o = model(input_ids=ids, logits_to_keep=1, output_attentions=True)
                 return _induction_from_attn(o.attentions, n)
-            from inductionlab.scores import compute_head_scores
+            from inductionlab.core.scores import compute_head_scores
             # scores_induction: the score alone (the job the other contenders do);
             # scores_induction_loss: + the induction loss (LM head on every position);
             # scores_all: the public default, five scores (two sequence sets: two forwards) + the loss
@@ -183,8 +183,8 @@ def lag_worker(name: str, lm, inner: int) -> dict:
     """name: lag_{bare|intact|ablated}_{float32|bfloat16}."""
     import torch
 
-    from inductionlab.instrument import ablate
-    from inductionlab.lag_probe import LagProbeConfig, build_trials, measure_batch
+    from inductionlab.core.instrument import ablate
+    from inductionlab.protocols.lag_probe import LagProbeConfig, build_trials, measure_batch
     _, kind, _ = name.split("_", 2)
     cfg = LagProbeConfig(n_permutations=8)
     trials = build_trials(lm, cfg).tensors
@@ -319,7 +319,7 @@ def prepare_tl(args, sizes) -> str | None:
         lm.tokenizer.save_pretrained(d)
     from transformers import AutoConfig, AutoTokenizer
 
-    from inductionlab.stimuli import ordinary_token_ids, random_sequences
+    from inductionlab.core.stimuli import ordinary_token_ids, random_sequences
     ids = {}
     tok = AutoTokenizer.from_pretrained(d)
     V = AutoConfig.from_pretrained(d).vocab_size

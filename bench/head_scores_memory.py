@@ -65,9 +65,9 @@ def main() -> None:
 
     import transformers
 
-    from inductionlab.models import load_model
-    from inductionlab.scores import compute_head_scores
-    from inductionlab.stimuli import ordinary_token_ids, random_sequences
+    from inductionlab.core.models import load_model
+    from inductionlab.core.scores import compute_head_scores
+    from inductionlab.core.stimuli import ordinary_token_ids, random_sequences
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")

@@ -7,9 +7,9 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
-from inductionlab.function_probes import run_probes, summarize_hits  # noqa: E402
-from inductionlab.icl_tasks import build_tasks, make_all_prompts  # noqa: E402
-from inductionlab.models import load_model  # noqa: E402
+from inductionlab.protocols.function_probes import run_probes, summarize_hits  # noqa: E402
+from inductionlab.protocols.icl_tasks import build_tasks, make_all_prompts  # noqa: E402
+from inductionlab.core.models import load_model  # noqa: E402
 
 torch.set_num_threads(1)
 spec = sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m"

@@ -37,7 +37,7 @@ import torch
 
 
 def contrast_z(x: np.ndarray) -> dict:
-    from inductionlab.stats import mean_ci
+    from inductionlab.measures.stats import mean_ci
 
     m, half = mean_ci(np.asarray(x, np.float64))
     m, half = float(m), float(half)
@@ -46,9 +46,9 @@ def contrast_z(x: np.ndarray) -> dict:
 
 def _setup(args):
     torch.set_num_threads(1)
-    from inductionlab.ablation import ablation_conditions, default_exclude_top_n
-    from inductionlab.models import load_model
-    from inductionlab.scores import compute_head_scores
+    from inductionlab.core.ablation import ablation_conditions, default_exclude_top_n
+    from inductionlab.core.models import load_model
+    from inductionlab.core.scores import compute_head_scores
 
     lm = load_model("smollm2-135m", dtype="float32")
     hs = compute_head_scores(lm, names=("induction",), induction_loss=False)
@@ -60,10 +60,10 @@ def _setup(args):
 
 def _peak_child(args) -> None:
     """One memory measurement in this (fresh) process: prints the extra peak RSS in bytes."""
-    from inductionlab.instrument import ablate
-    from inductionlab.lag_probe import LagProbeConfig, build_trials, measure_batch, packed_cue_batch
+    from inductionlab.core.instrument import ablate
+    from inductionlab.protocols.lag_probe import LagProbeConfig, build_trials, measure_batch, packed_cue_batch
 
-    from inductionlab.models import load_model
+    from inductionlab.core.models import load_model
 
     torch.set_num_threads(1)
     lm = load_model("smollm2-135m", dtype="float32")
@@ -136,9 +136,9 @@ def main() -> None:
         return _peak_child(args)
     import transformers
 
-    from inductionlab.dtype_choice import cpu_flags
-    from inductionlab.lag_probe import LagProbeConfig, run_lag_probe
-    from inductionlab.runs import versions
+    from inductionlab.runtime.dtype_choice import cpu_flags
+    from inductionlab.protocols.lag_probe import LagProbeConfig, run_lag_probe
+    from inductionlab.runtime.runs import versions
 
     lm, conds = _setup(args)
     ind = next(c.name for c in conds if c.kind == "induction")

@@ -31,11 +31,11 @@ def main() -> None:
     torch.set_num_threads(1)
     import transformers
 
-    from inductionlab.ablation import ablation_conditions, default_exclude_top_n
-    from inductionlab.lag_probe import LagProbeConfig, run_lag_probe
-    from inductionlab.models import load_model
-    from inductionlab.scores import compute_head_scores
-    from inductionlab.stats import mean_ci
+    from inductionlab.core.ablation import ablation_conditions, default_exclude_top_n
+    from inductionlab.protocols.lag_probe import LagProbeConfig, run_lag_probe
+    from inductionlab.core.models import load_model
+    from inductionlab.core.scores import compute_head_scores
+    from inductionlab.measures.stats import mean_ci
 
     lm = load_model("smollm2-135m", dtype="float32")
     hs = compute_head_scores(lm, names=("induction",), induction_loss=False)

@@ -13,13 +13,13 @@ import torch  # noqa: E402
 
 from functools import partial  # noqa: E402
 
-from inductionlab import function_probes, icl_score  # noqa: E402
-from inductionlab.ablation import Condition, matched_random_heads, per_layer_top_p  # noqa: E402
-from inductionlab.protocol import Trials, run_conditions  # noqa: E402
-from inductionlab.icl_tasks import build_tasks, make_all_prompts  # noqa: E402
-from inductionlab.load_bearing_eval import relative_change, relative_contrast, score_concentration  # noqa: E402
-from inductionlab.models import load_model  # noqa: E402
-from inductionlab.scores import compute_head_scores  # noqa: E402
+from inductionlab.protocols import function_probes, icl_score  # noqa: E402
+from inductionlab.core.ablation import Condition, matched_random_heads, per_layer_top_p  # noqa: E402
+from inductionlab.protocols.runner import Trials, run_conditions  # noqa: E402
+from inductionlab.protocols.icl_tasks import build_tasks, make_all_prompts  # noqa: E402
+from inductionlab.measures.load_bearing_eval import relative_change, relative_contrast, score_concentration  # noqa: E402
+from inductionlab.core.models import load_model  # noqa: E402
+from inductionlab.core.scores import compute_head_scores  # noqa: E402
 
 torch.set_num_threads(1)
 spec = sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m"

@@ -96,7 +96,7 @@ SETTINGS: dict[str, tuple[str, dict]] = {
 
 def run_config(name: str, s: dict, seed: int = 0):
     """The one place a setting becomes a trainer config (adapt here when TrainConfig changes)."""
-    from inductionlab.curriculum import CurriculumConfig
+    from inductionlab.data.curriculum import CurriculumConfig
     from inductionlab.train.config import TrainConfig
 
     lo, hi = s["span"]
@@ -122,7 +122,7 @@ def copy_losses(run_dir: Path, vocab_size: int, special_ids, seed: int = 0) -> l
     the trained copy distances) and at |S| = 50 (SPEC §3 default; beyond the longest span trained)."""
     from transformers import LlamaForCausalLM
 
-    from inductionlab.scores import compute_head_scores
+    from inductionlab.core.scores import compute_head_scores
 
     out = []
     for d in sorted((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1])):
@@ -153,7 +153,7 @@ def snippet_losses(run_dir: Path, sep_id: int, vocab_size: int, special_ids, len
     after its earlier occurrence, per span length L (40 lies beyond the trained 8-24)."""
     from transformers import LlamaForCausalLM
 
-    from inductionlab.stimuli import ordinary_token_ids, random_sequences
+    from inductionlab.core.stimuli import ordinary_token_ids, random_sequences
 
     d = max((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     model = LlamaForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
@@ -218,7 +218,7 @@ def calibration_replica(steps: int = 200, vocab: int = 64, seed: int = 0) -> dic
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from inductionlab.scores import compute_head_scores
+    from inductionlab.core.scores import compute_head_scores
 
     torch.manual_seed(seed)
     bos = 0
@@ -274,7 +274,7 @@ def recurve(name: str) -> None:
         cfg = run_config(name, s)
         steps = [json.loads(line) for line in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()]
         last = max(int(d.name.split("_")[1]) for d in (Path(cfg.out) / "checkpoints").glob("step_*"))
-        from inductionlab.runs import versions
+        from inductionlab.runtime.runs import versions
         rec = {"name": name, "description": desc + f" [stopped at update {last} of {cfg.steps}]",
                "setting": {**s, "span": list(s["span"])}, "config": cfg.to_dict(), "steps": last,
                "tokens": last * cfg.tokens_per_update, "partial": True,
@@ -330,7 +330,7 @@ def main() -> None:
     if a.calibration and (a.force or not cal_path.is_file()):
         cal_path.parent.mkdir(parents=True, exist_ok=True)
         cal_path.write_text(json.dumps(calibration_replica(), indent=1))
-    from inductionlab.runs import versions
+    from inductionlab.runtime.runs import versions
     recs = [json.loads((RESULTS / "positive_control" / f"{n}.json").read_text()) for n in SETTINGS
             if (RESULTS / "positive_control" / f"{n}.json").is_file()]
     agg = {"kind": "positive_control", "threshold": THRESHOLD, "threads": a.threads,

@@ -26,18 +26,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inductionlab import lag_probe
-from inductionlab.ablation import ablation_conditions, default_exclude_top_n
-from inductionlab.analyze import AnalyzeConfig
-from inductionlab.models import load_model
-from inductionlab.protocol import residual_cache, run_conditions
-from inductionlab.reuse import first_ablated_layer
-from inductionlab.runs import versions
-from inductionlab.scores import compute_head_scores
+from inductionlab.protocols import lag_probe
+from inductionlab.core.ablation import ablation_conditions, default_exclude_top_n
+from inductionlab.studies.analyze import AnalyzeConfig
+from inductionlab.core.models import load_model
+from inductionlab.protocols.runner import residual_cache, run_conditions
+from inductionlab.core.reuse import first_ablated_layer
+from inductionlab.runtime.runs import versions
+from inductionlab.core.scores import compute_head_scores
 
 
 def estimate(conditions, n_layers: int) -> tuple[list[dict], float]:
-    """Per condition: first ablated layer and layers skipped, as :class:`~inductionlab.reuse.ResidualCache`
+    """Per condition: first ablated layer and layers skipped, as :class:`~inductionlab.core.reuse.ResidualCache`
     does it: served from the deepest level recorded by an earlier ablated condition; each ablated
     pass records the wanted levels (all conditions' first ablated layers) up to its own."""
     levels = {first_ablated_layer(c.heads, n_layers) for c in conditions if c.heads} - {0}

@@ -39,8 +39,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM
 
-from inductionlab.dtype_choice import cpu_flags
-from inductionlab.runs import versions
+from inductionlab.runtime.dtype_choice import cpu_flags
+from inductionlab.runtime.runs import versions
 from inductionlab.train import TrainConfig, open_data, train
 from inductionlab.train import trainer as trainer_mod
 from inductionlab.train.config import model_config

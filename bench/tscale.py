@@ -32,10 +32,10 @@ def main() -> None:
     import torch
     import transformers
     torch.set_num_threads(1)
-    from inductionlab.instrument import instrument
-    from inductionlab.models import load_model
-    from inductionlab.scores import compute_head_scores, induction_targets
-    from inductionlab.stimuli import ordinary_token_ids, random_sequences
+    from inductionlab.core.instrument import instrument
+    from inductionlab.core.models import load_model
+    from inductionlab.core.scores import compute_head_scores, induction_targets
+    from inductionlab.core.stimuli import ordinary_token_ids, random_sequences
     lm = load_model("smollm2-135m", dtype="float32")
     model = lm.model
     pool = ordinary_token_ids(model.config.vocab_size, tokenizer=lm.tokenizer)
