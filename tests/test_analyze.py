@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import make_tiny
-from inductionlab.studies.analyze.study import AnalyzeConfig, analyze
+from inductionlab.studies.analyze import AnalyzeConfig, analyze
 from inductionlab.errors import InductionLabError
 from inductionlab.protocols.lag_probe import LagProbeConfig
 from inductionlab.core.models import LoadedModel, attention_shape

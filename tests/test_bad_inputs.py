@@ -25,10 +25,10 @@ import torch
 from click.testing import CliRunner
 
 from _tiny import tiny_llama_dir
-from inductionlab.studies.analyze.study import AnalyzeConfig
+from inductionlab.studies.analyze import AnalyzeConfig
 from inductionlab.cli import main
 from inductionlab.errors import InductionLabError
-from inductionlab.studies.temporal.study import TemporalStudyConfig
+from inductionlab.studies.temporal import TemporalStudyConfig
 from test_train_helpers import make_corpus, run_cli, tiny_flags
 
 READ_ONLY = "/proc/inductionlab-test/out"     # /proc refuses new entries, even to root
@@ -364,7 +364,7 @@ def test_run_dir_without_finished_piece_is_taken_over(tmp_path, model_dir):
 # -- API misuse with silent wrong results: the record says what ran -------------------------------------
 
 def test_analyze_records_the_dtype_that_ran(tmp_path, model_dir):
-    from inductionlab.studies.analyze.study import analyze
+    from inductionlab.studies.analyze import analyze
     from inductionlab.protocols.lag_probe import LagProbeConfig
     from inductionlab.core.models import load_model
 

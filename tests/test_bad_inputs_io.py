@@ -160,7 +160,7 @@ def test_telemetry_never_writes_over_the_run_it_reads(tmp_path, sub):
 
 
 def test_api_refuses_an_output_holding_an_input(tmp_path, model_dir, corpus):
-    from inductionlab.studies.analyze.study import AnalyzeConfig, analyze
+    from inductionlab.studies.analyze import AnalyzeConfig, analyze
     from inductionlab.protocols.lag_probe import LagProbeConfig
     from inductionlab.core.models import load_model
     from inductionlab.studies.bi_induct.study import BiInductStudyConfig, run_bi_induct_study
@@ -212,7 +212,7 @@ def test_resume_with_another_dtype_refused(tmp_path, model_dir, bpe_models, comm
 def test_api_resume_with_another_model_refused(tmp_path, model_dir, other_model_dir):
     import torch
 
-    from inductionlab.studies.analyze.study import AnalyzeConfig, analyze
+    from inductionlab.studies.analyze import AnalyzeConfig, analyze
     from inductionlab.protocols.lag_probe import LagProbeConfig
     from inductionlab.core.models import load_model
 
@@ -380,7 +380,7 @@ def test_os_error_names_path_cause_and_fix():
 
 
 def test_api_unreachable_output_is_a_clear_error(tmp_path, model_dir):
-    from inductionlab.studies.analyze.study import AnalyzeConfig, analyze
+    from inductionlab.studies.analyze import AnalyzeConfig, analyze
     from inductionlab.protocols.lag_probe import LagProbeConfig
     from inductionlab.core.models import load_model
 

@@ -250,7 +250,7 @@ def test_study_temporal_resume_in_another_dtype_is_refused(cpu, tiny_dir, tmp_pa
     from inductionlab.protocols.lag_probe import LagProbeConfig
     from inductionlab.core.models import load_model
     from inductionlab.protocols.serial_recall import SerialRecallConfig
-    from inductionlab.studies.temporal.study import TemporalStudyConfig, run_temporal_study
+    from inductionlab.studies.temporal import TemporalStudyConfig, run_temporal_study
 
     cfg = TemporalStudyConfig(lag=LagProbeConfig(n_permutations=2, list_length=20, cue_position=10),
                               recall=SerialRecallConfig(n_trials=2, list_length=4, n_shots=1), ks=[1], n_draws=1,

@@ -234,7 +234,7 @@ def test_two_processes_equal_one_bit_for_bit(tmp_path):
 def test_analyze_all_cues_keeps_the_seed_headline_and_stores_the_cues(word_tokenizer, tmp_path):
     """``analyze`` with every cue (its default cues every 10th position: all:10) gives the seed run's headline within 1e-5, and
     writes the per-cue arrays to lag_trials.npz and results.json's record."""
-    from inductionlab.studies.analyze.study import AnalyzeConfig, analyze
+    from inductionlab.studies.analyze import AnalyzeConfig, analyze
 
     model = make_tiny("llama", ctx=64)
     lm = LoadedModel(model, word_tokenizer, {"name": "tiny", "dtype": "float32", **attention_shape(model.config)})

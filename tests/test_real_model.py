@@ -28,7 +28,7 @@ def test_identity_and_self_check(smol):
 
 
 def test_top_induction_head_and_main_job(smol, tmp_path):
-    from inductionlab.studies.analyze.study import AnalyzeConfig, analyze
+    from inductionlab.studies.analyze import AnalyzeConfig, analyze
     from inductionlab.protocols.lag_probe import LagProbeConfig
 
     cfg = AnalyzeConfig(ks=(5,), n_draws=1, lag=LagProbeConfig(n_permutations=2, batch_size=2))

@@ -280,9 +280,10 @@ def _analyze_like(with_cues: bool, n=6, length=30, cue=15):
 
 def test_analyze_outputs_with_cue_arrays(tmp_path):
     from inductionlab.studies import report
+    from inductionlab.studies.analyze import analyze_report, write_analyze_outputs
     seed, full = _analyze_like(False), _analyze_like(True)
-    report.write_analyze_outputs(tmp_path / "seed", seed)
-    report.write_analyze_outputs(tmp_path / "full", full)
+    write_analyze_outputs(tmp_path / "seed", seed)
+    write_analyze_outputs(tmp_path / "full", full)
     for f in report.CUE_FILES:
         assert (tmp_path / "full" / f).stat().st_size > 0 and not (tmp_path / "seed" / f).exists()
     for f in ("lag_headline.csv", "lag_curves.csv", "lag_curves_corrected.csv"):      # the seed numbers: unchanged
@@ -298,9 +299,9 @@ def test_analyze_outputs_with_cue_arrays(tmp_path):
     assert (bs.first_band, bs.middle_band, bs.last_band) == ("1–3", "13–15", "28–30")
     assert bs["first"] == pytest.approx(np.mean([p[:, i - 1, i] for i in (1, 2, 3)]))
     assert bs["last"] == pytest.approx(np.mean([p[:, i - 1, i] for i in (28, 29)]))      # cue 30 has no +1
-    text = report.analyze_report(full)
+    text = analyze_report(full)
     assert "## All-cue lag probe" in text and "serial_position.png" in text and "| random-2 |" in text
-    assert "All-cue" not in report.analyze_report(seed)
+    assert "All-cue" not in analyze_report(seed)
     con = pd.read_csv(tmp_path / "full" / "cue_contrasts.csv").set_index("measure")
     assert con.loc["prob", "random_minus_induction"] == pytest.approx(0.04, abs=2e-3)   # 0.05 − 0.01 injected at +1
     assert con.loc["prob", "ci_low"] > 0

@@ -13,7 +13,7 @@ from inductionlab.core.ablation import Condition, ablation_conditions, top_k_hea
 from inductionlab.errors import InductionLabError
 from inductionlab.protocols.lag_probe import LagProbeConfig, LagProbeResult
 from inductionlab.protocols.serial_recall import SerialRecallConfig, SerialRecallResult
-from inductionlab.studies.temporal.study import TemporalStudyConfig, default_ks, headline_table, run_temporal_study, verdicts
+from inductionlab.studies.temporal import TemporalStudyConfig, default_ks, headline_table, run_temporal_study, verdicts
 
 SMALL = dict(lag=LagProbeConfig(n_permutations=6, list_length=30, cue_position=15),
              recall=SerialRecallConfig(n_trials=4, list_length=6, n_shots=2),

@@ -93,7 +93,7 @@ def analyze(**kw):
     processes (README: Several processes / GPUs)."""
     from pathlib import Path
 
-    from ..studies.analyze.study import AnalyzeConfig, analyze as run
+    from ..studies.analyze import AnalyzeConfig, analyze as run
     from ..runtime.distributed import shutdown
     from ..runtime.runs import default_run_dir
 

@@ -1,6 +1,6 @@
 """``inductionlab study``: multi-protocol studies. ``study temporal`` runs the whole design of the
 temporal-dependencies paper (lag probe + serial recall under every ablation condition, per-head
-load-bearing map, verdicts) on one model; see :mod:`inductionlab.studies.temporal.study`."""
+load-bearing map, verdicts) on one model; see :mod:`inductionlab.studies.temporal`."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def temporal(**kw) -> None:
     per-head load-bearing map, and a report stating each claim of the temporal-dependencies paper.
     An existing study with the same options in --out is resumed."""
     from ..runtime.distributed import shutdown
-    from ..studies.temporal.study import TemporalStudyConfig, run_temporal_study
+    from ..studies.temporal import TemporalStudyConfig, run_temporal_study
 
     out = Path(kw.pop("out") or Path("runs") / f"study-temporal-{Path(kw['model']).stem}-{timestamp()}")
     overwrite, quiet = kw.pop("overwrite"), kw.pop("quiet")

@@ -173,7 +173,7 @@ def ablation_vs_k(head: pd.DataFrame, labels: dict[str, str], path, title: str =
     """One panel per measure: mean vs k for induction vs random ablation, intact as a band; 95% CIs.
 
     ``head``: tidy table with columns ``measure, k`` and ``intact / induction / random`` each with
-    ``_ci_low`` / ``_ci_high`` (:func:`inductionlab.studies.temporal.study.headline_table`).
+    ``_ci_low`` / ``_ci_high`` (:func:`inductionlab.studies.temporal.verdicts.headline_table`).
     ``labels``: measure -> panel title; measures missing from ``head`` are skipped, in ``labels`` order.
     """
     measures = [m for m in labels if m in set(head.measure)]

@@ -1,0 +1,115 @@
+"""The run directory of the main job (``inductionlab analyze``): :func:`analyze_report` (report.md)
+and :func:`write_analyze_outputs` (tables, figures, per-trial arrays).
+
+Imports the shared report pieces (:mod:`inductionlab.studies.report`: model line, CI formatting,
+the word-prior-corrected and all-cue lines and files) and the figures of :mod:`inductionlab.studies.plots`.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import plots
+
+from ...measures import serial_position
+from ...runtime.runs import atomic_write_bytes, atomic_write_text
+from ..report import (CUE_FILES, ENRICH_LABEL, corrected_lines, cue_lines, fmt_ci4, model_line, pooled_headline_rows,
+                      row_ci, write_cue_outputs)
+
+
+def analyze_report(res) -> str:
+    """A short Markdown report of the main job (:func:`inductionlab.studies.analyze.study.analyze`)."""
+    idn, cfg = res.record["model"], res.record["params"]
+    hl = res.lag.headline()
+    intact = hl[hl["condition"] == "intact"].iloc[0]
+    summary = res.lag.summary()
+    cur = summary[(summary["condition"] == "intact") & (summary["lag"] != 0)]
+    peak = int(cur.loc[cur["mean"].idxmax(), "lag"])
+    near = cur[cur["lag"].abs() <= 10]
+    peak_near = int(near.loc[near["mean"].idxmax(), "lag"])
+    chance = intact["list_mass"] / cfg["lag"]["list_length"]
+    lines = [f"# inductionlab analyze — {idn['name']}", "",
+             model_line(idn), "",
+             "## Top induction heads", "", "| rank | layer | head | induction score |", "|---|---|---|---|"]
+    for i, h in enumerate(res.record["top_induction_heads"], 1):
+        lines.append(f"| {i} | {h['layer']} | {h['head']} | {h['score']:.3f} |")
+    il = res.scores.induction_loss
+    lines += ["", f"Induction loss: first copy {il['first_copy']:.2f} nats, second copy {il['second_copy']:.2f} nats.",
+              "", "## Lag probe", "",
+              f"{cfg['lag']['n_permutations']} trials per condition, list of {cfg['lag']['list_length']} words, cue at "
+              f"position {cfg['lag']['cue_position']}, {cfg['lag']['method']} ablation. "
+              "Probabilities are raw next-token probabilities; 95% CIs over trials.", "",
+              "| condition | lag +1 | lag -1 | lag 0 | list mass |", "|---|---|---|---|---|"]
+    for r in pooled_headline_rows(hl):
+        lines.append(f"| {r['condition']} | {row_ci(r, 'lag_plus1', fmt_ci4)} | "
+                     f"{row_ci(r, 'lag_minus1', fmt_ci4)} | "
+                     f"{r['lag0']:.4f} | {r['list_mass']:.3f} |")
+    above = intact["lag_plus1_ci_low"] > chance
+    if peak_near == 1 and above:
+        verdict = "Intact model shows a lag +1 peak"
+    elif peak_near == 1:
+        verdict = ("Intact model: lag +1 is the highest lag within ±10, but its CI includes the even-spread "
+                   "value, so this is **no** clear lag +1 peak")
+    else:
+        verdict = f"Intact model shows **no** lag +1 peak: the highest lag within ±10 is {peak_near:+d}"
+    lines += ["", f"{verdict}. Lag +1 = {intact['lag_plus1']:.4f} [{intact['lag_plus1_ci_low']:.4f}, "
+              f"{intact['lag_plus1_ci_high']:.4f}] vs {chance:.4f} if the list mass were spread evenly over the list; "
+              f"the highest lag over all lags is {peak:+d} (one word per lag and trial, so single lags are noisy).", "",
+              "Induction vs random ablation at lag +1 (paired over the same trials; random = mean of draws):", "",
+              "| k | induction-k | random-k | random − induction [95% CI] |", "|---|---|---|---|"]
+    for _, r in res.lag.contrasts(1).iterrows():
+        lines.append(f"| {int(r['k'])} | {r['induction']:.4f} | {r['random']:.4f} | "
+                     f"{r['random_minus_induction']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] |")
+    lines += corrected_lines(res.lag)
+    lines += ["",
+              "Random rows pool the draws (per-trial mean over draws); per-draw rows are in `lag_headline.csv`."]
+    lines += cue_lines(res.lag)
+    lines += ["", "## Timings", ""]
+    lines += [f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in res.timings.items()]
+    lines += ["", "Files: `results.json` (everything, incl. parameters and versions), `head_scores.csv`, "
+              "`lag_curves.csv`, `lag_headline.csv`, `lag_trials.npz`, `head_scores.png`, `lag_curve.png`, "
+              "`lag_curve_renorm.png`" + (", `lag_curves_corrected.csv`, `lag_curve_corrected.png`"
+                                          if res.lag.has_corrected else "")
+              + ("".join(f", `{f}`" for f in CUE_FILES) if serial_position.has_cues(res.lag) else "") + ".", ""]
+    return "\n".join(lines)
+
+
+def write_analyze_outputs(d: Path, res) -> None:
+    """The tables, figures and per-trial arrays of :func:`inductionlab.studies.analyze.study.analyze` (each file
+    written atomically; report.md and results.json are written last, by the job)."""
+    hs = res.scores
+    L, H = hs["induction"].shape
+    heads = pd.DataFrame([{"layer": l, "head": h, **{n: float(v[l, h]) for n, v in hs.scores.items()}}
+                          for l in range(L) for h in range(H)])
+    summary, headline = res.lag.summary(), res.lag.headline()
+    for df, name in ((heads, "head_scores.csv"), (summary, "lag_curves.csv"), (headline, "lag_headline.csv")):
+        atomic_write_text(d / name, df.to_csv(index=False))
+    buf = io.BytesIO()
+    lag = res.lag
+    cue = {f"{m}/{k}": v for m in ("cue_probs", "cue_list_mass", "cue_argmax_lag") for k, v in getattr(lag, m).items()}
+    if lag.cue_positions is not None:
+        cue["cue_positions"] = lag.cue_positions
+    np.savez_compressed(buf, **{f"probs/{k}": v for k, v in res.lag.probs.items()}, **cue)
+    atomic_write_bytes(d / "lag_trials.npz", buf.getvalue())
+    name = res.loaded.identity["name"]
+    plots.head_heatmaps(hs.scores, d / "head_scores.png", title=name)
+    shown = ["intact"] + [c for c in summary["condition"].unique()
+                          if c.startswith("induction-") or (c.startswith("random-") and "-d" not in c)]
+    lc = res.lag.config
+    sub = f"{lc.n_permutations} trials/condition, {lc.method} ablation, random = mean of draws"
+    intact = headline[headline["condition"] == "intact"].iloc[0]
+    plots.lag_curves(summary, d / "lag_curve.png", conditions=shown, title=f"{name}: lag probe\n{sub}",
+                     chance=float(intact["list_mass"]) / lc.list_length)
+    plots.lag_curves(summary, d / "lag_curve_renorm.png", conditions=shown, column="mean_renorm",
+                     title=f"{name}: lag probe, renormalised over the list\n{sub}", chance=1 / lc.list_length)
+    if res.lag.has_corrected:
+        corrected = res.lag.corrected_summary()
+        atomic_write_text(d / "lag_curves_corrected.csv", corrected.to_csv(index=False))
+        plots.lag_curves(corrected, d / "lag_curve_corrected.png", conditions=shown, ylabel=ENRICH_LABEL, zero_line=True,
+                         title=f"{name}: lag probe, word-prior corrected\n{sub}")
+    kmax = max((c.k for c in res.lag.conditions if c.kind == "induction"), default=None)
+    write_cue_outputs(d, d, res.lag, name, shown, ["intact", f"induction-{kmax}", f"random-{kmax}"], sub)
