@@ -29,11 +29,20 @@ def _pct_ci(r) -> str:
 
 
 def evaluate_report(res) -> str:
-    """The Markdown report of :func:`inductionlab.studies.evaluate.study.run_evaluate`."""
-    cfg, rec, ident = res.config, res.record, res.loaded.identity
+    """The Markdown report of :func:`inductionlab.studies.evaluate.study.run_evaluate`, section by section."""
+    lines = (_header_lines(res) + _probe_lines(res) + _loss_lines(res) + _load_bearing_lines(res)
+             + _lm_eval_lines(res))
+    lines += ["## Timings", ""] + [f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in res.timings.items()]
+    lines += ["", "All numbers: `results.json`; tables: `tables/` (probe_rows, hits, icl, drops, head_scores, "
+              "lm_eval).", ""]
+    return "\n".join(lines)
+
+
+def _header_lines(res) -> list[str]:
+    """Title, model line, trainer checkpoint, setup and notes."""
+    cfg, ident = res.config, res.loaded.identity
     lb = cfg.load_bearing
     hits = res.hits
-    shots = list(cfg.probes.shots)
     lines = [f"# Evaluation: {ident.get('name', '?')}", "", model_line(ident), ""]
     if "checkpoint" in ident:
         c = ident["checkpoint"]
@@ -45,8 +54,14 @@ def evaluate_report(res) -> str:
               "approximation); relative drops are paired (delta method).", ""]
     for n in res.notes:
         lines += [f"*Note: {n}.*", ""]
-    # probes
-    lines += ["## Function-style ICL probes (intact)", "",
+    return lines
+
+
+def _probe_lines(res) -> list[str]:
+    """The function-style ICL probes (intact): HITS@1 / HITS@3 per task and number of shots."""
+    cfg, hits = res.config, res.hits
+    shots = list(cfg.probes.shots)
+    lines = ["## Function-style ICL probes (intact)", "",
               "HITS@1 / HITS@3 on the first answer token; *permuted* = the demonstrations' labels deranged.", ""]
     cols = [(k, "intact") for k in shots] + [(k, "permuted") for k in shots if k >= 2 and cfg.probes.permutation_control]
     lines += ["| task | " + " | ".join(f"{k}-shot{' permuted' if c == 'permuted' else ''}" for k, c in cols) + " |",
@@ -63,8 +78,13 @@ def evaluate_report(res) -> str:
         f"{k}-shot {c} {row_ci(r, 'hits1')}" for k, c in cols
         for r in intact[(intact.task == 'macro') & (intact.shots == k) & (intact.control == c)].to_dict("records")),
         "", "![HITS@1 by task](plots/hits_by_task.png)", ""]
-    # ICL score, induction loss, perplexity
-    lines += ["## ICL score, induction loss, perplexity", ""]
+    return lines
+
+
+def _loss_lines(res) -> list[str]:
+    """ICL score, induction loss and the perplexity guard."""
+    cfg = res.config
+    lines = ["## ICL score, induction loss, perplexity", ""]
     i0 = res.icl_summary.iloc[0]
     if "icl_score" in res.icl_summary and not pd.isna(i0.get("icl_score")):
         w = int(i0.get("window", 1))
@@ -83,9 +103,14 @@ def evaluate_report(res) -> str:
                   f"({p['n_windows']} windows of ≤ {p['context']} tokens; tokenizer {p['tokenizer']}).", ""]
     else:
         lines += ["Perplexity guard: skipped (no `--shards`).", ""]
-    # load-bearing test
+    return lines
+
+
+def _load_bearing_lines(res) -> list[str]:
+    """The load-bearing test: score concentration, the heads of each variant, the relative drops."""
+    lb = res.config.load_bearing
     conc = res.concentration
-    lines += ["## Load-bearing test", "",
+    lines = ["## Load-bearing test", "",
               f"Induction-score concentration over {conc['n_heads']} heads: the top {conc['top_n']} "
               f"({100 * conc['top_n'] / conc['n_heads']:.1f}%) hold {100 * conc['top_share']:.1f}% of the total; "
               f"Gini {conc['gini']:.3f}; max {conc['max']:.3f} at L{conc['strongest'][0]}H{conc['strongest'][1]}; "
@@ -117,6 +142,12 @@ def evaluate_report(res) -> str:
     lines += ["", "Papers' reference (Bi-Induct): natural-only models lose −22.6% (0.13B) / −19.5% (1B) of their ICL "
               "score under top-2%-per-layer induction ablation, Bi-Induct models −4.9% / −14.5%.", "",
               "![drops](plots/drops.png)", ""]
+    return lines
+
+
+def _lm_eval_lines(res) -> list[str]:
+    """The lm-evaluation-harness results (none without lm-eval tasks)."""
+    lines: list[str] = []
     if res.lm_eval:
         lm = res.lm_eval
         lines += ["## lm-evaluation-harness", "", f"lm-eval {lm['lm_eval_version']}, batch size {lm['batch_size']}, "
@@ -127,10 +158,7 @@ def evaluate_report(res) -> str:
                 if isinstance(val, (int, float)) and k != "alias" and "stderr" not in k:
                     lines.append(f"| {task} | {k} | {val:.3f} |")
         lines.append("")
-    lines += ["## Timings", ""] + [f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in res.timings.items()]
-    lines += ["", "All numbers: `results.json`; tables: `tables/` (probe_rows, hits, icl, drops, head_scores, "
-              "lm_eval).", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def write_evaluate_outputs(out: Path, res) -> None:
