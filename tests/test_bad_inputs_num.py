@@ -123,7 +123,7 @@ def test_numeric_ranges(tmp_path, model_dir, corpus, command, extra, pattern):
 
 def _configs():
     from inductionlab.studies.analyze import AnalyzeConfig
-    from inductionlab.studies.evaluate.study import EvaluateConfig, ICLScoreConfig, LoadBearingConfig, ProbeConfig
+    from inductionlab.studies.evaluate import EvaluateConfig, ICLScoreConfig, LoadBearingConfig, ProbeConfig
     from inductionlab.protocols.lag_probe import LagProbeConfig
     from inductionlab.protocols.serial_recall import SerialRecallConfig
     from inductionlab.studies.temporal import TemporalStudyConfig
@@ -269,7 +269,7 @@ def test_run_serial_recall_types(loaded):
 
 def test_study_entry_points_types(tmp_path, loaded):
     from inductionlab.studies.analyze import AnalyzeConfig, analyze
-    from inductionlab.studies.evaluate.study import EvaluateConfig, run_evaluate
+    from inductionlab.studies.evaluate import EvaluateConfig, run_evaluate
     from inductionlab.studies.temporal import TemporalStudyConfig, run_temporal_study
 
     out = tmp_path / "out"

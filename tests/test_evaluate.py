@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from inductionlab.cli import main
 from inductionlab.errors import InductionLabError
-from inductionlab.studies.evaluate.study import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LoadBearingConfig,
+from inductionlab.studies.evaluate import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LoadBearingConfig,
                                    PerplexityConfig, ProbeConfig, load_bearing_conditions, parse_variant, run_evaluate)
 from test_train_helpers import make_corpus, run_cli, tiny_flags
 

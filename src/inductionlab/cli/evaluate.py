@@ -1,4 +1,4 @@
-"""``inductionlab evaluate MODEL``: the evaluation study of SPEC §8 (:mod:`inductionlab.studies.evaluate.study`) —
+"""``inductionlab evaluate MODEL``: the evaluation study of SPEC §8 (:mod:`inductionlab.studies.evaluate`) —
 function-style ICL probes, ICL score, induction loss, perplexity guard, the load-bearing test
 (top induction heads vs matched random heads) and optional lm-eval tasks, in one resumable run
 directory."""
@@ -77,7 +77,7 @@ def evaluate(**kw) -> None:
     label-permutation control), ICL score and perplexity on --shards, induction loss, and the
     load-bearing test — top induction heads (per layer and global top-k) vs matched random heads.
     An existing run with the same options in --out is resumed."""
-    from ..studies.evaluate.study import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LmEvalConfig, LoadBearingConfig,
+    from ..studies.evaluate import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LmEvalConfig, LoadBearingConfig,
                            PerplexityConfig, RecallConfig, ProbeConfig, run_evaluate)
 
     arg = kw.pop("model_arg")

@@ -255,7 +255,7 @@ def hits_by_task(hits: pd.DataFrame, arms: list[tuple[str, dict]], path, title: 
 
     Args:
         hits: tidy table with ``task``, the selection columns of ``arms``, ``metric`` and
-            ``<metric>_ci_low`` / ``_ci_high`` (:func:`inductionlab.studies.evaluate.study.hits_table`).
+            ``<metric>_ci_low`` / ``_ci_high`` (:func:`inductionlab.studies.evaluate.tables.hits_table`).
         arms: ``(label, {column: value})`` per bar colour, e.g. ``("intact, 10 shots",
             {"condition": "intact", "shots": 10, "control": "intact"})``; arms without rows are skipped.
     """
@@ -289,7 +289,7 @@ def hits_by_task(hits: pd.DataFrame, arms: list[tuple[str, dict]], path, title: 
 
 def drop_bars(drops: pd.DataFrame, labels: dict[str, str], path, title: str = "") -> None:
     """One panel per measure: relative change (%) under each ablation variant, induction heads vs
-    pooled matched random draws, 95% CI whiskers (:func:`inductionlab.studies.evaluate.study.drops_by_measure`)."""
+    pooled matched random draws, 95% CI whiskers (:func:`inductionlab.studies.evaluate.tables.drops_by_measure`)."""
     measures = [m for m in labels if m in set(drops.get("measure", []))]
     if not measures:
         return

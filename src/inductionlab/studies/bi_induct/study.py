@@ -448,7 +448,7 @@ def evaluation_config(ev: dict, seed: int = 0):
     head scores at ``score_seq_len`` (inside the trained copy distances), perplexity guard, and the
     load-bearing test ``per-layer-2pct`` (top 2% induction heads per layer, at least one) vs
     matched random heads, probes under ablation at 10 shots."""
-    from ..evaluate.study import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LoadBearingConfig, PerplexityConfig,
+    from ..evaluate import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LoadBearingConfig, PerplexityConfig,
                            ProbeConfig, RecallConfig)
     pct = f"per-layer-{100 * ev['ablation_top_frac']:g}pct"
     return EvaluateConfig(

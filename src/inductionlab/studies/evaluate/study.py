@@ -41,11 +41,15 @@ HITS@1 of every prompt at ``load_bearing.shots`` shots (all tasks pooled), the I
 − loss(second copy)`` of every random sequence. Their relative change ``mean(ablated) /
 mean(intact) − 1`` with a paired delta-method 95% CI and the papers' headline form ("−22.6%")
 come from :func:`inductionlab.measures.load_bearing_eval.drops_table`; random draws are pooled per unit.
+
+This module holds :func:`run_evaluate` (the list of its phases, each a small function below it) and
+:class:`EvaluateResult`; it imports the config (:mod:`~inductionlab.studies.evaluate.config`), the tidy
+tables (:mod:`~inductionlab.studies.evaluate.tables`) and the writer of the run directory
+(:mod:`~inductionlab.studies.evaluate.report`) of its folder, the protocols and the shared skeleton.
 """
 
 from __future__ import annotations
 
-import re
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -59,262 +63,27 @@ import torch
 
 from ...protocols import function_probes, icl_score
 
-from ...checks import check_draws, check_fields, check_loaded, check_seed, check_type
-from ...core.ablation import (Condition, ablation_conditions, default_exclude_top_n, matched_random_heads,
-                       per_layer_top_p)
+from ...checks import check_loaded, check_type
+from ...core.ablation import Condition
 from ...core.models import LoadedModel, agree_dtype, announce_dtype, params_identity, ran_identity, with_dtype_choice
 from ...core.scores import HeadScores
 from ...core.stimuli import random_sequences
 from ...errors import InductionLabError
-from ...measures.load_bearing_eval import drops_table, score_concentration
-from ...measures.stats import pooled, put_ci
-from ...protocols.function_probes import probe_rows, summarize_hits
+from ...measures.load_bearing_eval import score_concentration
+from ...protocols.function_probes import probe_rows
 from ...protocols.icl_score import (heldout_windows, icl_positions, icl_summary, induction_summary, model_context, recall_sequences,
                         recall_summary, scaled_positions)
 from ...protocols.icl_tasks import TASK_NAMES, Prompt, build_tasks, make_all_prompts
-from ...protocols.runner import Trials, check_method
+from ...protocols.runner import Trials
 from ...runtime.distributed import Dist
 from ...runtime.runs import ResumableRun, versions
-from .. import report
-from ..pieces import Phase, check_ks, check_trials_fit, head_scores_piece, run_phases
+from ..pieces import Phase, head_scores_piece, run_phases
 from ..run import StudyRun
+from .config import EvaluateConfig
+from .report import write_evaluate_outputs
+from .tables import drops_by_measure, hits_table, icl_table, load_bearing_conditions
 
 KIND = "evaluate"
-TOKEN_POOLS = ("vocab", "shards")
-_VARIANT = re.compile(r"^(?:per-layer-(?P<pct>\d+(?:\.\d+)?)pct|top-(?P<k>\d+))$")
-
-
-# -- configs --------------------------------------------------------------------------------
-@dataclass
-class ProbeConfig:
-    """Function-style ICL probes (:mod:`inductionlab.protocols.icl_tasks`): which tasks, shots and prompts."""
-    tasks: tuple[str, ...] | None = None      # None: all of icl_tasks.TASK_NAMES
-    shots: tuple[int, ...] = (0, 1, 10)
-    n_prompts: int = 32                       # prompts per task and number of shots
-    permutation_control: bool = True          # label-permuted twin of every prompt with k >= 2 shots
-    bos: bool = True                          # prepend the tokenizer's BOS (when it has one)
-    batch_size: int = 16
-
-    def validate(self) -> None:
-        """Raises InductionLabError: unknown task, no shots or shots < 0 or repeated, sizes < 1, more
-        prompts than memory holds; TypeError: a field of the wrong type."""
-        check_fields(self)
-        if self.tasks is not None:
-            bad = [t for t in self.tasks if t not in TASK_NAMES]
-            if bad or not self.tasks:
-                raise InductionLabError(f"unknown ICL task(s) {', '.join(map(repr, bad)) or '(none given)'}; use "
-                                        f"some of: {', '.join(TASK_NAMES)}")
-        if not self.shots or min(self.shots) < 0 or len(set(self.shots)) != len(self.shots):
-            raise InductionLabError(f"shots {list(self.shots)}: give distinct numbers of demonstrations >= 0, "
-                                    "e.g. 0,1,10")
-        if self.n_prompts < 2 or self.batch_size < 1:
-            raise InductionLabError(f"prompts per task {self.n_prompts} must be >= 2 (a CI needs two) and batch size "
-                                    f"{self.batch_size} >= 1")
-        n_tasks = len(self.tasks) if self.tasks is not None else len(TASK_NAMES)
-        check_trials_fit(self.n_prompts * n_tasks * len(self.shots) * (2 if self.permutation_control else 1),
-                         4 * (max(self.shots) + 1) + 2, "--prompts", self.n_prompts)
-
-
-@dataclass
-class ICLScoreConfig:
-    """ICL score (Olsson et al. 2022): loss at token ``late`` minus at token ``early`` of natural text
-    (scaled to the model's context, :func:`inductionlab.protocols.icl_score.icl_positions`)."""
-    late: int = 500
-    early: int = 50
-    window: int = 1                           # tokens averaged at each position (1 = Olsson et al.)
-    n_sequences: int = 16                     # held-out windows
-    batch_size: int = 2
-
-    def validate(self) -> None:
-        check_fields(self, "icl-")
-        if not 1 <= self.early < self.late:
-            raise InductionLabError(f"ICL score positions need 1 <= early < late, got {self.early}, {self.late}")
-        if self.window < 1 or self.n_sequences < 2 or self.batch_size < 1:
-            raise InductionLabError(f"ICL score: window {self.window} >= 1, sequences {self.n_sequences} >= 2, "
-                                    f"batch size {self.batch_size} >= 1")
-        # windows are late + 1 tokens, capped at the model's context (a later late is scaled down to it)
-        check_trials_fit(self.n_sequences, min(self.late + 1, 1 << 17), "--icl-sequences")
-
-
-@dataclass
-class InductionLossConfig:
-    """Induction loss on ``[BOS] S S`` (SPEC §3), first vs second copy."""
-    seq_len: int = 50
-    n_sequences: int = 16
-    batch_size: int = 16
-
-    def validate(self) -> None:
-        check_fields(self, "induction-")
-        if self.seq_len < 2 or self.n_sequences < 2 or self.batch_size < 1:
-            raise InductionLabError(f"induction loss: seq_len {self.seq_len} >= 2, sequences {self.n_sequences} >= 2, "
-                                    f"batch size {self.batch_size} >= 1")
-        check_trials_fit(self.n_sequences, 2 * self.seq_len + 1, "--induction-seq-len", self.seq_len)
-
-
-@dataclass
-class RecallConfig:
-    """Associative recall in the model's own tokens (:func:`inductionlab.protocols.icl_score.associative_recall`):
-    ``n_pairs`` random key-value pairs, then the same pairs shuffled; top-1 accuracy of each value."""
-    n_pairs: int = 8
-    n_sequences: int = 32
-    batch_size: int = 16
-
-    def validate(self) -> None:
-        check_fields(self, "recall-")
-        if self.n_pairs < 2 or self.n_sequences < 2 or self.batch_size < 1:
-            raise InductionLabError(f"associative recall: pairs {self.n_pairs} >= 2, sequences {self.n_sequences} "
-                                    f">= 2, batch size {self.batch_size} >= 1")
-        check_trials_fit(self.n_sequences, 4 * self.n_pairs + 1, "--recall-pairs", self.n_pairs)
-
-
-@dataclass
-class PerplexityConfig:
-    """Perplexity guard on the shards' held-out split (only with shards)."""
-    max_tokens: int | None = 32768            # None: the whole split
-    context: int | None = None                # None: min(model context, 1024)
-    batch_size: int = 4
-
-    def validate(self) -> None:
-        check_fields(self, "perplexity-")
-        if (self.max_tokens is not None and self.max_tokens < 2) or (self.context is not None and self.context < 2) \
-                or self.batch_size < 1:
-            raise InductionLabError(f"perplexity: max_tokens {self.max_tokens} and context {self.context} must be "
-                                    f">= 2, batch size {self.batch_size} >= 1")
-
-
-@dataclass
-class LoadBearingConfig:
-    """Ablation variants (``per-layer-<p>pct`` | ``top-<k>``), random draws, method, probe shots."""
-    ablate: tuple[str, ...] = ("per-layer-2pct", "top-10")
-    n_draws: int = 3
-    method: str = "zero"
-    shots: int = 10                           # probes under ablation at this number of shots
-
-    def validate(self) -> None:
-        check_fields(self)
-        check_method(self.method)
-        for v in self.ablate:
-            parse_variant(v)
-        if len(set(self.ablate)) != len(self.ablate):
-            raise InductionLabError(f"--ablate {','.join(self.ablate)} repeats a variant; give each once")
-        check_draws(self.n_draws, "--draws")
-
-
-@dataclass
-class LmEvalConfig:
-    """lm-evaluation-harness tasks (ours: ``inductionlab_icl`` / ``inductionlab_icl_<task>``, or installed names)."""
-    tasks: tuple[str, ...] = ()
-    num_fewshot: int | None = None            # None: each task's default (ours: 0)
-    limit: int | None = 50                    # test documents per task
-    batch_size: int = 8
-
-    def validate(self) -> None:
-        check_fields(self, "lm-eval-")
-        if (self.num_fewshot is not None and self.num_fewshot < 0) or (self.limit is not None and self.limit < 1) \
-                or self.batch_size < 1:
-            raise InductionLabError(f"lm-eval: few-shot {self.num_fewshot} >= 0, limit {self.limit} >= 1, batch size "
-                                    f"{self.batch_size} >= 1")
-
-
-@dataclass
-class EvaluateConfig:
-    """Parameters of the evaluation study; each protocol's config nested as it is. ``seed`` seeds
-    prompts, held-out windows, random sequences and random head draws.
-
-    ``token_pool``: where the random tokens of head scores, induction loss, associative recall
-    and the mean-ablation reference come from: ``"vocab"`` (every ordinary id of the tokenizer,
-    as TransformerLens does) or ``"shards"`` (the ids that occur in the shards' training split,
-    :meth:`~inductionlab.data.shards.TokenShards.token_pool`: for a model trained on that corpus,
-    whose other ids have untrained embeddings)."""
-    probes: ProbeConfig = field(default_factory=ProbeConfig)
-    icl: ICLScoreConfig = field(default_factory=ICLScoreConfig)
-    induction: InductionLossConfig = field(default_factory=InductionLossConfig)
-    recall: RecallConfig = field(default_factory=RecallConfig)
-    perplexity: PerplexityConfig = field(default_factory=PerplexityConfig)
-    load_bearing: LoadBearingConfig = field(default_factory=LoadBearingConfig)
-    lm_eval: LmEvalConfig = field(default_factory=LmEvalConfig)
-    seed: int = 0
-    score_seq_len: int = 50
-    score_batch_size: int = 16
-    token_pool: str = "vocab"
-
-    def validate(self) -> None:
-        """Check every option that needs no model (the CLI and the API call it before loading).
-
-        Raises:
-            InductionLabError: unknown task, shots < 0, unknown ablation variant or method, draws < 1,
-                ablation shots not among the probe shots, sizes below their minimum, a seed outside
-                0 .. 2**63 - 1, a NaN / infinite / beyond-64-bit number.
-            TypeError: a field of the wrong type (a nested config that is not its dataclass)."""
-        check_fields(self)
-        check_seed(self.seed, "--seed")
-        for name, kind in (("probes", ProbeConfig), ("icl", ICLScoreConfig), ("induction", InductionLossConfig),
-                           ("recall", RecallConfig), ("perplexity", PerplexityConfig),
-                           ("load_bearing", LoadBearingConfig), ("lm_eval", LmEvalConfig)):
-            check_type(getattr(self, name), kind, f"EvaluateConfig.{name}")
-        for c in (self.probes, self.icl, self.induction, self.recall, self.perplexity, self.load_bearing,
-                  self.lm_eval):
-            c.validate()
-        if self.token_pool not in TOKEN_POOLS:
-            raise InductionLabError(f"token pool {self.token_pool!r}: use one of {', '.join(TOKEN_POOLS)}")
-        if self.load_bearing.ablate and self.load_bearing.shots not in self.probes.shots:
-            raise InductionLabError(f"ablation shots {self.load_bearing.shots} is not among --shots "
-                                    f"{','.join(map(str, self.probes.shots))}; add it")
-        if self.score_seq_len < 2 or self.score_batch_size < 1:
-            raise InductionLabError(f"head scores need score_seq_len >= 2 and score_batch_size >= 1 "
-                                    f"(got {self.score_seq_len}, {self.score_batch_size})")
-        check_trials_fit(self.score_batch_size, 2 * self.score_seq_len + 1, "--score-batch-size")
-
-
-def parse_variant(name: str) -> tuple[str, float | int]:
-    """``"per-layer-2pct"`` → ``("per-layer", 0.02)``; ``"top-10"`` → ``("top", 10)``.
-
-    Raises: InductionLabError for anything else, a percentage outside (0, 100] or k < 1."""
-    m = _VARIANT.match(name)
-    if not m:
-        raise InductionLabError(f"unknown ablation variant {name!r}; use per-layer-<p>pct (e.g. per-layer-2pct) "
-                                "or top-<k> (e.g. top-10)")
-    if m["pct"] is not None:
-        p = float(m["pct"]) / 100
-        if not 0 < p <= 1:
-            raise InductionLabError(f"ablation variant {name!r}: the percentage must be in (0, 100]")
-        return "per-layer", p
-    if int(m["k"]) < 1:
-        raise InductionLabError(f"ablation variant {name!r}: k must be >= 1")
-    return "top", int(m["k"])
-
-
-def load_bearing_conditions(induction: np.ndarray, cfg: LoadBearingConfig,
-                            seed: int = 0) -> list[tuple[str, Condition]]:
-    """``(variant, condition)`` pairs: per variant the induction heads, then ``cfg.n_draws`` random draws.
-
-    * ``per-layer-<p>pct``: ``induction-<variant>`` = :func:`~inductionlab.core.ablation.per_layer_top_p`;
-      ``random-<variant>-d<d>`` = :func:`~inductionlab.core.ablation.matched_random_heads` (same count
-      per layer, chosen heads excluded, seeded by ``(seed, d)``).
-    * ``top-<k>``: :func:`~inductionlab.core.ablation.ablation_conditions` (top-k vs k random heads
-      outside the top N = min(300, heads // 2), seeded by ``(seed, k, d)``).
-
-    Args: induction ``[n_layers, n_heads]`` induction scores.
-
-    Raises: InductionLabError: k larger than the heads left outside the top N, a layer too small
-    for its matched draw."""
-    shape = tuple(np.asarray(induction).shape)
-    n_total = shape[0] * shape[1]
-    out: list[tuple[str, Condition]] = []
-    for v in cfg.ablate:
-        kind, x = parse_variant(v)
-        if kind == "per-layer":
-            chosen = per_layer_top_p(induction, x)
-            out.append((v, Condition(f"induction-{v}", "induction", len(chosen), 0, chosen)))
-            out += [(v, Condition(f"random-{v}-d{d}", "random", len(chosen), d,
-                                  matched_random_heads(shape, chosen, seed=seed, draw=d))) for d in range(cfg.n_draws)]
-        else:
-            N = default_exclude_top_n(n_total)
-            check_ks([x], n_total, N)
-            for c in ablation_conditions(induction, [x], n_draws=cfg.n_draws, exclude_top_n=N, seed=seed, intact=False):
-                c.name = f"induction-{v}" if c.kind == "induction" else f"random-{v}-d{c.draw}"
-                out.append((v, c))
-    return out
 
 
 # -- result ---------------------------------------------------------------------------------
@@ -599,10 +368,43 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     inputs = [loaded.identity.get("path"), shards]   # never under --out (--overwrite would delete them)
     StudyRun.check_out(out, overwrite, inputs=inputs)
     agree_dtype(loaded, dist)             # torchrun: every rank in rank 0's dtype (after every rank's check_out)
+    inp = _inputs(loaded, cfg, shards)    # model-dependent checks, before any file is written
+
+    run = StudyRun(out, "evaluate", _params(loaded, cfg, inp.shards), overwrite=overwrite,
+                   on_checkpoint=on_checkpoint, inputs=inputs, dist=dist, started=t_start)
+    run.open()
+    announce_dtype(ran_identity(loaded), log, run.is_main)
+
+    hs, conditions, variants = _head_scores_and_conditions(run, loaded, cfg, inp.pool, progress)
+    ppl = _perplexity(run, loaded, cfg, inp.shards)
+    probe_rows, icl = _probes_and_losses(run, loaded, cfg, inp, conditions, variants, progress)
+    lm = _lm_eval(run, loaded, cfg, out)
+    res = _result(run, loaded, cfg, inp, hs, conditions, variants, probe_rows, icl, ppl, lm)
+    if not run.is_main:
+        return res
+    run.finish(res.record, lambda: write_evaluate_outputs(out, res))
+    return res
+
+
+# -- the phases of run_evaluate ---------------------------------------------------------------
+@dataclass
+class _Inputs:
+    """What the evaluation reads besides the model, made and checked before any file is written
+    (:func:`_inputs`)."""
+    shards: object | None                 # TokenShards (None without shards)
+    windows: torch.Tensor | None          # held-out windows of the ICL score [n, T] (None without shards)
+    pool: torch.Tensor                    # ids of the random tokens (:func:`token_pool`)
+    prompts: list[Prompt]                 # every probe prompt (all tasks, shots and controls)
+    bos: int | None                       # the probes' BOS (None without ``cfg.probes.bos``)
+    notes: list[str]                      # what was skipped and why
+
+
+def _inputs(loaded: LoadedModel, cfg: EvaluateConfig, shards) -> _Inputs:
+    """Open the shards, draw the held-out windows, the token pool and the prompts, and refuse (one
+    InductionLabError, nothing written) whatever does not fit the model."""
     tok = loaded.tokenizer
     bos = tok.bos_token_id if cfg.probes.bos else None
     notes: list[str] = []
-    # model-dependent checks, before any file is written
     shard_obj = _open_shards(shards, loaded) if shards is not None else None
     windows = _windows(cfg, loaded, shard_obj, bos) if shard_obj is not None else None
     pool = token_pool(loaded, cfg, shard_obj)
@@ -614,6 +416,16 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     prompts = make_all_prompts(build_tasks(cfg.probes.tasks), tok, shots=cfg.probes.shots,
                                n_prompts=cfg.probes.n_prompts, seed=cfg.seed, permuted=cfg.probes.permutation_control,
                                bos_id=bos)
+    _check_fits_model(loaded, cfg, prompts)
+    _check_lm_eval(cfg, tok)
+    if shard_obj is None:
+        notes.append("no --shards: the ICL score (natural held-out text) and the perplexity guard were skipped")
+    return _Inputs(shard_obj, windows, pool, prompts, bos, notes)
+
+
+def _check_fits_model(loaded: LoadedModel, cfg: EvaluateConfig, prompts: list[Prompt]) -> None:
+    """The probes' token ids within the model's vocabulary, ``[BOS] S S`` within its context and the
+    ablation variants within its heads (InductionLabError otherwise)."""
     ident = loaded.identity
     top = max((max(p.input_ids + [p.target_id]) for p in prompts), default=-1)
     if ident.get("vocab_size") and top >= ident["vocab_size"]:
@@ -626,34 +438,43 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
             raise InductionLabError(f"{what}: [BOS] S S of 2 x {T} + 1 tokens exceeds the model's context of {ctx}; "
                                     f"lower {opt} to <= {(int(ctx) - 1) // 2}")
     load_bearing_conditions(np.zeros((ident["n_layers"], ident["n_heads"])), cfg.load_bearing, cfg.seed)  # sizes
-    _check_lm_eval(cfg, tok)
-    if shard_obj is None:
-        notes.append("no --shards: the ICL score (natural held-out text) and the perplexity guard were skipped")
 
-    run = StudyRun(out, "evaluate", _params(loaded, cfg, shard_obj), overwrite=overwrite,
-                   on_checkpoint=on_checkpoint, inputs=inputs, dist=dist, started=t_start)
-    resumed = run.open()
-    announce_dtype(ran_identity(loaded), log, run.is_main)
 
+def _head_scores_and_conditions(run: StudyRun, loaded: LoadedModel, cfg: EvaluateConfig, pool, progress: bool
+                                ) -> tuple[HeadScores, list[Condition], dict[str, str]]:
+    """The head scores (piece ``head_scores``) and from them the ablation conditions of the
+    load-bearing test with ``condition name -> variant``."""
     with run.timed("head_scores"):
         hs = head_scores_piece(run, loaded, seq_len=cfg.score_seq_len, batch_size=cfg.score_batch_size,
                                seed=cfg.seed, progress=progress, pool=None if cfg.token_pool == "vocab" else pool)
     pairs = load_bearing_conditions(hs["induction"], cfg.load_bearing, cfg.seed)
-    conditions = [c for _, c in pairs]
-    variants = {c.name: v for v, c in pairs}
+    return hs, [c for _, c in pairs], {c.name: v for v, c in pairs}
 
-    ppl = None
-    if shard_obj is not None:
-        from ...protocols.perplexity import heldout_perplexity
 
-        window = cfg.perplexity.context or min(int(ctx or 1024), 1024)   # heldout_perplexity's default
-        bs = _fit_batch(cfg.perplexity.batch_size, window, ident.get("vocab_size", 1))
-        ppl = run.piece("perplexity", lambda: heldout_perplexity(
-            loaded.model, shard_obj, tokenizer=tok, context=cfg.perplexity.context,
-            max_tokens=cfg.perplexity.max_tokens, batch_size=bs, dist=run.dist))
+def _perplexity(run: StudyRun, loaded: LoadedModel, cfg: EvaluateConfig, shards) -> dict | None:
+    """The perplexity guard on the held-out split (piece ``perplexity``; None without shards)."""
+    if shards is None:
+        return None
+    from ...protocols.perplexity import heldout_perplexity
 
+    ctx = model_context(loaded.model)
+    window = cfg.perplexity.context or min(int(ctx or 1024), 1024)   # heldout_perplexity's default
+    bs = _fit_batch(cfg.perplexity.batch_size, window, loaded.identity.get("vocab_size", 1))
+    return run.piece("perplexity", lambda: heldout_perplexity(
+        loaded.model, shards, tokenizer=loaded.tokenizer, context=cfg.perplexity.context,
+        max_tokens=cfg.perplexity.max_tokens, batch_size=bs, dist=run.dist))
+
+
+def _probes_and_losses(run: StudyRun, loaded: LoadedModel, cfg: EvaluateConfig, inp: _Inputs,
+                       conditions: list[Condition], variants: dict[str, str], progress: bool
+                       ) -> tuple[pd.DataFrame, dict]:
+    """The probes (intact, and at ``load_bearing.shots`` under every ablation), the ICL score,
+    induction loss and associative recall (intact and under every ablation) as phases over condition
+    sets (:func:`_phases`). Returns ``(probe_rows, icl)``: one row per prompt and condition, and
+    :func:`_icl_results`."""
+    prompts = inp.prompts
     ab_prompts = [p for p in prompts if p.shots == cfg.load_bearing.shots and p.control == "intact"]
-    measures = _measures(loaded, cfg, prompts, ab_prompts, windows, pool)
+    measures = _measures(loaded, cfg, prompts, ab_prompts, inp.windows, inp.pool)
     phases = _phases(measures)
     parts, _ = run_phases(run, loaded, phases, measures, measures,
                           {"intact": [Condition("intact", "intact")], "ablation": conditions,
@@ -663,22 +484,33 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
     rows = [_rows(prompts, parts["hits"]["intact"], "intact", "intact", run, "hits/intact")]
     rows += [_rows(ab_prompts, parts["hits_ablated"][c.name], c.name, variants[c.name], run, f"hits_ablated/{c.name}")
              for c in conditions]
-    icl = _icl_results(parts, conditions, cfg, loaded, windows)
+    return pd.concat(rows, ignore_index=True), _icl_results(parts, conditions, cfg, loaded, inp.windows)
 
-    lm = None
-    if cfg.lm_eval.tasks:
-        from ...protocols.lm_eval_tasks import run_lm_eval
 
-        def lm_compute():
-            if not run.is_main:           # rank 0 alone runs lm-eval (not sharded); the others read its piece
-                return None
-            include = _export_lm_eval(out / "lm_eval_tasks", cfg, tok)
-            return run_lm_eval(loaded.model, tok, cfg.lm_eval.tasks, include_path=include,
-                               num_fewshot=cfg.lm_eval.num_fewshot, batch_size=cfg.lm_eval.batch_size,
-                               limit=cfg.lm_eval.limit, seed=cfg.seed)
-        lm = run.piece("lm_eval", lm_compute)
+def _lm_eval(run: StudyRun, loaded: LoadedModel, cfg: EvaluateConfig, out: Path) -> dict | None:
+    """lm-evaluation-harness (piece ``lm_eval``; None when no task is named). Rank 0 alone
+    runs it (not sharded); the other ranks read its piece."""
+    if not cfg.lm_eval.tasks:
+        return None
+    from ...protocols.lm_eval_tasks import run_lm_eval
 
-    probe_rows = pd.concat(rows, ignore_index=True)
+    tok = loaded.tokenizer
+
+    def lm_compute():
+        if not run.is_main:           # rank 0 alone runs lm-eval (not sharded); the others read its piece
+            return None
+        include = _export_lm_eval(out / "lm_eval_tasks", cfg, tok)
+        return run_lm_eval(loaded.model, tok, cfg.lm_eval.tasks, include_path=include,
+                           num_fewshot=cfg.lm_eval.num_fewshot, batch_size=cfg.lm_eval.batch_size,
+                           limit=cfg.lm_eval.limit, seed=cfg.seed)
+    return run.piece("lm_eval", lm_compute)
+
+
+def _result(run: StudyRun, loaded: LoadedModel, cfg: EvaluateConfig, inp: _Inputs, hs: HeadScores,
+            conditions: list[Condition], variants: dict[str, str], probe_rows: pd.DataFrame, icl: dict,
+            ppl: dict | None, lm: dict | None) -> EvaluateResult:
+    """The tidy tables (:mod:`inductionlab.studies.evaluate.tables`) and the record
+    (results.json) of the finished pieces, as an :class:`EvaluateResult`."""
     hits = hits_table(probe_rows, conditions, variants)
     drops = drops_by_measure(probe_rows, icl, conditions, variants, cfg.load_bearing.shots)
     conc = score_concentration(hs["induction"])
@@ -692,115 +524,18 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
         "head_scores": {**hs.to_dict(), "params": hs.params},
         "concentration": conc,
         "conditions": [{**c.to_dict(), "variant": variants[c.name]} for c in conditions],
-        "probes": {"n_prompts": len(prompts), "bos_id": bos, "hits": hits.to_dict(orient="records")},
+        "probes": {"n_prompts": len(inp.prompts), "bos_id": inp.bos, "hits": hits.to_dict(orient="records")},
         "icl": icl_summary.to_dict(orient="records"),
         "perplexity": ppl,
         "load_bearing": {"shots": cfg.load_bearing.shots, "method": cfg.load_bearing.method,
                          "drops": drops.to_dict(orient="records")},
         "lm_eval": lm,
-        "notes": notes,
-        "resumed": resumed,
-        "distributed": (dist or Dist()).record(),
+        "notes": inp.notes,
+        "resumed": run.resumed,
+        "distributed": (run.dist or Dist()).record(),
     }
-    res = EvaluateResult(loaded, cfg, hs, conditions, variants, probe_rows, hits, icl, icl_summary, ppl, drops, conc,
-                         lm, notes, record, run.timings, pool)
-    if not run.is_main:
-        return res
-    run.finish(record, lambda: report.write_evaluate_outputs(out, res))
-    return res
+    return EvaluateResult(loaded, cfg, hs, conditions, variants, probe_rows, hits, icl, icl_summary, ppl, drops, conc,
+                          lm, inp.notes, record, run.timings, inp.pool)
 
 
-# -- tables (pure functions of the per-unit arrays) ------------------------------------------
-def hits_table(probe_rows: pd.DataFrame, conditions: Sequence[Condition], variants: dict[str, str]) -> pd.DataFrame:
-    """HITS@1 / HITS@3 with CIs per condition × task × shots × control (macro rows included), plus
-    each variant's random draws pooled per prompt as condition ``random-<variant>``."""
-    parts = [probe_rows]
-    for v, names in draws_by_variant(conditions, variants).items():
-        per = {n: probe_rows[probe_rows.condition == n] for n in names}     # the same prompts in the same order
-        keys = per[names[0]][["task", "shots", "control", "index"]].reset_index(drop=True)
-        parts.append(keys.assign(**{h: pooled({n: g[h].to_numpy(np.float64) for n, g in per.items()}, names)
-                                    for h in ("hits1", "hits3")}, condition=f"random-{v}", variant=v))
-    rows = pd.concat(parts, ignore_index=True)
-    return summarize_hits(rows, by=("condition", "shots", "control"))
-
-
-def drops_by_measure(probe_rows: pd.DataFrame, icl: dict, conditions: Sequence[Condition], variants: dict[str, str],
-                     shots: int) -> pd.DataFrame:
-    """Relative drop per ablation of HITS@1 at ``shots`` shots (prompts of all tasks as units), of
-    the ICL benefit (held-out windows) and of the induction benefit (random sequences):
-    :func:`~inductionlab.measures.load_bearing_eval.drops_table` rows with a ``measure`` column."""
-    if not conditions:
-        return pd.DataFrame()
-    measures: dict[str, dict[str, np.ndarray]] = {f"hits1_{shots}shot": {}, "icl_benefit": {}, "induction_benefit": {},
-                                                  "copy_accuracy": {}, "recall_accuracy": {}}
-    sel = probe_rows[(probe_rows.shots == shots) & (probe_rows.control == "intact")]
-    for name, g in sel.groupby("condition", sort=False):
-        measures[f"hits1_{shots}shot"][name] = g.sort_values(["task", "index"])["hits1"].to_numpy(np.float64)
-    intact = icl["intact"]
-    if intact.get("icl") is not None:
-        measures["icl_benefit"]["intact"] = np.asarray(intact["icl"]["per_sequence"]["benefit"], np.float64)
-    measures["induction_benefit"]["intact"] = np.asarray(intact["induction"]["per_sequence"]["benefit"], np.float64)
-    measures["copy_accuracy"]["intact"] = np.asarray(intact["induction"]["per_sequence"]["copy_accuracy"], np.float64)
-    measures["recall_accuracy"]["intact"] = np.asarray(intact["recall"]["per_sequence"]["accuracy"], np.float64)
-    for c in conditions:
-        if icl[c.name].get("icl_benefit") is not None and "intact" in measures["icl_benefit"]:
-            measures["icl_benefit"][c.name] = np.asarray(icl[c.name]["icl_benefit"], np.float64)
-        for k in ("induction_benefit", "copy_accuracy", "recall_accuracy"):
-            measures[k][c.name] = np.asarray(icl[c.name][k], np.float64)
-    kinds = {c.name: c for c in conditions}
-    out = []
-    for measure, per in measures.items():
-        if "intact" not in per:
-            continue
-        tidy = []
-        for name, values in per.items():
-            c = kinds.get(name)
-            tidy.append(pd.DataFrame({"variant": variants.get(name, "intact"), "kind": c.kind if c else "intact",
-                                      "draw": c.draw if c else 0, "unit": np.arange(len(values)), "value": values}))
-        d = drops_table(pd.concat(tidy, ignore_index=True))
-        out.append(d.assign(measure=measure))
-    res = pd.concat(out, ignore_index=True)
-    return res[["measure", *[c for c in res.columns if c != "measure"]]]
-
-
-def icl_table(icl: dict, conditions: Sequence[Condition], variants: dict[str, str]) -> pd.DataFrame:
-    """Per condition (and each variant's pooled random draws): ICL benefit and induction benefit
-    (nats) with 95% CIs over sequences; the intact row also the ICL score, late/early losses and positions."""
-    rows = []
-    intact = icl["intact"]
-    r = {"condition": "intact", "variant": "intact"}
-    if intact.get("icl") is not None:
-        s = intact["icl"]
-        r.update(icl_score=s["score"], icl_score_ci_low=s["ci_low"], icl_score_ci_high=s["ci_high"],
-                 loss_late=s["loss_late"], loss_early=s["loss_early"], late=s["late"], early=s["early"], window=s["window"])
-        put_ci(r, "icl_benefit", s["per_sequence"]["benefit"])
-    ind = intact["induction"]
-    r.update(first_copy=ind["first_copy"], second_copy=ind["second_copy"])
-    put_ci(r, "induction_benefit", ind["per_sequence"]["benefit"])
-    put_ci(r, "copy_accuracy", ind["per_sequence"]["copy_accuracy"])
-    put_ci(r, "recall_accuracy", intact["recall"]["per_sequence"]["accuracy"])
-    rows.append(r)
-    arms = [(c.name, variants[c.name], [c.name]) for c in conditions]
-    arms += [(f"random-{v}", v, names) for v, names in draws_by_variant(conditions, variants).items()]
-    for name, v, members in arms:
-        r = {"condition": name, "variant": v}
-        for k in ("icl_benefit", "induction_benefit", "copy_accuracy", "recall_accuracy"):
-            if icl[members[0]].get(k) is not None:
-                put_ci(r, k, pooled({m: np.asarray(icl[m][k], np.float64) for m in members}, members))
-        rows.append(r)
-    return pd.DataFrame(rows)
-
-
-def draws_by_variant(conditions: Sequence[Condition], variants: dict[str, str]) -> dict[str, list[str]]:
-    """``variant -> names`` of its random draws (variants and draws in run order), the members of
-    each pooled ``random-<variant>`` arm."""
-    out: dict[str, list[str]] = {}
-    for c in conditions:
-        if c.kind == "random":
-            out.setdefault(variants[c.name], []).append(c.name)
-    return out
-
-
-__all__ = ["EvaluateConfig", "ProbeConfig", "ICLScoreConfig", "InductionLossConfig", "RecallConfig", "PerplexityConfig",
-           "LoadBearingConfig", "LmEvalConfig", "EvaluateResult", "run_evaluate", "parse_variant",
-           "load_bearing_conditions", "hits_table", "drops_by_measure", "icl_table"]
+__all__ = ["EvaluateResult", "run_evaluate", "token_pool"]

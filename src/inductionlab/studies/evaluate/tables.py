@@ -1,0 +1,150 @@
+"""The tidy tables of a finished evaluation, pure functions of its per-unit arrays: the ablation
+conditions of the load-bearing test (:func:`load_bearing_conditions`), HITS@k per condition
+(:func:`hits_table`), the relative drops per measure (:func:`drops_by_measure`), the ICL and induction
+benefits per condition (:func:`icl_table`) and the members of each pooled random arm
+(:func:`draws_by_variant`).
+
+Imports the head selections of :mod:`inductionlab.core.ablation`, the statistics of
+:mod:`inductionlab.measures` and the evaluation's config; nothing of the study's run.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from ...core.ablation import (Condition, ablation_conditions, default_exclude_top_n, matched_random_heads,
+                              per_layer_top_p)
+from ...measures.load_bearing_eval import drops_table
+from ...measures.stats import pooled, put_ci
+from ...protocols.function_probes import summarize_hits
+from ..pieces import check_ks
+from .config import LoadBearingConfig, parse_variant
+
+
+def load_bearing_conditions(induction: np.ndarray, cfg: LoadBearingConfig,
+                            seed: int = 0) -> list[tuple[str, Condition]]:
+    """``(variant, condition)`` pairs: per variant the induction heads, then ``cfg.n_draws`` random draws.
+
+    * ``per-layer-<p>pct``: ``induction-<variant>`` = :func:`~inductionlab.core.ablation.per_layer_top_p`;
+      ``random-<variant>-d<d>`` = :func:`~inductionlab.core.ablation.matched_random_heads` (same count
+      per layer, chosen heads excluded, seeded by ``(seed, d)``).
+    * ``top-<k>``: :func:`~inductionlab.core.ablation.ablation_conditions` (top-k vs k random heads
+      outside the top N = min(300, heads // 2), seeded by ``(seed, k, d)``).
+
+    Args: induction ``[n_layers, n_heads]`` induction scores.
+
+    Raises: InductionLabError: k larger than the heads left outside the top N, a layer too small
+    for its matched draw."""
+    shape = tuple(np.asarray(induction).shape)
+    n_total = shape[0] * shape[1]
+    out: list[tuple[str, Condition]] = []
+    for v in cfg.ablate:
+        kind, x = parse_variant(v)
+        if kind == "per-layer":
+            chosen = per_layer_top_p(induction, x)
+            out.append((v, Condition(f"induction-{v}", "induction", len(chosen), 0, chosen)))
+            out += [(v, Condition(f"random-{v}-d{d}", "random", len(chosen), d,
+                                  matched_random_heads(shape, chosen, seed=seed, draw=d))) for d in range(cfg.n_draws)]
+        else:
+            N = default_exclude_top_n(n_total)
+            check_ks([x], n_total, N)
+            for c in ablation_conditions(induction, [x], n_draws=cfg.n_draws, exclude_top_n=N, seed=seed, intact=False):
+                c.name = f"induction-{v}" if c.kind == "induction" else f"random-{v}-d{c.draw}"
+                out.append((v, c))
+    return out
+
+
+def hits_table(probe_rows: pd.DataFrame, conditions: Sequence[Condition], variants: dict[str, str]) -> pd.DataFrame:
+    """HITS@1 / HITS@3 with CIs per condition × task × shots × control (macro rows included), plus
+    each variant's random draws pooled per prompt as condition ``random-<variant>``."""
+    parts = [probe_rows]
+    for v, names in draws_by_variant(conditions, variants).items():
+        per = {n: probe_rows[probe_rows.condition == n] for n in names}     # the same prompts in the same order
+        keys = per[names[0]][["task", "shots", "control", "index"]].reset_index(drop=True)
+        parts.append(keys.assign(**{h: pooled({n: g[h].to_numpy(np.float64) for n, g in per.items()}, names)
+                                    for h in ("hits1", "hits3")}, condition=f"random-{v}", variant=v))
+    rows = pd.concat(parts, ignore_index=True)
+    return summarize_hits(rows, by=("condition", "shots", "control"))
+
+
+def drops_by_measure(probe_rows: pd.DataFrame, icl: dict, conditions: Sequence[Condition], variants: dict[str, str],
+                     shots: int) -> pd.DataFrame:
+    """Relative drop per ablation of HITS@1 at ``shots`` shots (prompts of all tasks as units), of
+    the ICL benefit (held-out windows) and of the induction benefit (random sequences):
+    :func:`~inductionlab.measures.load_bearing_eval.drops_table` rows with a ``measure`` column."""
+    if not conditions:
+        return pd.DataFrame()
+    measures: dict[str, dict[str, np.ndarray]] = {f"hits1_{shots}shot": {}, "icl_benefit": {}, "induction_benefit": {},
+                                                  "copy_accuracy": {}, "recall_accuracy": {}}
+    sel = probe_rows[(probe_rows.shots == shots) & (probe_rows.control == "intact")]
+    for name, g in sel.groupby("condition", sort=False):
+        measures[f"hits1_{shots}shot"][name] = g.sort_values(["task", "index"])["hits1"].to_numpy(np.float64)
+    intact = icl["intact"]
+    if intact.get("icl") is not None:
+        measures["icl_benefit"]["intact"] = np.asarray(intact["icl"]["per_sequence"]["benefit"], np.float64)
+    measures["induction_benefit"]["intact"] = np.asarray(intact["induction"]["per_sequence"]["benefit"], np.float64)
+    measures["copy_accuracy"]["intact"] = np.asarray(intact["induction"]["per_sequence"]["copy_accuracy"], np.float64)
+    measures["recall_accuracy"]["intact"] = np.asarray(intact["recall"]["per_sequence"]["accuracy"], np.float64)
+    for c in conditions:
+        if icl[c.name].get("icl_benefit") is not None and "intact" in measures["icl_benefit"]:
+            measures["icl_benefit"][c.name] = np.asarray(icl[c.name]["icl_benefit"], np.float64)
+        for k in ("induction_benefit", "copy_accuracy", "recall_accuracy"):
+            measures[k][c.name] = np.asarray(icl[c.name][k], np.float64)
+    kinds = {c.name: c for c in conditions}
+    out = []
+    for measure, per in measures.items():
+        if "intact" not in per:
+            continue
+        tidy = []
+        for name, values in per.items():
+            c = kinds.get(name)
+            tidy.append(pd.DataFrame({"variant": variants.get(name, "intact"), "kind": c.kind if c else "intact",
+                                      "draw": c.draw if c else 0, "unit": np.arange(len(values)), "value": values}))
+        d = drops_table(pd.concat(tidy, ignore_index=True))
+        out.append(d.assign(measure=measure))
+    res = pd.concat(out, ignore_index=True)
+    return res[["measure", *[c for c in res.columns if c != "measure"]]]
+
+
+def icl_table(icl: dict, conditions: Sequence[Condition], variants: dict[str, str]) -> pd.DataFrame:
+    """Per condition (and each variant's pooled random draws): ICL benefit and induction benefit
+    (nats) with 95% CIs over sequences; the intact row also the ICL score, late/early losses and positions."""
+    rows = []
+    intact = icl["intact"]
+    r = {"condition": "intact", "variant": "intact"}
+    if intact.get("icl") is not None:
+        s = intact["icl"]
+        r.update(icl_score=s["score"], icl_score_ci_low=s["ci_low"], icl_score_ci_high=s["ci_high"],
+                 loss_late=s["loss_late"], loss_early=s["loss_early"], late=s["late"], early=s["early"], window=s["window"])
+        put_ci(r, "icl_benefit", s["per_sequence"]["benefit"])
+    ind = intact["induction"]
+    r.update(first_copy=ind["first_copy"], second_copy=ind["second_copy"])
+    put_ci(r, "induction_benefit", ind["per_sequence"]["benefit"])
+    put_ci(r, "copy_accuracy", ind["per_sequence"]["copy_accuracy"])
+    put_ci(r, "recall_accuracy", intact["recall"]["per_sequence"]["accuracy"])
+    rows.append(r)
+    arms = [(c.name, variants[c.name], [c.name]) for c in conditions]
+    arms += [(f"random-{v}", v, names) for v, names in draws_by_variant(conditions, variants).items()]
+    for name, v, members in arms:
+        r = {"condition": name, "variant": v}
+        for k in ("icl_benefit", "induction_benefit", "copy_accuracy", "recall_accuracy"):
+            if icl[members[0]].get(k) is not None:
+                put_ci(r, k, pooled({m: np.asarray(icl[m][k], np.float64) for m in members}, members))
+        rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def draws_by_variant(conditions: Sequence[Condition], variants: dict[str, str]) -> dict[str, list[str]]:
+    """``variant -> names`` of its random draws (variants and draws in run order), the members of
+    each pooled ``random-<variant>`` arm."""
+    out: dict[str, list[str]] = {}
+    for c in conditions:
+        if c.kind == "random":
+            out.setdefault(variants[c.name], []).append(c.name)
+    return out
+
+
+__all__ = ["load_bearing_conditions", "hits_table", "drops_by_measure", "icl_table", "draws_by_variant"]
