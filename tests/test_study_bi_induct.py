@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 
 from inductionlab.errors import InductionLabError
-from inductionlab.studies.bi_induct.study import (ANTI_NEAR_ZERO, INDUCTION_EFFECT, seed_ci, BiInductStudyConfig, run_bi_induct_study,
-                                          verdicts)
+from inductionlab.studies.bi_induct import (ANTI_NEAR_ZERO, INDUCTION_EFFECT, seed_ci, BiInductStudyConfig, run_bi_induct_study,
+                                            verdicts)
 from test_train_helpers import make_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
