@@ -116,6 +116,17 @@ def test_bad_options_fail_before_writing(tmp_path, shards):
     assert not (tmp_path / "o").exists()
 
 
+def test_trainers_run_this_checkouts_code():
+    """The folder put first on the trainers' PYTHONPATH is the one holding the imported ``inductionlab``
+    (the move into studies/bi_induct/ once pointed it at studies/, where ``evaluate/`` would shadow a package)."""
+    import inductionlab
+    from inductionlab.studies.bi_induct.jobs import _package_root
+
+    root = _package_root()
+    assert root == Path(inductionlab.__file__).resolve().parents[1]
+    assert (root / "inductionlab" / "studies" / "bi_induct" / "jobs.py").is_file()
+
+
 @pytest.mark.slow
 def test_sigkill_mid_study_then_rerun_equals_uninterrupted(study, shards, tmp_path):
     out = tmp_path / "k"

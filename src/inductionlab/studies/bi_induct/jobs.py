@@ -28,6 +28,13 @@ def _die_with_parent() -> None:           # preexec_fn: a SIGKILLed study takes 
         pass
 
 
+def _package_root() -> Path:
+    """The folder holding the ``inductionlab`` package of this module (``src/`` of a checkout), first on the
+    trainers' PYTHONPATH so that they run the study's own code; counted from the module's dotted name, so a
+    move of this module keeps it right."""
+    return Path(__file__).resolve().parents[len(__name__.split(".")) - 1]
+
+
 def train_command(cfg: BiInductStudyConfig, config_file: Path) -> list[str]:
     """The command line of one training run: ``python -m inductionlab.cli train --config FILE``,
     or under ``torchrun --standalone --nproc_per_node=N`` when ``cfg.nproc > 1``."""
@@ -58,7 +65,7 @@ def train_runs(cfg: BiInductStudyConfig, out: Path, *, progress: bool = True,
     walls = {n: 0.0 for n, _, _ in cfg.runs()}
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("STUDY_THREADS", "1"),
            "MKL_NUM_THREADS": os.environ.get("STUDY_THREADS", "1"),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+           "PYTHONPATH": os.pathsep.join([str(_package_root()),
                                           *filter(None, [os.environ.get("PYTHONPATH")])])}
     running: dict[str, tuple[subprocess.Popen, float, Any]] = {}
     failed = []
