@@ -163,7 +163,7 @@ def test_api_refuses_an_output_holding_an_input(tmp_path, model_dir, corpus):
     from inductionlab.studies.analyze import AnalyzeConfig, analyze
     from inductionlab.protocols.lag_probe import LagProbeConfig
     from inductionlab.core.models import load_model
-    from inductionlab.studies.bi_induct.study import BiInductStudyConfig, run_bi_induct_study
+    from inductionlab.studies.bi_induct import BiInductStudyConfig, run_bi_induct_study
 
     model = _copy(model_dir, tmp_path / "work" / "m")
     loaded = load_model(str(model), dtype="float32")

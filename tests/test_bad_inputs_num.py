@@ -156,7 +156,7 @@ def test_configs_refuse_the_same_numbers(i):
 
 
 def test_bi_induct_config_refuses_numbers(corpus):
-    from inductionlab.studies.bi_induct.study import BiInductStudyConfig
+    from inductionlab.studies.bi_induct import BiInductStudyConfig
 
     for kw, pattern in ((dict(budget=2 ** 70), "64-bit"), (dict(budget=-1), "--budget"),
                         (dict(seeds=10 ** 6), "at most 1000"), (dict(jobs=10 ** 6), "CPUs")):
@@ -363,7 +363,7 @@ def test_public_entry_points_refuse_none(name, tmp_path, monkeypatch):
 
 
 def test_training_entry_points_refuse_a_dict(tmp_path, corpus):
-    from inductionlab.studies.bi_induct.study import BiInductStudyConfig, run_bi_induct_study
+    from inductionlab.studies.bi_induct import BiInductStudyConfig, run_bi_induct_study
     from inductionlab.train import TrainConfig, train
 
     with pytest.raises(TypeError, match=r"train: cfg must be a TrainConfig, got dict; build one with .*config_from_dict"):

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from inductionlab.studies.bi_induct.study import STUDY_PRESETS, BiInductStudyConfig, evaluation_config, plan_budgets, \
+from inductionlab.studies.bi_induct import STUDY_PRESETS, BiInductStudyConfig, evaluation_config, plan_budgets, \
     variants_table
 from test_train_helpers import make_corpus
 

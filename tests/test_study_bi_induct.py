@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 
 from inductionlab.errors import InductionLabError
-from inductionlab.studies.bi_induct.study import (ANTI_NEAR_ZERO, INDUCTION_EFFECT, seed_ci, BiInductStudyConfig, run_bi_induct_study,
-                                          verdicts)
+from inductionlab.studies.bi_induct import (ANTI_NEAR_ZERO, INDUCTION_EFFECT, seed_ci, BiInductStudyConfig, run_bi_induct_study,
+                                            verdicts)
 from test_train_helpers import make_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,6 +114,17 @@ def test_bad_options_fail_before_writing(tmp_path, shards):
         with pytest.raises(InductionLabError, match=msg):
             run_bi_induct_study(BiInductStudyConfig(**{"preset": "tiny", **kw}), tmp_path / "o", progress=False)
     assert not (tmp_path / "o").exists()
+
+
+def test_trainers_run_this_checkouts_code():
+    """The folder put first on the trainers' PYTHONPATH is the one holding the imported ``inductionlab``
+    (the move into studies/bi_induct/ once pointed it at studies/, where ``evaluate/`` would shadow a package)."""
+    import inductionlab
+    from inductionlab.studies.bi_induct.jobs import _package_root
+
+    root = _package_root()
+    assert root == Path(inductionlab.__file__).resolve().parents[1]
+    assert (root / "inductionlab" / "studies" / "bi_induct" / "jobs.py").is_file()
 
 
 @pytest.mark.slow

@@ -89,7 +89,7 @@ def bi_induct(preset, shards, budget, seeds, jobs, nproc, variants, no_evaluate,
     ICL score, perplexity, top-2% vs random ablation) and decide each claim of the paper by rules
     stated before the data. Each run is resumable; an existing study with the same options in
     --out is resumed (finished runs reused)."""
-    from ..studies.bi_induct.study import BiInductStudyConfig, gpu_estimate, run_bi_induct_study
+    from ..studies.bi_induct import BiInductStudyConfig, gpu_estimate, run_bi_induct_study
 
     refuse_conflicts(("--partial", "--estimate", estimate and partial), ("--overwrite", "--estimate", estimate and overwrite))
     if partial and overwrite:

@@ -1,7 +1,9 @@
-"""What a run directory holds besides checkpoints: tables, figures and the Markdown report,
-built from shared pieces (the model line, CI formatting).
+"""The pieces every study's report is built from: the model line, CI formatting, and the lag
+probe's corrected-readout and cue sections (with their tables and figures) that ``analyze`` and
+``study temporal`` both write.
 
-Each writer takes a finished result (its numbers are computed elsewhere) and writes every file
+Each study writes its own report in ``studies/<name>/report.py`` from these; a piece moves here
+only when a second study needs it. Numbers are computed elsewhere; every file is written
 atomically; figures are drawn by :mod:`inductionlab.studies.plots`.
 """
 
@@ -12,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import plots
-
 from ..measures import serial_position
 from ..runtime.runs import atomic_write_text
+from . import plots
 
 
 def model_line(identity: dict) -> str:
@@ -160,110 +161,3 @@ def write_cue_outputs(tables: Path, figs: Path, lag, name: str, shown: list[str]
                                 title=f"{name}: serial-position curve of the lag probe\n{what}")
     plots.lag_crp_heatmap(t["lag_crp_bands"], figs / "lag_crp_bands.png", heat,
                           title=f"{name}: lag-CRP by cue-position band\n{what}")
-
-
-# ---- study bi-induct ---------------------------------------------------------------------------------
-
-def _num(x, d: int = 3) -> str:
-    if x is None or (isinstance(x, float) and not np.isfinite(x)):
-        return "-"
-    if isinstance(x, float) and x.is_integer() and abs(x) >= 1000:
-        return f"{int(x):,}"
-    return f"{x:.{d}f}" if isinstance(x, float) else str(x)
-
-
-def _md(df: pd.DataFrame, d: int = 3) -> str:
-    """A small Markdown table of ``df`` (floats with ``d`` decimals)."""
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in df.itertuples(index=False):
-        lines.append("| " + " | ".join(_num(v, d) if not isinstance(v, str) else v for v in r) + " |")
-    return "\n".join(lines)
-
-
-def bi_induct_report(study) -> str:
-    """report.md of :func:`inductionlab.studies.bi_induct.study.run_bi_induct_study`: setup and matched
-    compute, telemetry figure, emergence table, perplexity, probes, ablation drops, verdicts."""
-    rec, t = study.record, study.table
-    p, b = rec["preset"], rec["matched_compute"]["budget"]
-    thr = rec["thresholds"]["induction_threshold"]
-    L = [f"# Bi-Induct matched-compute study (preset `{p['name']}`)", "",
-         f"{p['description']}.", "",
-         f"Variants {', '.join(rec['params']['variants'])} × {rec['params']['seeds']} seeds. Every run: "
-         f"{b['n_params']:,} parameters, {b['steps']} updates × {b['tokens_per_update']} tokens = {b['tokens']:,} "
-         f"tokens, {b['flops']:.3e} training FLOPs (6·N·D + attention) — **identical across runs (asserted)**. "
-         f"Summed training time {rec['train_time_s_total']:.0f} s; this call {rec['timings']['total_s']:.0f} s wall.",
-         *([f"", f"**Partial study**: runs not finished yet and left out: {', '.join(rec['missing_runs'])}."]
-           if rec.get("missing_runs") else []),
-         "", "## Verdicts", "",
-         "Decision rules (stated in `inductionlab.studies.bi_induct.study.RULES` before the data):", ""]
-    for k, r in rec["rules"].items():
-        L.append(f"* **{k}**: {r}")
-    L += ["", "| claim | verdict | evidence (mean [95% CI] over seeds) |", "|---|---|---|"]
-    for v in rec["verdicts"]:
-        name = v["text"] + (f" ({v['variant']} vs none)" if v.get("variant") else "")
-        L.append(f"| {v['claim']}. {name} | **{v['verdict']}** | {v['evidence']} |")
-    L += ["", "## Telemetry over training", "", "![telemetry](plots/telemetry_variants.png)", "",
-          f"Mean over seeds (line) and min–max over seeds (band). Emergence = first checkpoint with max induction "
-          f"score > {thr}.", "", "## Emergence and final head scores", ""]
-    law = rec.get("predicted_emergence")
-    if law:
-        L += [f"The emergence law of Aoyama, Wilcox & Schneider (arXiv 2511.16893), N ≈ 5·10^5·√(B·C) tokens, "
-              f"predicts ≈ {law['tokens']:.3g} tokens ≈ {law['updates']:,.0f} updates at B = {law['batch_sequences']}, "
-              f"C = {law['context']} (`law_emergence_*`; an order of magnitude, fitted on GPU runs).", ""]
-    if rec.get("variants_table"):
-        L += ["Per variant, mean [95% Student-t CI] over seeds (emergence: over the seeds that emerged; `never` "
-              "counts the others):", "", _md(pd.DataFrame(rec["variants_table"])), ""]
-    cols = ["run", "emergence_step", "emergence_tokens", "law_emergence_steps", "law_emergence_tokens",
-            "final_max_induction", *[c for c in t.columns if c.startswith("final_max_induction_S")],
-            "final_top2pct_induction",
-            "peak_max_induction", "final_max_anti_induction", "peak_max_anti_induction", "final_max_copy_offset",
-            "final_max_copy_offset_control", "train_time_s"]
-    L += [_md(t[[c for c in cols if c in t]]), "", "## Held-out perplexity", ""]
-    cols = ["run", "telemetry_heldout_ppl", "ppl"]
-    L += [_md(t[[c for c in cols if c in t]], 2), "",
-          "`telemetry_heldout_ppl`: the trainer's last-checkpoint telemetry; `ppl`: the evaluation's perplexity "
-          "guard on the held-out split.", ""]
-    if "icl_benefit" in t:
-        L += ["## Probes: associative recall, copying, function-style ICL (HITS@k), ICL score", ""]
-        cols = ["run", "recall_accuracy", "copy_accuracy", "hits1_1shot", "hits3_1shot", "hits1_10shot",
-                "hits3_10shot", "icl_score", "icl_benefit"]
-        L += [_md(t[[c for c in cols if c in t]]), "",
-              "`recall_accuracy`: top-1 accuracy of a value after its repeated key (P random key-value pairs in the "
-              "model's own tokens, then the same pairs shuffled); `copy_accuracy`: top-1 accuracy on the repeat of a "
-              "random-token list. ",
-              "Macro average over the preset's tasks, intact prompts (per-task tables and the label-permutation "
-              "control in each run's `evaluate/<key>/<run>/`). ICL score = loss(late) − loss(early) in nats (Olsson et al.; "
-              "negative = learns in context).", "",
-              "## Load-bearing test: top-2% induction heads per layer vs matched random heads", ""]
-        absc = [c for c in t.columns if c.startswith("abs_")]
-        if absc:
-            L += [_md(t[["run", *absc]]), "",
-                  "Absolute change under zero ablation (ablated − intact; `contrast` = induction-ablated − random-"
-                  "ablated, per unit, random draws pooled): ICL benefit in nats, accuracies as fractions. These "
-                  "decide claim D (a relative change divides by the intact value).", ""]
-        tt = t.assign(**{c: 100 * t[c] for c in ("drop_induction", "drop_random", "drop_contrast")})
-        L += [_md(tt[["run", "drop_induction", "drop_random", "drop_contrast"]], 1), "",
-              "Relative change (%) of the per-window ICL benefit under zero ablation; contrast = induction − random "
-              "(paper, natural-only vs Bi-Induct: −22.6% vs −4.9% at 0.13B). Pre-registered: read it only where "
-              "every compared intact ICL benefit exceeds the RELATIVE_FLOOR of the rules.", ""]
-    else:
-        L += ["## Evaluation", "", "Not run (`evaluate` off).", ""]
-    return "\n".join(L) + "\n"
-
-
-def write_bi_induct_outputs(out: Path, study, pieces: dict) -> None:
-    """tables/ (runs, telemetry summary, verdicts), plots/telemetry_variants.png, report.md (results.json
-    after them, by :meth:`~inductionlab.studies.run.StudyRun.finish`)."""
-    tables, figs = out / "tables", out / "plots"
-    frames = []
-    for name, pc in pieces.items():
-        v, s = name.rsplit("-s", 1)
-        frames.append(pd.DataFrame(pc["summary"]).assign(variant=v, seed=int(s), run=name))
-    summ = pd.concat(frames, ignore_index=True)
-    atomic_write_text(tables / "runs.csv", study.table.to_csv(index=False))
-    atomic_write_text(tables / "telemetry_summary.csv", summ.to_csv(index=False))
-    atomic_write_text(tables / "verdicts.csv", pd.DataFrame(study.record["verdicts"]).to_csv(index=False))
-    plots.variant_curves(summ, figs / "telemetry_variants.png", study.record["thresholds"]["induction_threshold"],
-                         title=f"Bi-Induct study ({study.record['preset']['name']})")
-    atomic_write_text(out / "report.md", bi_induct_report(study))   # results.json: StudyRun.finish
