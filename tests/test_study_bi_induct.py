@@ -17,7 +17,7 @@ import pytest
 
 from inductionlab.errors import InductionLabError
 from inductionlab.studies.bi_induct import (ANTI_NEAR_ZERO, INDUCTION_EFFECT, seed_ci, BiInductStudyConfig, run_bi_induct_study,
-                                            verdicts)
+                                            decide)
 from test_train_helpers import make_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,7 +178,7 @@ def _by(vs):
 
 
 def test_rules_nothing_formed_is_not_testable():
-    v = _by(verdicts(_table(), threshold=0.3))
+    v = _by(decide(_table(), threshold=0.3))
     assert v["Ainduction"] == v["Abalanced"] == "not testable"
     assert v["C"] == "not testable"          # recall probe at the floor (accuracy 0)
     assert v["B"] == "reproduced"                          # 0.05 in every seed: CI [0.05, 0.05] < 0.2
@@ -191,7 +191,7 @@ def test_rules_head_forms_with_induction_data_only():
                emergence_tokens=lambda v, s: 1000 if v == "induction" else None,
                ppl=lambda v, s: 10.0 if v == "none" else 20.0 + s,
                peak_max_anti_induction=lambda v, s: ANTI_NEAR_ZERO + 0.1 if v == "anti" else 0.05)
-    v = _by(verdicts(t, threshold=0.3))
+    v = _by(decide(t, threshold=0.3))
     assert v["Ainduction"] == "reproduced" and v["Abalanced"] == "not reproduced"
     assert v["E"] == "reproduced" and v["B"] == "not reproduced"
 
@@ -200,28 +200,28 @@ def test_rule_a_effect_size_threshold():
     # +0.09 in both seeds: below INDUCTION_EFFECT, no earlier emergence -> not reproduced
     t = _table(final_max_induction=lambda v, s: 0.5 + (INDUCTION_EFFECT - 0.01 if v == "induction" else 0),
                peak_max_induction=lambda v, s: 0.5)
-    assert _by(verdicts(t, 0.3))["Ainduction"] == "not reproduced"
+    assert _by(decide(t, 0.3))["Ainduction"] == "not reproduced"
     t = _table(final_max_induction=lambda v, s: 0.5 + (INDUCTION_EFFECT + 0.01 + 0.001 * s if v == "induction" else 0),
                peak_max_induction=lambda v, s: 0.5)
-    assert _by(verdicts(t, 0.3))["Ainduction"] == "reproduced"
+    assert _by(decide(t, 0.3))["Ainduction"] == "reproduced"
 
 
 def test_rule_d_natural_only_loses_more_nats():
     # absolute contrasts (nats): none -0.050, -0.051; induction -0.010, -0.009 -> paired d = -0.040, -0.042,
     # t(1) CI = -0.041 +- 12.706 * 0.001414 / sqrt(2) = [-0.0537, -0.0283]: high < 0 -> reproduced
     t = _table(abs_icl_benefit_contrast=lambda v, s: -0.05 - 0.001 * s if v == "none" else -0.01 + 0.001 * s)
-    d = next(x for x in verdicts(t, 0.3) if x.claim == "D")
+    d = next(x for x in decide(t, 0.3) if x.claim == "D")
     assert d.status == "reproduced"
     assert "none − induction = -0.041 [-0.054, -0.028]" in d.evidence
     assert "relative not reported" in d.evidence          # intact 0.1 is not above RELATIVE_FLOOR 0.10
     t2 = _table(abs_icl_benefit_contrast=lambda v, s: -0.05 - 0.001 * s if v == "none" else -0.01 + 0.001 * s,
                 icl_benefit=lambda v, s: 0.3)
-    assert "relative contrast none − induction" in next(x for x in verdicts(t2, 0.3) if x.claim == "D").evidence
+    assert "relative contrast none − induction" in next(x for x in decide(t2, 0.3) if x.claim == "D").evidence
     # the induction variant loses as much: not reproduced
     t = _table(abs_icl_benefit_contrast=lambda v, s: -0.05 - 0.001 * s)
-    assert _by(verdicts(t, 0.3))["D"] == "not reproduced"
+    assert _by(decide(t, 0.3))["D"] == "not reproduced"
     t = _table(abs_icl_benefit_contrast=lambda v, s: -0.05 - 0.01 * s, icl_benefit=lambda v, s: 0.0)
-    assert _by(verdicts(t, 0.3))["D"] == "not testable"   # no ICL benefit to lose
+    assert _by(decide(t, 0.3))["D"] == "not testable"   # no ICL benefit to lose
 
 
 def test_seed_ci_is_student_t():
@@ -232,8 +232,8 @@ def test_seed_ci_is_student_t():
 
 def test_rule_c_bi_induct_better_on_probes():
     t = _table(recall_accuracy=lambda v, s: 0.5 + 0.01 * s if v == "induction" else 0.2 + 0.01 * s)
-    assert _by(verdicts(t, 0.3))["C"] == "not reproduced"
+    assert _by(decide(t, 0.3))["C"] == "not reproduced"
     t = _table(recall_accuracy=lambda v, s: 0.3 + 0.01 * s)
-    assert _by(verdicts(t, 0.3))["C"] == "reproduced"
+    assert _by(decide(t, 0.3))["C"] == "reproduced"
     t = _table(recall_accuracy=lambda v, s: 0.5 if v == "induction" else 0.04)     # natural-only at the floor
-    assert _by(verdicts(t, 0.3))["C"] == "not testable"
+    assert _by(decide(t, 0.3))["C"] == "not testable"

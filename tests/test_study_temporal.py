@@ -13,7 +13,7 @@ from inductionlab.core.ablation import Condition, ablation_conditions, top_k_hea
 from inductionlab.errors import InductionLabError
 from inductionlab.protocols.lag_probe import LagProbeConfig, LagProbeResult
 from inductionlab.protocols.serial_recall import SerialRecallConfig, SerialRecallResult
-from inductionlab.studies.temporal import TemporalStudyConfig, default_ks, headline_table, run_temporal_study, verdicts
+from inductionlab.studies.temporal import TemporalStudyConfig, default_ks, headline_table, run_temporal_study, decide
 
 SMALL = dict(lag=LagProbeConfig(n_permutations=6, list_length=30, cue_position=15),
              recall=SerialRecallConfig(n_trials=4, list_length=6, n_shots=2),
@@ -94,11 +94,11 @@ def test_verdicts_on_known_effects():
     row = head[(head.measure == "lag_plus1")].iloc[0]
     assert row.intact == pytest.approx(0.8, abs=0.01) and row.induction == pytest.approx(0.1, abs=0.01)
     assert row.random_minus_induction == pytest.approx(0.7, abs=0.02)
-    v = {d.claim: d.status == "reproduced" for d in verdicts(lag, rec, head, ks)}
+    v = {d.claim: d.status == "reproduced" for d in decide(lag, rec, head, ks)}
     assert v == {"A": True, "B": True, "C": True, "D": True}
     lag, rec, ks = _synthetic(collapse=False)
     head = headline_table(lag, rec, ks)
-    v = {d.claim: d.status == "reproduced" for d in verdicts(lag, rec, head, ks)}
+    v = {d.claim: d.status == "reproduced" for d in decide(lag, rec, head, ks)}
     assert v == {"A": True, "B": False, "C": False, "D": False}
 
 
@@ -122,14 +122,14 @@ def test_majority_rule_ignores_floor_but_not_reversal():
             _row("lag_plus1", 3, 0.8, 0.0, 0.0, (-0.01, 0.01))]
     rows += [_row("recall_accuracy", r["k"], r["intact"], r["induction"], r["random"],
                   (r["random_minus_induction_ci_low"], r["random_minus_induction_ci_high"])) for r in rows]
-    v = {d.claim: d for d in verdicts(lag, rec, pd.DataFrame(rows), ks)}
+    v = {d.claim: d for d in decide(lag, rec, pd.DataFrame(rows), ks)}
     assert v["B"].status == v["D"].status == "reproduced"
     assert [v["B"].per_k[k]["holds"] for k in ks] == [True, True, False]
     assert v["C"].status == "not reproduced"                # at k = 3 random ablation removed p(+1)
     # a significant reversal at any k (random lower than induction) refutes (b) and (d)
     rows[2] = _row("lag_plus1", 3, 0.8, 0.6, 0.2, (-0.5, -0.3))
     rows[5] = _row("recall_accuracy", 3, 0.8, 0.6, 0.2, (-0.5, -0.3))
-    v = {d.claim: d.status == "reproduced" for d in verdicts(lag, rec, pd.DataFrame(rows), ks)}
+    v = {d.claim: d.status == "reproduced" for d in decide(lag, rec, pd.DataFrame(rows), ks)}
     assert not v["B"] and not v["D"]
 
 

@@ -279,4 +279,4 @@ def curriculum_preview(corpus_dir, seed, batch_size, seq_len, total_tokens, step
         click.echo(f"plot: {plot}")
 
 
-COMMANDS = [corpus, curriculum]   # registered on `inductionlab` by cli.py
+COMMANDS = [corpus, curriculum]   # registered on `inductionlab` by cli/main._register

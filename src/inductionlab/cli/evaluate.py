@@ -151,4 +151,4 @@ def _print_summary(res, load_s: float, out: Path) -> None:
     click.echo(f"model loaded in {load_s:.1f} s; evaluation {res.timings['total_s']:.1f} s; report: {out / 'report.md'}")
 
 
-COMMANDS = [evaluate]   # registered on `inductionlab` by cli.py
+COMMANDS = [evaluate]   # registered on `inductionlab` by cli/main._register

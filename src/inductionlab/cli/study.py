@@ -115,4 +115,4 @@ def bi_induct(preset, shards, budget, seeds, jobs, nproc, variants, no_evaluate,
     click.echo(f"report: {out / 'report.md'}")
 
 
-COMMANDS = [study]   # registered on `inductionlab` by cli.py
+COMMANDS = [study]   # registered on `inductionlab` by cli/main._register

@@ -175,4 +175,4 @@ def telemetry_cmd(runs, out, overwrite, threshold):
     click.echo(f"wrote {out}")
 
 
-COMMANDS = [train_cmd, telemetry_cmd]   # registered on `inductionlab` by cli.py
+COMMANDS = [train_cmd, telemetry_cmd]   # registered on `inductionlab` by cli/main._register

@@ -1,6 +1,6 @@
 """Pieces every study shares: head scores as a checkpointed piece, protocol phases over
-conditions, the k check. A study module (``study_temporal``, ``analyze``) then holds only its
-config, its phase list, its tables and verdicts.
+conditions, the k check. A study's folder (``studies/temporal/``, ``studies/analyze/``) then holds
+only its config, its phase list, its tables, verdicts and report.
 
 The shape of a study (``analyze`` and ``study temporal`` follow it; a new study copies this
 recipe, not a module)::
@@ -27,11 +27,11 @@ recipe, not a module)::
         parts, words = run_phases(run, loaded, PHASES, PROTOCOLS, {"lag": cfg.lag},
                                   {"ablation": conditions}, {"lag": cfg.lag.n_permutations},
                                   timings=run.timings)  #    timings["lag_s"]
-        ...                                              # 4. tables and verdicts (pure functions, stats.py;
-                                                         #    each claim a study_run.Verdict)
+        ...                                              # 4. tables and verdicts (pure functions over
+                                                         #    measures/; each claim a studies.run.Verdict)
         record = {..., "verdicts": [v.to_dict() for v in verdicts]}
         run.finish(record, write=lambda: ...)            #    rank 0: tables/, plots (plots.py), report.md
-                                                         #    (report.py), then results.json, timing.json
+                                                         #    (the study's report.py), results.json, timing.json
         return MyStudy(...)                              # 5. a typed result
 
 Each piece (``scores``, ``<phase>/<condition>``) is computed once, written atomically under

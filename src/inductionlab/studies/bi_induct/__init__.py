@@ -13,11 +13,11 @@ from .study import BiInductStudy, run_bi_induct_study
 from .tables import runs_table, variants_table
 from .verdicts import (ANTI_NEAR_ZERO, C_MEASURE, CLAIMS, D_MEASURE, ICL_FLOOR, INDUCTION_EFFECT, MIN_SEEDS_FOR_CI,
                        PROBE_FLOOR, PROBE_MARGIN, RELATIVE_FLOOR, RULES, seed_ci, verdict_a, verdict_b, verdict_c,
-                       verdict_d, verdict_e, verdicts)
+                       verdict_d, verdict_e, decide)
 
 __all__ = ["STUDY_PRESETS", "VARIANTS", "BiInductStudy", "BiInductStudyConfig", "StudyPreset", "gpu_estimate",
            "plan_budgets", "run_bi_induct_study", "evaluate_checkpoint", "evaluation_config", "run_finished",
            "run_piece", "train_command", "train_runs", "runs_table", "variants_table", "ANTI_NEAR_ZERO", "C_MEASURE",
            "CLAIMS", "D_MEASURE", "ICL_FLOOR", "INDUCTION_EFFECT", "MIN_SEEDS_FOR_CI", "PROBE_FLOOR", "PROBE_MARGIN",
            "RELATIVE_FLOOR", "RULES", "seed_ci", "verdict_a", "verdict_b", "verdict_c", "verdict_d", "verdict_e",
-           "verdicts"]
+           "decide"]

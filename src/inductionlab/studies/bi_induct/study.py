@@ -42,7 +42,7 @@ from typing import Callable
 import pandas as pd
 
 from ...errors import InductionLabError
-from ...runtime.run_dir import final_checkpoint  # noqa: F401 (study_bi_induct.final_checkpoint: the one reader)
+from ...runtime.run_dir import final_checkpoint
 from ...runtime.runs import own_entries, versions
 from ..run import StudyRun, Verdict
 from .config import BiInductStudyConfig, plan_budgets
@@ -50,7 +50,7 @@ from .evaluation import evaluate_checkpoint
 from .jobs import run_finished, run_piece, train_runs
 from .tables import runs_table, variants_table
 from .verdicts import (ANTI_NEAR_ZERO, C_MEASURE, D_MEASURE, ICL_FLOOR, INDUCTION_EFFECT, MIN_SEEDS_FOR_CI, PROBE_FLOOR,
-                       PROBE_MARGIN, RELATIVE_FLOOR, RULES, verdicts)
+                       PROBE_MARGIN, RELATIVE_FLOOR, RULES, decide)
 
 # ---- the study ------------------------------------------------------------------------------------
 
@@ -127,7 +127,7 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, *, overwrite:
             evals[n] = run.piece(f"{cfg.eval_key()}/{n}", compute, timing="evaluate")
     threshold = float(cfg.train_config("none", 0, "x").induction_threshold)
     table = runs_table(pieces, evals)
-    vs = verdicts(table, threshold)
+    vs = decide(table, threshold)
     b0 = next(iter(budgets.values()))
     from ...train.telemetry import predicted_emergence
     record = {"kind": "study-bi-induct", "params": params, "preset": dataclasses.asdict(cfg.recipe),

@@ -229,6 +229,6 @@ def verdict_e(t: pd.DataFrame) -> Verdict:
     return _verdict("E", "reproduced" if m is not None and m[1] > 0 else "not reproduced", ev)
 
 
-def verdicts(t: pd.DataFrame, threshold: float) -> list[Verdict]:
+def decide(t: pd.DataFrame, threshold: float) -> list[Verdict]:
     """Every claim's verdict (A per forward variant, then B–E) by :data:`RULES`."""
     return [*verdict_a(t, threshold), verdict_b(t), verdict_c(t), verdict_d(t), verdict_e(t)]

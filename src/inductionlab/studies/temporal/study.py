@@ -30,7 +30,7 @@ each claim of the temporal-dependencies paper on this model as reproduced / not 
 (D) serial recall suffers more under induction ablation than under random ablation.
 
 Decision rules (this project's; the paper states the claims without tests) are in
-:func:`~inductionlab.studies.temporal.verdicts.verdicts`, each claim a :class:`~inductionlab.studies.run.Verdict`. All CIs are 95%, normal approximation over trials; differences between
+:func:`~inductionlab.studies.temporal.verdicts.decide`, each claim a :class:`~inductionlab.studies.run.Verdict`. All CIs are 95%, normal approximation over trials; differences between
 conditions are paired (every condition sees the same trials).
 """
 
@@ -63,7 +63,7 @@ from ...runtime.runs import versions
 from ..pieces import Phase, check_ks, check_trial_ids, head_scores_piece, run_phases
 from ..run import StudyRun, Verdict
 from .config import TemporalStudyConfig, default_ks
-from .verdicts import MEASURES, headline_table, verdicts
+from .verdicts import MEASURES, headline_table, decide
 
 PHASES = (Phase("lag", "lag", "ablation"), Phase("recall", "recall", "ablation"),
           Phase("single", "lag_seed", "single"), Phase("single_recall", "recall", "single"))
@@ -176,7 +176,7 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
     if singles:
         lb_table, conc = _load_bearing(induction, singles, lag, recall, parts, lb_n)
     head = headline_table(lag, recall, ks)
-    verd = verdicts(lag, recall, head, ks)
+    verd = decide(lag, recall, head, ks)
     record = {
         "kind": "study-temporal", "model": with_dtype_choice(run.params["model"], loaded), "params": run.params,
         "versions": versions(),

@@ -55,7 +55,7 @@ def headline_table(lag: LagProbeResult, recall: SerialRecallResult, ks: list[int
     return pd.DataFrame(rows)
 
 
-def verdicts(lag: LagProbeResult, recall: SerialRecallResult, head: pd.DataFrame, ks: list[int]) -> list[Verdict]:
+def decide(lag: LagProbeResult, recall: SerialRecallResult, head: pd.DataFrame, ks: list[int]) -> list[Verdict]:
     """The four claims A–D, each a :class:`~inductionlab.studies.run.Verdict` (status reproduced or
     not reproduced; B–D with ``per_k``).
 
