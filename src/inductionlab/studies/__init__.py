@@ -12,7 +12,7 @@ public API; then a command in ``cli/study.py``. Conventions: the folder is the c
 (``study bi-induct`` -> ``bi_induct/``); the run's kind (``StudyRun(out, kind, ...)``, checked on resume)
 is the command with its spaces as hyphens (``"analyze"``, ``"evaluate"``, ``"study-temporal"``);
 claims are lettered A, B, ... (:class:`~inductionlab.studies.run.Verdict`). The package face
-(``inductionlab.__init__``) names only the most used entry points: a new study need not appear there. Studies may import every layer below (``protocols``, ``train``, ``core``, ...)
-and another study through its ``__init__`` (``bi_induct`` evaluates with ``evaluate``), never ``cli``;
-the shared modules here never import a study.
+(``inductionlab.__init__``) names only the most used entry points: a new study need not appear there.
+Studies may import every layer below (``protocols``, ``train``, ``core``, ...) through its ``__init__`` (``bi_induct`` evaluates with ``evaluate``), never ``cli``; the shared
+modules here never import a study.
 """
