@@ -15,9 +15,9 @@ import pandas as pd
 from .. import plots
 from ...runtime.runs import atomic_write_text
 from ..report import model_line, row_ci
+from .tables import SEQUENCE_MEASURES
 
-EVAL_MEASURES = {"icl_benefit": "ICL benefit, loss(early) − loss(late)",
-                 "induction_benefit": "induction benefit, loss(copy 1) − loss(copy 2)"}
+EVAL_MEASURES = {n: m.label for n, m in SEQUENCE_MEASURES.items() if m.label}   # the report's drops table
 
 
 def _eval_labels(shots: int) -> dict[str, str]:

@@ -81,7 +81,7 @@ from ..pieces import Phase, head_scores_piece, run_phases
 from ..run import StudyRun
 from .config import EvaluateConfig
 from .report import write_evaluate_outputs
-from .tables import drops_by_measure, hits_table, icl_table, load_bearing_conditions
+from .tables import drops_by_measure, hits_table, icl_table, load_bearing_conditions, per_sequence
 
 KIND = "evaluate"
 
@@ -301,7 +301,7 @@ def _phases(measures: dict) -> list[Phase]:
 
 def _icl_results(parts: dict, conditions: Sequence[Condition], cfg: EvaluateConfig, loaded, windows) -> dict:
     """``"intact"`` -> the ICL score (None without windows), induction loss and associative recall
-    summaries; each ablated condition -> its per-sequence benefits and accuracies."""
+    summaries; each ablated condition -> its per-sequence values of every :data:`~.tables.SEQUENCE_MEASURES`."""
     bos, ibos = _bos_ids(loaded, cfg)
     pos = scaled_positions(loaded.model, windows, cfg.icl.late, cfg.icl.early) if windows is not None else None
 
@@ -311,14 +311,7 @@ def _icl_results(parts: dict, conditions: Sequence[Condition], cfg: EvaluateConf
                 "induction": induction_summary(ind["nll"], ind["hits"], cfg.induction.seq_len, ibos is not None),
                 "recall": recall_summary(rec["nll"], rec["hits"], cfg.recall.n_pairs, bos is not None)}
 
-    out = {"intact": summaries("intact")}
-    for c in conditions:
-        m = summaries(c.name)
-        out[c.name] = {"induction_benefit": m["induction"]["per_sequence"]["benefit"],
-                       "icl_benefit": m["icl"]["per_sequence"]["benefit"] if m["icl"] is not None else None,
-                       "copy_accuracy": m["induction"]["per_sequence"]["copy_accuracy"],
-                       "recall_accuracy": m["recall"]["per_sequence"]["accuracy"]}
-    return out
+    return {"intact": summaries("intact"), **{c.name: per_sequence(summaries(c.name)) for c in conditions}}
 
 
 def _reference_ids(loaded, cfg: EvaluateConfig, pool):

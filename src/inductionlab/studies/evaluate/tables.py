@@ -10,6 +10,7 @@ Imports the head selections of :mod:`inductionlab.core.ablation`, the statistics
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -22,6 +23,42 @@ from ...measures.stats import pooled, put_ci
 from ...protocols.function_probes import summarize_hits
 from ..pieces import check_ks
 from .config import LoadBearingConfig, parse_variant
+
+
+@dataclass(frozen=True)
+class SequenceMeasure:
+    """One per-unit measure of the token-loss phases, read intact and under every ablation.
+
+    Attributes:
+        summary: the phase summary it is read from (``"icl"``: :func:`~inductionlab.protocols.icl_score.icl_summary`
+            of the held-out windows, absent without ``--shards``; ``"induction"``:
+            :func:`~inductionlab.protocols.icl_score.induction_summary`; ``"recall"``:
+            :func:`~inductionlab.protocols.icl_score.recall_summary`).
+        key: its per-unit array in that summary's ``"per_sequence"`` (one value per sequence).
+        label: the report's name for it in the drops table and ``drops.png``; None: only in
+            ``tables/drops.csv``, ``icl.csv`` and results.json.
+    """
+    summary: str
+    key: str
+    label: str | None = None
+
+
+#: The per-sequence measures of ``evaluate`` (name -> :class:`SequenceMeasure`), in the order of the
+#: tables. A new one: its per-sequence values in its summary (``protocols/icl_score.py``) and one
+#: entry here; the results, ``icl.csv``, the drops table and the report read this table.
+SEQUENCE_MEASURES: dict[str, SequenceMeasure] = {
+    "icl_benefit": SequenceMeasure("icl", "benefit", "ICL benefit, loss(early) − loss(late)"),
+    "induction_benefit": SequenceMeasure("induction", "benefit", "induction benefit, loss(copy 1) − loss(copy 2)"),
+    "copy_accuracy": SequenceMeasure("induction", "copy_accuracy"),
+    "recall_accuracy": SequenceMeasure("recall", "accuracy"),
+}
+
+
+def per_sequence(summaries: dict) -> dict[str, np.ndarray | None]:
+    """``{measure: per-sequence values}`` from one condition's phase summaries (None where the
+    summary is absent: no held-out windows)."""
+    return {n: None if summaries.get(m.summary) is None else summaries[m.summary]["per_sequence"][m.key]
+            for n, m in SEQUENCE_MEASURES.items()}
 
 
 def load_bearing_conditions(induction: np.ndarray, cfg: LoadBearingConfig,
@@ -77,22 +114,17 @@ def drops_by_measure(probe_rows: pd.DataFrame, icl: dict, conditions: Sequence[C
     :func:`~inductionlab.measures.load_bearing_eval.drops_table` rows with a ``measure`` column."""
     if not conditions:
         return pd.DataFrame()
-    measures: dict[str, dict[str, np.ndarray]] = {f"hits1_{shots}shot": {}, "icl_benefit": {}, "induction_benefit": {},
-                                                  "copy_accuracy": {}, "recall_accuracy": {}}
+    measures: dict[str, dict[str, np.ndarray]] = {f"hits1_{shots}shot": {}, **{n: {} for n in SEQUENCE_MEASURES}}
     sel = probe_rows[(probe_rows.shots == shots) & (probe_rows.control == "intact")]
     for name, g in sel.groupby("condition", sort=False):
         measures[f"hits1_{shots}shot"][name] = g.sort_values(["task", "index"])["hits1"].to_numpy(np.float64)
-    intact = icl["intact"]
-    if intact.get("icl") is not None:
-        measures["icl_benefit"]["intact"] = np.asarray(intact["icl"]["per_sequence"]["benefit"], np.float64)
-    measures["induction_benefit"]["intact"] = np.asarray(intact["induction"]["per_sequence"]["benefit"], np.float64)
-    measures["copy_accuracy"]["intact"] = np.asarray(intact["induction"]["per_sequence"]["copy_accuracy"], np.float64)
-    measures["recall_accuracy"]["intact"] = np.asarray(intact["recall"]["per_sequence"]["accuracy"], np.float64)
+    for n, values in per_sequence(icl["intact"]).items():
+        if values is not None:
+            measures[n]["intact"] = np.asarray(values, np.float64)
     for c in conditions:
-        if icl[c.name].get("icl_benefit") is not None and "intact" in measures["icl_benefit"]:
-            measures["icl_benefit"][c.name] = np.asarray(icl[c.name]["icl_benefit"], np.float64)
-        for k in ("induction_benefit", "copy_accuracy", "recall_accuracy"):
-            measures[k][c.name] = np.asarray(icl[c.name][k], np.float64)
+        for n in SEQUENCE_MEASURES:
+            if icl[c.name].get(n) is not None and "intact" in measures[n]:
+                measures[n][c.name] = np.asarray(icl[c.name][n], np.float64)
     kinds = {c.name: c for c in conditions}
     out = []
     for measure, per in measures.items():
@@ -112,29 +144,36 @@ def drops_by_measure(probe_rows: pd.DataFrame, icl: dict, conditions: Sequence[C
 def icl_table(icl: dict, conditions: Sequence[Condition], variants: dict[str, str]) -> pd.DataFrame:
     """Per condition (and each variant's pooled random draws): ICL benefit and induction benefit
     (nats) with 95% CIs over sequences; the intact row also the ICL score, late/early losses and positions."""
-    rows = []
     intact = icl["intact"]
-    r = {"condition": "intact", "variant": "intact"}
-    if intact.get("icl") is not None:
-        s = intact["icl"]
-        r.update(icl_score=s["score"], icl_score_ci_low=s["ci_low"], icl_score_ci_high=s["ci_high"],
-                 loss_late=s["loss_late"], loss_early=s["loss_early"], late=s["late"], early=s["early"], window=s["window"])
-        put_ci(r, "icl_benefit", s["per_sequence"]["benefit"])
-    ind = intact["induction"]
-    r.update(first_copy=ind["first_copy"], second_copy=ind["second_copy"])
-    put_ci(r, "induction_benefit", ind["per_sequence"]["benefit"])
-    put_ci(r, "copy_accuracy", ind["per_sequence"]["copy_accuracy"])
-    put_ci(r, "recall_accuracy", intact["recall"]["per_sequence"]["accuracy"])
-    rows.append(r)
+    r, shown = {"condition": "intact", "variant": "intact"}, set()
+    for n, m in SEQUENCE_MEASURES.items():
+        s = intact.get(m.summary)
+        if s is None:
+            continue
+        if m.summary not in shown:                       # a summary's own numbers before its first measure
+            shown.add(m.summary)
+            r.update(_INTACT_EXTRAS.get(m.summary, lambda s: {})(s))
+        put_ci(r, n, s["per_sequence"][m.key])
+    rows = [r]
     arms = [(c.name, variants[c.name], [c.name]) for c in conditions]
     arms += [(f"random-{v}", v, names) for v, names in draws_by_variant(conditions, variants).items()]
     for name, v, members in arms:
         r = {"condition": name, "variant": v}
-        for k in ("icl_benefit", "induction_benefit", "copy_accuracy", "recall_accuracy"):
+        for k in SEQUENCE_MEASURES:
             if icl[members[0]].get(k) is not None:
                 put_ci(r, k, pooled({m: np.asarray(icl[m][k], np.float64) for m in members}, members))
         rows.append(r)
     return pd.DataFrame(rows)
+
+
+#: The intact row's numbers of a summary beyond its per-sequence measures: the ICL score with its
+#: losses and positions; the induction loss on each copy.
+_INTACT_EXTRAS = {
+    "icl": lambda s: dict(icl_score=s["score"], icl_score_ci_low=s["ci_low"], icl_score_ci_high=s["ci_high"],
+                          loss_late=s["loss_late"], loss_early=s["loss_early"], late=s["late"], early=s["early"],
+                          window=s["window"]),
+    "induction": lambda s: dict(first_copy=s["first_copy"], second_copy=s["second_copy"]),
+}
 
 
 def draws_by_variant(conditions: Sequence[Condition], variants: dict[str, str]) -> dict[str, list[str]]:
@@ -147,4 +186,4 @@ def draws_by_variant(conditions: Sequence[Condition], variants: dict[str, str]) 
     return out
 
 
-__all__ = ["load_bearing_conditions", "hits_table", "drops_by_measure", "icl_table", "draws_by_variant"]
+__all__ = ["SEQUENCE_MEASURES", "SequenceMeasure", "per_sequence", "load_bearing_conditions", "hits_table", "drops_by_measure", "icl_table", "draws_by_variant"]
