@@ -37,7 +37,7 @@ conds = {"intact": [], "induction": chosen,
          **{f"random-d{d}": matched_random_heads((L, H), chosen, seed=0, draw=d) for d in range(n_draws)}}
 conditions = [Condition(name, "intact" if not heads else "ablated", heads=heads) for name, heads in conds.items()]
 prompts = make_all_prompts(build_tasks(), lm.tokenizer, shots=(10,), n_prompts=n, seed=0, permuted=False)
-probes = run_conditions(lm, conditions, function_probes.build_trials(prompts, function_probes._pad_id(lm.tokenizer)),
+probes = run_conditions(lm, conditions, function_probes.build_trials(prompts, function_probes.default_pad_id(lm.tokenizer)),
                         batch_size=32, measure_batch=function_probes.measure_batch)
 ids, T, bos = icl_score.induction_ids(lm.model, tokenizer=lm.tokenizer, n=16, seed=0)
 losses = run_conditions(lm, conditions, Trials({"ids": ids}), batch_size=16,

@@ -29,12 +29,13 @@ import torch
 
 from ..measures.stats import Z95
 from .icl_tasks import Prompt
-from .runner import Trials, model_inputs, run_conditions, trim_padding
+from .runner import Trials, forward_logits, model_inputs, run_conditions, trim_padding
 
 KS = (1, 3)
 
 
-def _pad_id(tokenizer) -> int:
+def default_pad_id(tokenizer) -> int:
+    """The id left padding uses: the tokenizer's pad token, else its EOS, else 0 (pads are masked)."""
     for attr in ("pad_token_id", "eos_token_id"):
         v = getattr(tokenizer, attr, None) if tokenizer is not None else None
         if v is not None:
@@ -68,11 +69,7 @@ def measure_batch(model, batch: dict[str, torch.Tensor], cfg=None) -> dict[str, 
     ``p_target`` (float64 ``[b]``), and ``target_id`` / ``order`` passed through."""
     batch = trim_padding(batch)
     kw = model_inputs(batch)
-    try:
-        out = model(**kw, logits_to_keep=1)
-    except TypeError:  # architectures without logits_to_keep
-        out = model(**kw)
-    logits = out.logits[:, -1].float()
+    logits = forward_logits(model, kw.pop("input_ids"), 1, **kw)[:, -1]
     tgt = batch["targets"]
     return {"rank": target_ranks(logits, tgt), "p_target": torch.softmax(logits, -1).gather(1, tgt[:, None]).squeeze(1)
             .double(), "target_id": tgt, "order": batch["order"]}
@@ -117,7 +114,7 @@ def run_probes(model, prompts: Sequence[Prompt], *, tokenizer=None, pad_id: int 
     from ..core.ablation import Condition
 
     prompts = list(prompts)
-    pid = _pad_id(tokenizer) if pad_id is None else int(pad_id)
+    pid = default_pad_id(tokenizer) if pad_id is None else int(pad_id)
     arrays = run_conditions(SimpleNamespace(model=model), [Condition("intact", "intact")], build_trials(prompts, pid),
                             batch_size=batch_size, measure_batch=measure_batch, progress=progress,
                             reuse=False)["intact"]
@@ -160,4 +157,4 @@ def summarize_hits(rows: pd.DataFrame, by: Sequence[str] = ("shots", "control"))
     return res.drop(columns=[c for c in res if c.startswith("_se")])
 
 
-__all__ = ["target_ranks", "build_trials", "measure_batch", "probe_rows", "run_probes", "summarize_hits"]
+__all__ = ["default_pad_id", "target_ranks", "build_trials", "measure_batch", "probe_rows", "run_probes", "summarize_hits"]

@@ -65,6 +65,7 @@ def needs_reference(method: str) -> bool:
     ``needs == "value"``: ``mean``), so the runner builds one."""
     return ABLATION_METHOD_NEEDS.get(method) == "value"
 
+
 @dataclass
 class Trials:
     """All trials of a protocol run.
@@ -140,15 +141,16 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 MeasureBatch = Callable[[torch.nn.Module, dict[str, torch.Tensor]], Mapping[str, torch.Tensor]]
 
 
-def forward_logits(model, ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
-    """Logits of the last ``keep`` positions, float32 ``[B, keep, V]``.
+def forward_logits(model, ids: torch.Tensor, keep: int = 1, **inputs: torch.Tensor) -> torch.Tensor:
+    """Logits of the last ``keep`` positions, float32 ``[B, keep, V]``; ``inputs``: the
+    ``attention_mask`` / ``position_ids`` of left-padded trials (:func:`model_inputs`).
 
     Passes ``logits_to_keep`` so the LM head runs on ``keep`` positions only (transformers ≥ 4.45);
     falls back to the full forward for architectures without it."""
     try:
-        out = model(input_ids=ids, logits_to_keep=keep).logits
+        out = model(input_ids=ids, logits_to_keep=keep, **inputs).logits
     except TypeError:  # architectures without logits_to_keep
-        out = model(input_ids=ids).logits
+        out = model(input_ids=ids, **inputs).logits
     return out[:, -keep:].float()
 
 
@@ -254,9 +256,9 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
     from ..core.instrument import eval_mode   # here: importing this module does not import transformers
 
     with torch.inference_mode(), eval_mode(model):      # dropout off (a model left in train()), mode restored
+        mine = list(D.local_batches(n, bs, dist))          # this rank's batch starts (all of them on one process)
         for c in conditions:
             batches: list[dict[str, torch.Tensor]] = []
-            mine = list(D.local_batches(n, bs, dist))      # all of them on one process
             serve = cache.use(first_ablated_layer(c.heads, len(cache.layers))) if cache and mine else \
                 contextlib.nullcontext()
             # a rank without a batch (fewer batches than ranks) opens no ablation: it would run no forward
@@ -295,8 +297,4 @@ def last_token_logits(model, seqs: Sequence[Sequence[int]], pad_id: int = 0) -> 
     Asks for the last position only (``logits_to_keep=1``) where the architecture supports it."""
     device = next(model.parameters()).device
     batch = {k: v.to(device) for k, v in pad_left(seqs, pad_id).items()}
-    try:
-        out = model(**batch, logits_to_keep=1)
-    except TypeError:  # architectures without logits_to_keep
-        out = model(**batch)
-    return out.logits[:, -1].float()
+    return forward_logits(model, batch.pop("input_ids"), 1, **batch)[:, -1]
