@@ -79,6 +79,18 @@ def _check_not_input(p: Path, inputs, option: str, *, is_file: bool) -> None:
             raise InductionLabError(f"{option} {p} {how} the input {ip}; {harm}, pass another {option}")
 
 
+def _checked_path(path, option: str, inputs, *, is_file: bool) -> Path:
+    """``path`` expanded, once the checks a directory and a file share have passed: reachable, not a
+    dangling link, not an input (nor holding one / inside one)."""
+    p = Path(path).expanduser()
+    _reachable(p, option)
+    if p.is_symlink() and not p.exists():
+        raise InductionLabError(f"{option} {p} is a dangling symbolic link (to {os.readlink(p)}); remove it or "
+                                "pass another path")
+    _check_not_input(p, inputs, option, is_file=is_file)
+    return p
+
+
 def check_output_dir(path: str | os.PathLike, option: str = "--out", inputs=()) -> Path:
     """Raise unless ``path`` is (or can become) a writable directory that is not one of the
     command's ``inputs`` and does not hold one.
@@ -88,12 +100,7 @@ def check_output_dir(path: str | os.PathLike, option: str = "--out", inputs=()) 
             existing ancestor is not writable (read-only folder or file system), the system cannot
             reach it (link loop, name too long), or it is, contains or lies inside an input path.
     """
-    p = Path(path).expanduser()
-    _reachable(p, option)
-    if p.is_symlink() and not p.exists():
-        raise InductionLabError(f"{option} {p} is a dangling symbolic link (to {os.readlink(p)}); remove it or "
-                                "pass another path")
-    _check_not_input(p, inputs, option, is_file=False)
+    p = _checked_path(path, option, inputs, is_file=False)
     if p.exists() and not p.is_dir():
         raise InductionLabError(f"{option} {p} is a file, not a directory; pass a directory path")
     _probe(p if p.is_dir() else _nearest_existing(p.parent), p, option)
@@ -107,12 +114,7 @@ def check_output_file(path: str | os.PathLike, option: str = "--out", inputs=())
         InductionLabError: ``path`` is a directory, lies under a file, its folder is not writable,
             the system cannot reach it, or it is an input or an existing file inside an input directory.
     """
-    p = Path(path).expanduser()
-    _reachable(p, option)
-    if p.is_symlink() and not p.exists():
-        raise InductionLabError(f"{option} {p} is a dangling symbolic link (to {os.readlink(p)}); remove it or "
-                                "pass another path")
-    _check_not_input(p, inputs, option, is_file=True)
+    p = _checked_path(path, option, inputs, is_file=True)
     if p.is_dir():
         raise InductionLabError(f"{option} {p} is a directory; pass a file path")
     _probe(_nearest_existing(p.parent), p, option)
