@@ -23,6 +23,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -116,6 +117,18 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n")
+
+
+@contextlib.contextmanager
+def timed(timings: dict, name: str) -> Iterator[None]:
+    """Add the wall seconds of the block to ``timings[f"{name}_s"]`` (summed over blocks of the same
+    name; also when the block raises)."""
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        key = f"{name}_s"
+        timings[key] = timings.get(key, 0.0) + time.perf_counter() - t
 
 
 def timestamp() -> str:

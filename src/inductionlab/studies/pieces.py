@@ -53,8 +53,7 @@ from ..checks import check_draws, check_seed
 from ..core.scores import HeadScores, compute_head_scores
 from ..errors import InductionLabError
 from ..protocols.runner import residual_cache, run_conditions
-from ..runtime.runs import ResumableRun
-from .run import timed
+from ..runtime.runs import ResumableRun, timed
 
 
 @dataclass(frozen=True)

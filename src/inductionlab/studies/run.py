@@ -23,24 +23,11 @@ timings}``: the wall seconds of this call per part, ``total_s`` from ``started``
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from ..runtime.runs import ResumableRun, atomic_write_json
-
-
-@contextlib.contextmanager
-def timed(timings: dict, name: str) -> Iterator[None]:
-    """Add the wall seconds of the block to ``timings[f"{name}_s"]`` (summed over blocks of the same
-    name; also when the block raises)."""
-    t = time.perf_counter()
-    try:
-        yield
-    finally:
-        key = f"{name}_s"
-        timings[key] = timings.get(key, 0.0) + time.perf_counter() - t
+from ..runtime.runs import ResumableRun, atomic_write_json, timed
 
 
 class StudyRun(ResumableRun):
@@ -156,4 +143,4 @@ def format_verdicts(verdicts: Iterable[Verdict]) -> list[str]:
             + (f" [{v.caveat}]" if v.caveat else "") for v in verdicts]
 
 
-__all__ = ["StudyRun", "timed", "Verdict", "STATUSES", "format_verdicts"]
+__all__ = ["StudyRun", "Verdict", "STATUSES", "format_verdicts"]

@@ -37,7 +37,7 @@ from transformers import LlamaForCausalLM
 from ..errors import InductionLabError
 from ..runtime.outputs import check_output_dir
 from ..runtime.run_dir import TrainRun
-from ..runtime.runs import atomic_write_json, own_entries, remove_stale_partials, versions
+from ..runtime.runs import atomic_write_json, own_entries, remove_stale_partials, timed, versions
 from . import distributed as D
 from .checkpoint import Checkpointer, CheckpointManager, checkpoint_schedule, set_rng_state
 from .config import TrainConfig, model_config
@@ -295,22 +295,20 @@ def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist, overwrite: bo
 
     def checkpoint(step: int, kind: str) -> None:
         """Collective: gather the full model, then rank 0 measures telemetry and publishes atomically."""
-        t0 = time.perf_counter()
-        host = checkpointer.gather(step)
-        if dist.is_main:
-            t1 = time.perf_counter()
-            tel = telemetry.measure(host, step) if kind == "schedule" and telemetry.should_measure(step) else None
-            clock["telemetry_s"] += time.perf_counter() - t1
-            if tel is not None:
-                logger.log_eval(step, {"eval/heldout_loss": tel["heldout_loss"],
-                                       "eval/max_induction": float(np.max(tel["scores"]["induction"]))})
-            checkpointer.save(step, kind, host, elapsed_s=elapsed0 + clock["train_s"],
-                              extra_json={"telemetry.json": tel} if tel is not None else None)
-            logger.write_csv()
-            if tel is not None:
-                write_tables(run_dir)
-        D.barrier(dist)
-        clock["checkpoint_s"] += time.perf_counter() - t0
+        with timed(clock, "checkpoint"):
+            host = checkpointer.gather(step)
+            if dist.is_main:
+                with timed(clock, "telemetry"):
+                    tel = telemetry.measure(host, step) if kind == "schedule" and telemetry.should_measure(step) else None
+                if tel is not None:
+                    logger.log_eval(step, {"eval/heldout_loss": tel["heldout_loss"],
+                                           "eval/max_induction": float(np.max(tel["scores"]["induction"]))})
+                checkpointer.save(step, kind, host, elapsed_s=elapsed0 + clock["train_s"],
+                                  extra_json={"telemetry.json": tel} if tel is not None else None)
+                logger.write_csv()
+                if tel is not None:
+                    write_tables(run_dir)
+            D.barrier(dist)
 
     # ---- loop -----------------------------------------------------------------------------------
     if start == 0 and 0 in schedule and resume is None:
