@@ -49,7 +49,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..checks import check_draws, check_seed
+from ..checks import check_draws, check_loaded, check_seed, check_type
 from ..core.scores import HeadScores, compute_head_scores
 from ..errors import InductionLabError
 from ..protocols.runner import residual_cache, run_conditions
@@ -62,6 +62,19 @@ class Phase:
     key: str          # checkpoint folder, e.g. "lag"
     protocol: str     # key into the study's protocol table, e.g. "lag"
     conditions: str   # key into the study's condition sets, e.g. "ablation" or "single"
+
+
+def check_call(loaded, cfg, config_type: type, what: str) -> None:
+    """The checks a study call opens with, before anything else: ``loaded`` a loaded model
+    (:func:`~inductionlab.checks.check_loaded`), ``cfg`` a ``config_type`` (a dict refused), then
+    ``cfg.validate()``.
+
+    Raises:
+        TypeError: ``loaded`` or ``cfg`` of the wrong type.
+        InductionLabError: what ``cfg.validate()`` raises."""
+    check_loaded(loaded, what)
+    check_type(cfg, config_type, f"{what}: cfg")
+    cfg.validate()
 
 
 def check_study_options(*, ks: Sequence[int] | None, n_draws: int, exclude_top_n: int | None, seed: int,

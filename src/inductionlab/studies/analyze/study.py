@@ -23,7 +23,6 @@ from ...protocols import lag_probe
 
 from . import report
 
-from ...checks import check_loaded, check_type
 from ...core.ablation import ablation_conditions, default_exclude_top_n, top_k_heads
 from ...core.instrument import self_check
 from ...core.models import LoadedModel, agree_dtype, announce_dtype, params_identity, ran_identity
@@ -33,7 +32,7 @@ from ...measures import serial_position
 from ...protocols.lag_probe import LagProbeResult
 from ...runtime.distributed import Dist
 from ...runtime.runs import atomic_write_text, versions
-from ..pieces import Phase, check_ks, check_trial_ids, head_scores_piece, run_phases
+from ..pieces import Phase, check_call, check_ks, check_trial_ids, head_scores_piece, run_phases
 from ..run import StudyRun
 from .config import AnalyzeConfig
 
@@ -67,9 +66,7 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, *, overwri
         TypeError: ``loaded`` not a LoadedModel, ``cfg`` not an AnalyzeConfig (a dict included).
     """
     t0 = time.perf_counter()
-    check_loaded(loaded, "analyze")
-    check_type(cfg, AnalyzeConfig, "analyze: cfg")
-    cfg.validate()
+    check_call(loaded, cfg, AnalyzeConfig, "analyze")
     out = Path(out)
     agree_dtype(loaded, dist)             # torchrun: every rank in rank 0's dtype
     ident = ran_identity(loaded)          # the dtype / device that run, not those asked for at load

@@ -47,7 +47,6 @@ from ...protocols import lag_probe, serial_recall
 
 from . import report
 
-from ...checks import check_loaded, check_type
 from ...core.ablation import Condition, ablation_conditions, default_exclude_top_n
 from ...core.models import LoadedModel, agree_dtype, announce_dtype, params_identity, ran_identity, with_dtype_choice
 from ...core.scores import HeadScores
@@ -60,7 +59,7 @@ from ...protocols.runner import auto_batch_size
 from ...protocols.serial_recall import SerialRecallResult
 from ...runtime.distributed import Dist
 from ...runtime.runs import versions
-from ..pieces import Phase, check_ks, check_trial_ids, head_scores_piece, run_phases
+from ..pieces import Phase, check_call, check_ks, check_trial_ids, head_scores_piece, run_phases
 from ..run import StudyRun, Verdict
 from .config import TemporalStudyConfig, default_ks
 from .verdicts import MEASURES, headline_table, decide
@@ -141,9 +140,7 @@ def run_temporal_study(loaded: LoadedModel, cfg: TemporalStudyConfig, out: str |
         TypeError: ``loaded`` not a LoadedModel, ``cfg`` not a TemporalStudyConfig (a dict included).
     """
     t_start = time.perf_counter()
-    check_loaded(loaded, "run_temporal_study")
-    check_type(cfg, TemporalStudyConfig, "run_temporal_study: cfg")
-    cfg.validate()
+    check_call(loaded, cfg, TemporalStudyConfig, "run_temporal_study")
     out = Path(out)
     agree_dtype(loaded, dist)             # torchrun: every rank in rank 0's dtype
     ks, N, lag_cfg, rec_cfg = _resolve(loaded, cfg)
