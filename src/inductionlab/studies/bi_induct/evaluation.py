@@ -42,7 +42,7 @@ def evaluate_checkpoint(ckpt: Path, shards: str, ev: dict, out: Path, *, seed: i
     HITS@1/@3 per shots of the intact model, the ICL score, the perplexity guard, and the relative
     changes of the ICL benefit (and of HITS@1, the induction benefit) under the top-2%-per-layer
     ablation vs matched random heads. Returns a JSON-able dict."""
-    from ..evaluate import run_evaluate
+    from ..evaluate import SEQUENCE_MEASURES, run_evaluate
     from ...core.models import load_model
 
     ecfg = evaluation_config(ev, seed)
@@ -74,8 +74,7 @@ def evaluate_checkpoint(ckpt: Path, shards: str, ev: dict, out: Path, *, seed: i
                 "heads": [c.heads for c in res.conditions if c.kind == "induction"][0],
                 **{m: {"induction": drop(m, "induction"), "random": drop(m, "random"),
                        "contrast": drop(m, "induction-random")}
-                   for m in ("icl_benefit", f"hits1_{ecfg.load_bearing.shots}shot", "induction_benefit",
-                             "copy_accuracy", "recall_accuracy")}}
+                   for m in (f"hits1_{ecfg.load_bearing.shots}shot", *SEQUENCE_MEASURES)}}
     return {"checkpoint": str(ckpt), "evaluate_dir": str(out),
             "probes": macro[["shots", "control", "n", "hits1", "hits1_ci_low", "hits1_ci_high", "hits3",
                              "hits3_ci_low", "hits3_ci_high"]].to_dict(orient="records"),

@@ -12,9 +12,9 @@ from .config import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LmEval
                      PerplexityConfig, ProbeConfig, RecallConfig, parse_variant)
 from .report import evaluate_report, write_evaluate_outputs
 from .study import EvaluateResult, run_evaluate, token_pool
-from .tables import drops_by_measure, hits_table, icl_table, load_bearing_conditions
+from .tables import SEQUENCE_MEASURES, SequenceMeasure, drops_by_measure, hits_table, icl_table, load_bearing_conditions
 
 __all__ = ["EvaluateConfig", "EvaluateResult", "ICLScoreConfig", "InductionLossConfig", "LmEvalConfig",
            "LoadBearingConfig", "PerplexityConfig", "ProbeConfig", "RecallConfig", "run_evaluate", "parse_variant",
            "load_bearing_conditions", "hits_table", "drops_by_measure", "icl_table", "token_pool",
-           "evaluate_report", "write_evaluate_outputs"]
+           "evaluate_report", "write_evaluate_outputs", "SEQUENCE_MEASURES", "SequenceMeasure"]

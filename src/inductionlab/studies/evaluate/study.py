@@ -63,7 +63,6 @@ import torch
 
 from ...protocols import function_probes, icl_score
 
-from ...checks import check_loaded, check_type
 from ...core.ablation import Condition
 from ...core.models import LoadedModel, agree_dtype, announce_dtype, params_identity, ran_identity, with_dtype_choice
 from ...core.scores import HeadScores
@@ -74,10 +73,10 @@ from ...protocols.function_probes import probe_rows
 from ...protocols.icl_score import (heldout_windows, icl_positions, icl_summary, induction_summary, model_context, recall_sequences,
                         recall_summary, scaled_positions)
 from ...protocols.icl_tasks import TASK_NAMES, Prompt, build_tasks, make_all_prompts
-from ...protocols.runner import Trials
+from ...protocols.runner import REFERENCE_TRIALS, Trials
 from ...runtime.distributed import Dist
 from ...runtime.runs import ResumableRun, versions
-from ..pieces import Phase, head_scores_piece, run_phases
+from ..pieces import Phase, check_call, head_scores_piece, run_phases
 from ..run import StudyRun
 from .config import EvaluateConfig
 from .report import write_evaluate_outputs
@@ -96,8 +95,9 @@ class EvaluateResult:
             index, rank, hits1, hits3, p_target``).
         hits: :func:`~inductionlab.protocols.function_probes.summarize_hits` by condition × shots × control
             (random draws also pooled per variant as ``random-<variant>``), macro rows included.
-        icl: ``"intact"`` -> ``{"icl": icl_score dict | None, "induction": induction_loss dict}``; each
-            ablated condition -> ``{"icl_benefit": [n] | None, "induction_benefit": [n]}`` (per sequence, nats).
+        icl: ``"intact"`` -> ``{"icl": icl_score dict | None, "induction": induction_loss dict, "recall":
+            associative recall dict}``; each ablated condition -> its per-sequence values of every
+            :data:`~inductionlab.studies.evaluate.tables.SEQUENCE_MEASURES` (None without held-out windows).
         icl_summary: :func:`icl_table` (ICL score, ICL and induction benefits with CIs per condition).
         drops: :func:`~inductionlab.measures.load_bearing_eval.drops_table` rows with a ``measure`` column.
         concentration: :func:`~inductionlab.measures.load_bearing_eval.score_concentration` of the induction score.
@@ -267,7 +267,7 @@ def _measures(loaded, cfg: EvaluateConfig, prompts: list[Prompt], ab_prompts: li
     bos, ibos = _bos_ids(loaded, cfg)
     vocab = loaded.identity.get("vocab_size", 1)
     ref = _reference_ids(loaded, cfg, pool)
-    pad = function_probes._pad_id(loaded.tokenizer)
+    pad = function_probes.default_pad_id(loaded.tokenizer)
     hits = partial(icl_score.measure_batch, hits=True)
 
     def measure(trials: Trials, fn, size: int) -> _Measure:
@@ -320,9 +320,8 @@ def _reference_ids(loaded, cfg: EvaluateConfig, pool):
     measure."""
     from ...core.scores import build_sequences
 
-    tok = loaded.tokenizer
-    S = random_sequences(pool, 8, cfg.induction.seq_len, cfg.seed)
-    return build_sequences(S, "induction", tok.bos_token_id if cfg.probes.bos else None)
+    S = random_sequences(pool, REFERENCE_TRIALS, cfg.induction.seq_len, cfg.seed)
+    return build_sequences(S, "induction", _bos_ids(loaded, cfg)[0])
 
 
 def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, shards: str | Path | None = None,
@@ -354,16 +353,14 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, s
         an unknown lm-eval task or one whose dataset is not on disk.
     """
     t_start = time.perf_counter()
-    check_loaded(loaded, "run_evaluate")
-    check_type(cfg, EvaluateConfig, "run_evaluate: cfg")
-    cfg.validate()
+    check_call(loaded, cfg, EvaluateConfig, "run_evaluate")
     out = Path(out)
     inputs = [loaded.identity.get("path"), shards]   # never under --out (--overwrite would delete them)
     StudyRun.check_out(out, overwrite, inputs=inputs)
     agree_dtype(loaded, dist)             # torchrun: every rank in rank 0's dtype (after every rank's check_out)
     inp = _inputs(loaded, cfg, shards)    # model-dependent checks, before any file is written
 
-    run = StudyRun(out, "evaluate", _params(loaded, cfg, inp.shards), overwrite=overwrite,
+    run = StudyRun(out, KIND, _params(loaded, cfg, inp.shards), overwrite=overwrite,
                    on_checkpoint=on_checkpoint, inputs=inputs, dist=dist, started=t_start)
     run.open()
     announce_dtype(ran_identity(loaded), log, run.is_main)
@@ -396,7 +393,7 @@ def _inputs(loaded: LoadedModel, cfg: EvaluateConfig, shards) -> _Inputs:
     """Open the shards, draw the held-out windows, the token pool and the prompts, and refuse (one
     InductionLabError, nothing written) whatever does not fit the model."""
     tok = loaded.tokenizer
-    bos = tok.bos_token_id if cfg.probes.bos else None
+    bos = _bos_ids(loaded, cfg)[0]
     notes: list[str] = []
     shard_obj = _open_shards(shards, loaded) if shards is not None else None
     windows = _windows(cfg, loaded, shard_obj, bos) if shard_obj is not None else None
