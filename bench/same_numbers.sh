@@ -27,7 +27,7 @@ $IL analyze --model $M --out $OUT/analyze --dtype float32 --n-permutations 4 --l
    --cue-position 15 --ks 1,2 --n-draws 2 --score-seq-len 10 --score-batch-size 4 --top 3 --quiet \
    --method mean --batch-size 3 --threads 1
 $IL study temporal --model $M --out $OUT/study --dtype float32 --permutations 5 --list-length 30 \
-   --cue-position 15 --recall-trials 4 --recall-list-length 6 --shots 2 --ks 1,2 --n-draws 2 \
+   --cue-position 15 --recall-trials 4 --recall-list-length 6 --recall-shots 2 --ks 1,2 --n-draws 2 \
    --load-bearing-top 2 --load-bearing-permutations 4 --batch-size 3 --no-progress --threads 1 --method mean
 $IL train $($PY -c "
 from pathlib import Path

@@ -105,7 +105,7 @@ def check_fields(cfg, prefix: str = "") -> None:
         v = getattr(cfg, f.name)
         if v is None and optional:
             continue
-        name = _flag(f.name, prefix)
+        name = f.metadata.get("flag") or _flag(f.name, prefix)
         check = check_int if kind is int else check_float
         if many:
             if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
@@ -114,6 +114,18 @@ def check_fields(cfg, prefix: str = "") -> None:
                 check(x, name)
         else:
             check(v, name)
+
+
+def check_method(method: str) -> None:
+    """``method`` is a registered ablation method that works from a head list
+    (:data:`inductionlab.names.ABLATION_METHOD_NEEDS`; knockout needs edges).
+
+    Raises:
+        InductionLabError: any other name, listing the methods."""
+    from .names import ablation_method_names
+
+    if method not in ablation_method_names():
+        raise InductionLabError(f"unknown ablation method {method!r}; use {', '.join(ablation_method_names())}")
 
 
 def check_type(value, expected: type | tuple[type, ...], what: str, hint: str = "") -> None:

@@ -11,9 +11,18 @@ from __future__ import annotations
 
 DEFAULT_MODEL = "smollm2-135m"
 
+#: The ablation method every protocol and study uses unless told otherwise: the head writes nothing
+#: (Olsson et al. 2022; the temporal-dependencies paper's attention scores set to −∞).
+DEFAULT_METHOD = "zero"
+
 #: Ablation method name -> what it needs beyond a head list (None, ``"value"``: the head's mean
 #: output, ``"edges"``: knockout edges, only through ``instrument()``).
 ABLATION_METHOD_NEEDS: dict[str, str | None] = {"zero": None, "mean": "value", "sink": None, "knockout": "edges"}
+
+#: The function-style ICL probe tasks (:mod:`inductionlab.protocols.icl_tasks` checks its table against this).
+TASK_NAMES: tuple[str, ...] = ("capitalize", "uppercase", "first_letter", "last_letter", "next_letter", "prev_letter",
+                               "next_number", "digit_to_word", "word_to_digit", "plural", "copy", "list_first",
+                               "list_last")
 
 #: The head scores computed by default, in the order they are reported (each a key of scores.SCORES).
 SCORE_NAMES: tuple[str, ...] = ("induction", "anti_induction", "previous_token", "duplicate_token", "sink")

@@ -14,7 +14,8 @@ import numpy as np
 from ..data.curriculum import SPAN_SOURCES, VARIANTS, BiInductStream, Batch, CurriculumConfig
 from ..errors import InductionLabError
 from ..runtime.outputs import check_output_file
-from .options import FLOAT, INT, given, refuse_conflicts, run_dir_options
+from .generate import build_config, config_options, with_options as _with
+from .options import FLOAT, INT, given, run_dir_options
 
 
 @click.group()
@@ -136,45 +137,6 @@ def _print_info(s: "TokenShards") -> None:
         click.echo(f"  {split:8s} {c.get('documents', 0):>8,} documents {c['tokens']:>12,} tokens")
 
 
-def _cur_help(name: str) -> str:
-    return next(f.metadata["help"] for f in dataclasses.fields(CurriculumConfig) if f.name == name)
-
-
-def curriculum_options(f):
-    """The Bi-Induct options, spelled the same in ``train`` and ``curriculum preview``; help from
-    :class:`CurriculumConfig`'s field metadata. Unset options are None (the command's default
-    or its config file applies); :func:`curriculum_overrides` turns them into config keys."""
-    opts = [
-        click.option("--curriculum", "--variant", "cur_variant", type=click.Choice(VARIANTS), default=None,
-                     help=_cur_help("variant") + " [default: none; preview: balanced]"),
-        click.option("--span-length", "cur_span_length", type=INT, default=None,
-                     help=_cur_help("span_length") + " [default: 20]"),
-        click.option("--span-range", "cur_span_length_range", default=None, metavar="LO,HI",
-                     help=_cur_help("span_length_range")),
-        click.option("--m0", "cur_m0", type=FLOAT, default=None, help=_cur_help("m0") + " [default: 0.5]"),
-        click.option("--anneal-tokens", "cur_anneal_tokens", type=INT, default=None, help=_cur_help("anneal_tokens")),
-        click.option("--span-source", "cur_span_source", type=click.Choice(SPAN_SOURCES), default=None,
-                     help=_cur_help("span_source") + " [default: natural]"),
-        click.option("--sep-id", "cur_sep_id", type=INT, default=None, help=_cur_help("sep_id")),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
-
-
-def curriculum_overrides(kwargs: dict) -> dict:
-    """Pop the ``cur_*`` options from a command's kwargs: ``{CurriculumConfig field: value}`` of
-    those given (``--span-range`` parsed to a (lo, hi) tuple)."""
-    refuse_conflicts(("--span-length", "--span-range", kwargs.get("cur_span_length") is not None
-                      and kwargs.get("cur_span_length_range") is not None))
-    out = {}
-    for k in [k for k in kwargs if k.startswith("cur_")]:
-        v = kwargs.pop(k)
-        if v is not None:
-            out[k[4:]] = _parse_range(v) if k == "cur_span_length_range" else v
-    return out
-
-
 @click.group()
 def curriculum() -> None:
     """The Bi-Induct curriculum (SPEC §6)."""
@@ -211,19 +173,12 @@ def plot_synthetic_fraction(stream: BiInductStream, path: Path) -> None:
                         stream.cfg.m0)
 
 
-def _parse_range(value: str | None) -> tuple[int, int] | None:
-    if value is None:
-        return None
-    try:
-        lo, hi = (int(x) for x in value.split(","))
-    except ValueError:
-        raise InductionLabError(f"--span-range {value!r} is not LO,HI (e.g. 10,30)") from None
-    return lo, hi
+_PREVIEW = CurriculumConfig(variant="balanced")      # preview shows snippets unless told otherwise
 
 
 @curriculum.command("preview")
 @click.argument("corpus_dir", type=click.Path(path_type=Path))
-@curriculum_options
+@_with(config_options(_PREVIEW))
 @click.option("--seed", type=INT, default=0, show_default=True, help="Seed of snippet placement.")
 @click.option("--batch-size", type=INT, default=8, show_default=True)
 @click.option("--seq-len", type=INT, default=128, show_default=True)
@@ -237,7 +192,7 @@ def curriculum_preview(corpus_dir, seed, batch_size, seq_len, total_tokens, step
                        **cur) -> None:
     """Print decoded training windows with Bi-Induct snippets marked ⟦→ S ⟨SEP⟩ copy⟧
     (→ induction copy, ← reversed copy) and optionally plot the realised synthetic fraction."""
-    cfg = CurriculumConfig(**{"variant": "balanced", **curriculum_overrides(cur)}, seed=seed)
+    cfg = dataclasses.replace(build_config(_PREVIEW, cur), seed=seed)
     cfg.validate()
     for name, v, lo in (("--batch-size", batch_size, 1), ("--seq-len", seq_len, 2), ("--total-tokens", total_tokens, 1),
                         ("--step", step, 0), ("--windows", windows, 0), ("--seed", seed, 0)):

@@ -12,8 +12,6 @@ import threading
 import click
 
 from ..errors import InductionLabError, os_error
-from .options import (INT, ablation_options, accelerator_options, head_score_options, lag_probe_config,
-                          join_processes, lag_probe_options, start_run, model_options, quiet_option, run_dir_options)
 
 
 class Terminated(KeyboardInterrupt):
@@ -77,73 +75,27 @@ def main() -> None:
         hf_logging.disable_progress_bar()
 
 
-@main.command()
-@model_options
-@accelerator_options
-@run_dir_options("analyze")
-@quiet_option
-@ablation_options(ks="5,10,20", n_draws=2)
-@click.option("--top", type=INT, default=10, show_default=True, help="Induction heads listed in the headline.")
-@head_score_options
-@lag_probe_options
-def analyze(**kw):
-    """The main job: score every head, list the top induction heads, and run the lag probe intact
-    and with k induction heads vs k random heads ablated. Writes one run directory (resumable:
-    the same command continues an interrupted run). Under torchrun the trials are sharded over the
-    processes (README: Several processes / GPUs)."""
-    from pathlib import Path
-
-    from ..studies.analyze import AnalyzeConfig, analyze as run
-    from ..runtime.distributed import shutdown
-    from ..runtime.runs import default_run_dir
-
-    out = Path(kw.pop("out") or default_run_dir("analyze"))
-    overwrite, quiet = kw.pop("overwrite"), kw.pop("quiet")
-    cfg = AnalyzeConfig(lag=lag_probe_config(kw), seed=kw["seed"], method=kw["method"], ks=tuple(kw["ks"]),
-                        n_draws=kw["n_draws"], exclude_top_n=kw["exclude_top_n"], top=kw["top"],
-                        score_seq_len=kw["score_seq_len"], score_batch_size=kw["score_batch_size"])
-    cfg.validate()                                     # fail before the slow part
-    dist, out = join_processes(kw, out)
-    loaded, load_s = start_run(kw, out, overwrite, quiet)
-    res = run(loaded, cfg, out, overwrite=overwrite, progress=not quiet, dist=dist, log=click.echo)
-    if dist.is_main:
-        _print_headline(res, out, load_s)
-    shutdown()
-
-
-def _print_headline(res, out, load_s: float) -> None:
-    click.echo(f"\nTop {len(res.record['top_induction_heads'])} induction heads ({res.loaded.identity['name']}):")
-    for i, h in enumerate(res.record["top_induction_heads"], 1):
-        click.echo(f"  {i:2d}. L{h['layer']:<2d} H{h['head']:<2d}  {h['score']:.3f}")
-    click.echo("\nLag probe, lag +1 probability [95% CI] per condition:")
-    from ..studies.report import pooled_headline_rows
-
-    for r in pooled_headline_rows(res.lag.headline()):
-        click.echo(f"  {r['condition']:<14s} {r['lag_plus1']:.4f} [{r['lag_plus1_ci_low']:.4f}, "
-                   f"{r['lag_plus1_ci_high']:.4f}]   lag -1 {r['lag_minus1']:.4f}   list mass {r['list_mass']:.3f}")
-    from ..measures import serial_position
-
-    if serial_position.has_cues(res.lag):
-        tf = serial_position.cue_tables(res.lag)["temporal_factor"]
-        click.echo(f"\nAll cues (--cues {res.lag.config.cues}, {len(res.lag.cue_positions)} per list): temporal factor "
-                   "[95% CI over lists] (0.5 = chance; serial_position.csv, report.md):")
-        for r in pooled_headline_rows(tf):
-            click.echo(f"  {r['condition']:<14s} {r['temporal_factor']:.3f} [{r['temporal_factor_ci_low']:.3f}, "
-                       f"{r['temporal_factor_ci_high']:.3f}]")
-    t = res.timings
-    click.echo(f"\nWall time {load_s + t['total_s']:.0f} s (load {load_s:.0f}, scores {t['head_scores_s']:.0f}, "
-               f"lag probe {t['lag_probe_s']:.0f}). Run directory: {out}")
-
-
-# Sub-commands live next to the API they wrap and are registered here, explicitly (no import cycle:
-# the sub-command modules never import this one).
+# Sub-commands: the hand-written families (corpus, curriculum, train, telemetry) live next to the API they
+# wrap; every study's command is generated from its spec (studies/<name>/config.py), so a new study folder
+# is a new command with no code here. Registered explicitly (no import cycle: those modules never import this one).
 def _register() -> None:
-    from . import data as cli_data, evaluate as cli_evaluate, study as cli_study, train as cli_train
+    from ..studies.spec import specs
+    from . import data as cli_data, train as cli_train
+    from .generate import study_command
 
-    for module in (cli_data, cli_train, cli_study, cli_evaluate):
+    for module in (cli_data, cli_train):
         for command in module.COMMANDS:
             main.add_command(command)
+    for spec in specs():
+        *groups, name = spec.command.split()
+        parent = main
+        for g in groups:
+            if g not in parent.commands:
+                parent.add_command(click.Group(g, help=_GROUP_HELP.get(g)))
+            parent = parent.commands[g]
+        parent.add_command(study_command(spec, name))
 
+
+_GROUP_HELP = {"study": "Multi-protocol studies that reproduce a paper's experimental design on one model."}
 
 _register()
-

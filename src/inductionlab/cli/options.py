@@ -1,21 +1,13 @@
-"""Option groups shared by the sub-commands, declared once: the same name, type, default and
-meaning in every command that takes them, and the one place that turns them into configs.
+"""The options that are not a config's: the model (``--model``, ``--dtype``, ``--device``), the accelerator
+(``--device-map``, ``--threads``), the run directory (``--out``, ``--overwrite``), ``--quiet``; and what
+every model command does before its study (:func:`start_run`, :func:`join_processes`). A config's options
+are generated from the config (:mod:`inductionlab.cli.generate`).
 
-Each group is a decorator that adds its options to a click command, e.g.::
-
-    @click.command()
-    @model_options
-    @run_dir_options("analyze")
-    @ablation_options(ks="5,10,20", n_draws=2)
-    @lag_probe_options
-    def analyze(**kw): cfg = AnalyzeConfig(lag=lag_probe_config(kw), ...)
-
-Every numeric option of every command has the type :data:`INT` or :data:`FLOAT` (NaN, infinities
-and integers beyond 64 bits refused while parsing, naming the option); ranges are checked in one
-place, the configs' ``validate()``, which the Python API calls too (so a bad value gives the same
-one-line error from both); options that contradict each other are refused
-(:func:`refuse_conflicts`), never one silently ignored. Defaults a command must keep (``analyze``'s
-k list) are parameters of the groups.
+Every numeric option of every command has the type :data:`INT` or :data:`FLOAT` (or a config leaf's type:
+NaN, infinities and integers beyond 64 bits refused while parsing, naming the option); ranges are checked
+in one place, the configs' ``validate()``, which the Python API calls too (so a bad value gives the same
+one-line error from both); options that contradict each other are refused (:func:`refuse_conflicts`),
+never one silently ignored.
 """
 
 from __future__ import annotations
@@ -60,16 +52,6 @@ class _Number(click.ParamType):
 
 
 INT, FLOAT = _Number(int), _Number(float)   # type=INT / type=FLOAT in every command's numeric options
-
-
-def _int_list(ctx, param, value):
-    if value is None:
-        return None
-    try:
-        out = [int(x) for x in str(value).split(",") if x.strip()]
-    except ValueError:
-        raise InductionLabError(f"--ks {value!r} is not a comma-separated list of integers, e.g. 10,20,50") from None
-    return out   # ranges and repeats: the config's validate()
 
 
 model_options = _stack(
@@ -205,91 +187,16 @@ def load_from_options(kw: dict):
 
 
 def run_dir_options(kind: str, *, required: bool = False) -> Callable:
-    """``--out/-o DIR`` and ``--overwrite``.
+    """``--out/-o DIR`` and ``--overwrite``; ``kind`` names the default run directory (``runs/<kind>-<time>``,
+    or the whole pattern when it holds a ``/``).
 
     ``--overwrite`` means the same in every command: delete what ``--out`` holds and start
     afresh. Without it a one-shot command refuses a non-empty ``--out`` and a resumable run
     resumes the run it holds."""
-    default_help = "" if required else f" [default: runs/{kind}-<time>]"
+    default_help = "" if required else f" [default: {kind if '/' in kind else f'runs/{kind}-<time>'}]"
     return _stack(
         click.option("--out", "-o", "out", required=required, default=None,
                      type=click.Path(file_okay=False), help=f"Run directory.{default_help}"),
         click.option("--overwrite", is_flag=True,
                      help="Delete an existing --out and start afresh (without it: refuse, or resume the same run)."),
     )
-
-
-def ablation_options(*, ks: str | None = None, n_draws: int = 3) -> Callable:
-    """``--method``, ``--ks``, ``--n-draws``, ``--exclude-top-n`` and ``--seed``; ``ks`` and
-    ``n_draws`` are the command's defaults (``ks=None``: scaled to the model's heads)."""
-    ks_help = f"Numbers of heads to ablate, comma-separated [default: {ks}]." if ks else \
-        "Numbers of heads to ablate, comma-separated [default: 10,20,50,100 clipped/scaled to the model's heads]."
-    return _stack(
-        click.option("--method", type=click.Choice(list(_ablation_methods())), default="zero", show_default=True,
-                     help="Ablation method (zero: the paper's attention scores set to −∞)."),
-        click.option("--ks", callback=_int_list, default=ks, help=ks_help),
-        click.option("--n-draws", type=INT, default=n_draws, show_default=True,
-                     help="Random-head draws per k."),
-        click.option("--exclude-top-n", "--exclude-top", "exclude_top_n", type=INT, default=None,
-                     help="Random heads come from outside the top N by induction score [default: min(300, heads/2)]."),
-        click.option("--seed", type=INT, default=0, show_default=True, help="Seed of trials and random draws."),
-    )
-
-
-head_score_options = _stack(
-    click.option("--score-seq-len", type=INT, default=50, show_default=True,
-                 help="T, tokens per copy for head scores."),
-    click.option("--score-batch-size", type=INT, default=16, show_default=True,
-                 help="Sequences for head scores."),
-)
-
-
-lag_probe_options = _stack(
-    click.option("--n-permutations", "--permutations", "n_permutations", type=INT, default=64,
-                 show_default=True, help="Lag-probe trials per condition (seed protocol: 5000)."),
-    click.option("--list-length", type=INT, default=500, show_default=True, help="Words per lag-probe list."),
-    click.option("--cue-position", type=INT, default=250, show_default=True,
-                 help="1-based list position of the repeated word (lag k = the word at cue + k)."),
-    click.option("--separator", default=" ",
-                 help='Between words: " " (default: each word is its own leading-space token), ", " or "\\n".'),
-    click.option("--instruction", default="", help="Text after BOS, before the list."),
-    click.option("--no-bos", is_flag=True, help="Do not prepend BOS."),
-    click.option("--resample-words", is_flag=True, help="Draw a new word set per trial instead of permuting a fixed set."),
-    click.option("--batch-size", type=INT, default=None,
-                 help="Trials per forward pass [default: from free GPU memory; 8 on CPU]."),
-    click.option("--far-lag", type=INT, default=20, show_default=True,
-                 help="Word-prior-corrected curve: a word's baseline is its mean probability where it sits at |lag| > this."),
-    click.option("--cues", default="all:10", show_default=True,
-                 help="Cued list positions: all, seed (only --cue-position, one forward per cue) or A-B (1-based), "
-                      "all:S / A-B:S for every S-th position; "
-                      "the list runs once per trial and each cue appends its own tokens. The headline is the seed cue's."),
-)
-
-
-def lag_probe_config(kw: dict):
-    """The :class:`~inductionlab.protocols.lag_probe.LagProbeConfig` of :data:`lag_probe_options` (pops its keys)."""
-    from ..protocols.lag_probe import LagProbeConfig
-
-    return LagProbeConfig(n_permutations=kw.pop("n_permutations"), list_length=kw.pop("list_length"),
-                          cue_position=kw.pop("cue_position"), separator=kw.pop("separator").replace("\\n", "\n"),
-                          instruction=kw.pop("instruction"), bos=not kw.pop("no_bos"),
-                          resample_words=kw.pop("resample_words"), batch_size=kw["batch_size"],
-                          far_lag=kw.pop("far_lag"), cues=kw.pop("cues"))
-
-
-recall_options = _stack(
-    click.option("--recall-trials", type=INT, default=64, show_default=True,
-                 help="Serial-recall prompts per condition."),
-    click.option("--recall-list-length", type=INT, default=14, show_default=True, help="Words per serial-recall list."),
-    click.option("--shots", type=INT, default=3, show_default=True, help="Solved study/recall examples before the test list."),
-    click.option("--no-generate", is_flag=True, help="Skip greedy generation (exact match, CRP of recalls)."),
-)
-
-
-def recall_config(kw: dict):
-    """The :class:`~inductionlab.protocols.serial_recall.SerialRecallConfig` of :data:`recall_options` (pops its keys;
-    shares ``--batch-size`` with the lag probe)."""
-    from ..protocols.serial_recall import SerialRecallConfig
-
-    return SerialRecallConfig(n_trials=kw.pop("recall_trials"), list_length=kw.pop("recall_list_length"),
-                              n_shots=kw.pop("shots"), generate=not kw.pop("no_generate"), batch_size=kw["batch_size"])

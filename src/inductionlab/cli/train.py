@@ -1,8 +1,9 @@
 """``inductionlab train`` and ``inductionlab telemetry``: thin click layers over
 :mod:`inductionlab.train`.
 
-Every :class:`~inductionlab.train.TrainConfig` field is also a flag (``seq_len`` -> ``--seq-len``);
-a flag overrides the same key of ``--config FILE``. Under ``torchrun --nproc_per_node=N`` the same
+Every :class:`~inductionlab.train.TrainConfig` leaf is also a flag (``seq_len`` -> ``--seq-len``,
+``curriculum.span_length`` -> ``--span-length``; :mod:`inductionlab.cli.generate`); a flag overrides the
+same key of ``--config FILE``. Under ``torchrun --nproc_per_node=N`` the same
 command trains data-parallel (``--parallel ddp``) or sharded (``--parallel fsdp``).
 """
 
@@ -17,31 +18,9 @@ from pathlib import Path
 import click
 
 from ..errors import InductionLabError
-from .data import curriculum_options, curriculum_overrides
-from .options import FLOAT, INT, refuse_conflicts, run_dir_options
-
-
-def _config_options(f):
-    """One flag per scalar :class:`TrainConfig` field (``seq_len`` -> ``--seq-len``), help text and
-    choices from the field's metadata. ``out`` comes from the shared run-directory options and the
-    nested curriculum from :func:`inductionlab.cli.data.curriculum_options`."""
-    from ..train.config import TrainConfig
-    for fld in reversed(dataclasses.fields(TrainConfig)):
-        if fld.name in ("out", "curriculum"):
-            continue
-        flag = fld.name.replace("_", "-")
-        note = fld.metadata.get("help", "")
-        if fld.type == "bool":
-            f = click.option(f"--{flag}/--no-{flag}", fld.name, default=None,
-                             help=f"{note} [default: {fld.default}]".strip())(f)
-        elif "choices" in fld.metadata:
-            f = click.option(f"--{flag}", fld.name, type=click.Choice(list(fld.metadata["choices"])), default=None,
-                             help=f"{note} [default: {fld.default}]".strip())(f)
-        else:
-            typ = {"int": INT, "float": FLOAT}.get(fld.type, str)
-            f = click.option(f"--{flag}", fld.name, type=typ, default=None,
-                             help=f"{note} [default: {fld.default!r}]".strip())(f)
-    return f
+from ..train.config import TrainConfig
+from .generate import build_config, config_options, with_options as _with
+from .options import FLOAT, refuse_conflicts, run_dir_options
 
 
 @click.command("train", context_settings={"max_content_width": 120})
@@ -49,23 +28,21 @@ def _config_options(f):
               help="YAML or TOML run config; flags override its keys.")
 @click.option("--print-config", is_flag=True, help="Print the resolved config and budget, then exit.")
 @run_dir_options("train")
-@_config_options
-@curriculum_options
+@_with(config_options(TrainConfig))
 def train_cmd(config_file, print_config, out, overwrite, **flags):
     """Pretrain a Llama-style model from scratch at matched compute (SPEC §7), with head telemetry.
 
     Resumes automatically when --out holds the same run (e.g. after a crash); refuses an --out
-    that holds a different one.
+    that holds a different one. Every TrainConfig field is an option; options given override the
+    keys of --config FILE.
     """
     refuse_conflicts(("--overwrite", "--print-config", print_config and overwrite))
-    from ..train import TrainConfig, config_from_dict, load_config, train
+    from ..train import train
     from ..train.config import model_config
     from ..train.flops import budget
     from ..train.telemetry import format_emergence
 
-    cur = curriculum_overrides(flags)
-    cfg = load_config(config_file) if config_file else TrainConfig()
-    cfg = config_from_dict({**{k: v for k, v in flags.items() if v is not None}, "curriculum": cur}, cfg)
+    cfg = build_config(TrainConfig, flags, config_file)
     if out is not None:
         cfg.out = out
     elif not cfg.out:

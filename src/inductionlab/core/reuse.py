@@ -71,6 +71,13 @@ class ResidualCache:
         self.states: dict[tuple, list] = {}   # (level, fingerprint) -> [(key, state, tuple_out)]
         self.skipped = 0                      # layer passes not computed (for the record)
 
+    def add_levels(self, conditions) -> None:
+        """Also keep the states entering the first ablated layers of ``conditions`` (a later phase's
+        conditions served by the same cache)."""
+        n = len(self.layers)
+        self.levels = sorted(set(self.levels) | {v for v in (first_ablated_layer(c.heads, n) for c in conditions)
+                                                 if 0 < v < n})
+
     def _key(self, args, kwargs):
         """Key of an eligible call (its arguments but ``_IGNORED``), else None."""
         from .instrument import _ACTIVE, FUNCTION_NAME   # here: importing this module does not import transformers

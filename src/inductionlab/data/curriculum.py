@@ -48,16 +48,12 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+from ..config import opt
 from ..errors import InductionLabError
 from ..runtime.runs import physical_memory
 
 VARIANTS = ("none", "induction", "anti", "balanced")
 SPAN_SOURCES = ("natural", "random")
-
-
-def _opt(default, help: str, **kw):
-    """A dataclass field carrying its ``--help`` text (read by the CLI, never parsed from source)."""
-    return field(default=default, metadata={"help": help, **kw})
 
 
 @dataclass
@@ -66,17 +62,18 @@ class CurriculumConfig:
 
     Raises (:meth:`validate`): InductionLabError naming the field and the fix.
     """
-    variant: str = _opt("none", "Bi-Induct variant: none | induction | anti | balanced (SPEC §6).",
-                        choices=VARIANTS)
-    span_length: int = _opt(20, "L, snippet span length in tokens (SPEC §6: 20).")
-    span_length_range: tuple[int, int] | None = _opt(
-        None, "LO,HI: draw L per snippet uniformly from [LO, HI] instead of a fixed L (SPEC §6 option).")
-    m0: float = _opt(0.5, "Initial synthetic-token fraction; m(t) = m0 * max(0, 1 - t/T_a) (SPEC §6).")
-    anneal_tokens: int | None = _opt(None, "T_a in tokens [default: the whole token budget] (SPEC §6).")
-    span_source: str = _opt("natural", "Where S comes from: natural (spans of the corpus) | random ids.",
-                            choices=SPAN_SOURCES)
-    sep_id: int | None = _opt(None, "SEP token id [default: the corpus' newline token, else its space token].")
-    seed: int | None = _opt(None, "Seed of snippet placement [default: the run's --seed; 0 outside a run].")
+    variant: str = opt("none", "Bi-Induct variant (SPEC §6).", choices=VARIANTS, flag="--curriculum",
+                       aliases=("--variant",))
+    span_length: int = opt(20, "L, snippet span length in tokens.", source="SPEC §6")
+    span_length_range: tuple[int, int] | None = opt(
+        None, "LO,HI: draw L per snippet uniformly from [LO, HI] instead of a fixed L (SPEC §6 option).",
+        flag="--span-range", metavar="LO,HI", overrides="--span-length")
+    m0: float = opt(0.5, "Initial synthetic-token fraction; m(t) = m0 * max(0, 1 - t/T_a).", source="SPEC §6")
+    anneal_tokens: int | None = opt(None, "T_a in tokens.", none="the whole token budget (SPEC §6)")
+    span_source: str = opt("natural", "Where S comes from: natural (spans of the corpus) | random ids.",
+                           choices=SPAN_SOURCES, source="decision, SPEC §6")
+    sep_id: int | None = opt(None, "SEP token id.", none="the corpus' newline token, else its space token")
+    seed: int | None = opt(None, "Seed of snippet placement.", none="the run's --seed; 0 outside a run", cli=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.span_length_range, list):

@@ -56,7 +56,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.stimuli import seed_for
+from .. import names
 from ..errors import InductionLabError
+from ..names import check_registry
 
 LETTERS = string.ascii_lowercase
 DEMO_SEPARATOR = "\n\n"
@@ -173,6 +175,7 @@ def _task_table(n_words: int) -> dict[str, tuple[str, Callable[[], list[Item]]]]
 
 
 TASK_NAMES = tuple(_task_table(1))
+check_registry("ICL task", dict.fromkeys(TASK_NAMES), names.TASK_NAMES)
 
 
 def build_task(name: str, *, n_words: int = 400) -> Task:

@@ -45,101 +45,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..checks import check_fields, check_loaded, check_type
+from ..checks import check_loaded, check_type
 from ..core.ablation import Condition, check_conditions
 from ..core.models import LoadedModel
 from ..core.stimuli import seed_for, single_token_words
 from ..errors import InductionLabError
 from ..measures.stats import draws_by_k, mean_ci, pooled, put_ci
-from .runner import Trials, check_method, forward_logits, run_conditions
-
-
-@dataclass
-class LagProbeConfig:
-    """Lag-probe parameters; defaults follow the seed protocol (SPEC §4) except where noted."""
-    list_length: int = 500          # words per list (seed protocol)
-    cue_position: int = 250         # 1-based list position of the repeated word (seed protocol)
-    n_permutations: int = 5000      # trials (seed protocol: 5,000; the CLI default is lower for CPU)
-    batch_size: int | None = None   # trials per forward pass; None: from free GPU memory (CPU: 8)
-    seed: int = 0
-    resample_words: bool = False    # False: fixed set of the most frequent words, new order per trial
-    pool_size: int = 2000           # pool to resample from when resample_words
-    separator: str = " "            # between words: " " (each word its own leading-space token), ", ", "\n"
-    instruction: str = ""           # optional text after BOS, before the list
-    bos: bool = True
-    method: str = "zero"            # ablation method: zero | mean | sink
-    far_lag: int = 20               # word-prior baseline: trials where the word sits at |lag| > far_lag
-    reuse_residual: bool = True     # skip layers below a condition's first ablated head (bit-identical; reuse.py)
-    cues: str = "seed"              # "seed": one cue (cue_position) per forward; "all" | "A-B": these list positions
-    #                                 (1-based, inclusive) cued after one pass over the list (module docstring)
-    cue_chunk: int | None = None    # cues per packed forward; None: as many as keep cue tokens <= list tokens
-    max_cue_bytes: int = 1 << 30    # per condition: n_trials x n_cues x list_length x 4 bytes of cue_probs
-
-    def cue_positions(self) -> list[int]:
-        """The chosen cue positions, 1-based, ascending (``[cue_position]`` for ``"seed"``).
-
-        ``cues`` is ``seed``, ``all`` (every list position), ``A-B`` (positions A..B inclusive), or
-        either of the last two with a step: ``all:S`` / ``A-B:S`` (every S-th position from the
-        first: ``all:10`` = 1, 11, …, 491).
-
-        Raises:
-            InductionLabError: ``cues`` is none of these, a range outside the list or with A > B, a step < 1."""
-        c = self.cues.strip() if isinstance(self.cues, str) else self.cues
-        if c == "seed":
-            return [self.cue_position]
-        usage = (f"cues {self.cues!r}: use all, seed or a range A-B of list positions, optionally with a step "
-                 f"(all:S, A-B:S; 1-based, e.g. 1-{self.list_length} or all:10)")
-        if not isinstance(c, str):
-            raise InductionLabError(usage)
-        span, colon, step = c.partition(":")
-        if colon and not step.strip().isdigit():
-            raise InductionLabError(usage)
-        step = int(step) if colon else 1
-        if step < 1:
-            raise InductionLabError(f"cues {self.cues!r}: the step must be at least 1 (e.g. all:10)")
-        span = span.strip()
-        if span == "all":
-            return list(range(1, self.list_length + 1, step))
-        a, sep, b = span.partition("-")
-        if not (sep and a.strip().isdigit() and b.strip().isdigit()):
-            raise InductionLabError(usage)
-        a, b = int(a), int(b)
-        if a > b:
-            raise InductionLabError(f"cues {self.cues!r}: the range starts after it ends; use A-B with A <= B")
-        if a < 1 or b > self.list_length:
-            raise InductionLabError(f"cues {self.cues!r}: outside the list of {self.list_length} words; "
-                                    f"use a range within 1-{self.list_length}")
-        return list(range(a, b + 1, step))
-
-    def validate(self) -> None:
-        """Check the options that need no model (called before any model is loaded).
-
-        Raises:
-            InductionLabError: cue outside the list, fewer than 2 trials (no CI), bad batch size or method,
-                a NaN / infinite / beyond-64-bit number (:func:`~inductionlab.checks.check_fields`).
-            TypeError: a field of the wrong type.
-        """
-        check_fields(self)
-        if self.list_length < 2:
-            raise InductionLabError(f"list length {self.list_length} is too short; use at least 2 words")
-        if not 1 <= self.cue_position <= self.list_length:
-            raise InductionLabError(f"cue position {self.cue_position} is outside a list of {self.list_length} words")
-        if self.n_permutations < 2:
-            raise InductionLabError(f"n_permutations={self.n_permutations}: at least 2 trials are needed for a CI")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise InductionLabError(f"batch size {self.batch_size} must be at least 1")
-        if self.far_lag < 0:
-            raise InductionLabError(f"far lag {self.far_lag} must be at least 0 (the default is 20)")
-        check_method(self.method)
-        n_cues = len(self.cue_positions())
-        if self.cue_chunk is not None and self.cue_chunk < 1:
-            raise InductionLabError(f"cue chunk {self.cue_chunk} must be at least 1 (None: automatic)")
-        need = self.n_permutations * n_cues * self.list_length * 4
-        if need > self.max_cue_bytes:
-            raise InductionLabError(
-                f"--n-permutations {self.n_permutations:,} x {n_cues} cues x {self.list_length} words: the per-cue "
-                f"probabilities need {need / 2**30:.1f} GiB per condition, over the limit of "
-                f"{self.max_cue_bytes / 2**30:.1f} GiB; use fewer cues (--cues A-B) or a lower --n-permutations")
+from .configs import LagProbeConfig
+from .runner import Probe, Trials, auto_batch_size, forward_logits, run_conditions
 
 
 @dataclass
@@ -510,20 +423,32 @@ def check_packed_support(model) -> None:
                                 "use --cues seed (one cue per forward)")
 
 
-def batch_size(loaded, cfg: LagProbeConfig, trials: Trials) -> int | None:
-    """Trials per forward: ``cfg.batch_size``; else None for the seed path (the runner's own
-    :func:`~inductionlab.protocols.runner.auto_batch_size`), and for all cues that estimate at the packed
-    length with one logit row per cue of a chunk (a GPU would otherwise be sized for the seed trial)."""
-    if cfg.batch_size or cfg.cues.strip() == "seed" or not len(trials):
+def batch_size(loaded, trials: Trials, cfg: LagProbeConfig) -> int | None:
+    """Trials per forward, decided here for every caller: ``cfg.batch_size``; else, from free GPU memory
+    (:func:`~inductionlab.protocols.runner.auto_batch_size`; 8 on a CPU), at the length a forward really
+    has: the seed trial for ``cues="seed"``, the packed list and one chunk of cues (with one logit row
+    per cue) otherwise."""
+    if cfg.batch_size or not len(trials):
         return cfg.batch_size
-    from .runner import auto_batch_size
-
     t = trials.tensors
+    if cfg.cues.strip() == "seed":
+        return auto_batch_size(loaded, t["ids"].shape[1])
     start = int(t["cue_start"][0])
     cue_len = t["ids"].shape[1] - start
     n = len(cfg.cue_positions()) + (cfg.cue_position not in cfg.cue_positions())
     chunk = min(n, cfg.cue_chunk or max(1, start // cue_len))
     return auto_batch_size(loaded, start + chunk * cue_len, chunk)
+
+
+def probe(cfg: LagProbeConfig) -> Probe:
+    """The lag probe bound to ``cfg``: trials (:func:`build_trials`), ``measure_batch`` and the batch size
+    (:func:`batch_size`), for :func:`~inductionlab.protocols.runner.run_conditions` and a study's phases.
+
+    Raises:
+        InductionLabError: ``cfg`` invalid (:meth:`LagProbeConfig.validate`)."""
+    cfg.validate()
+    return Probe("lag probe", partial(build_trials, cfg=cfg), partial(measure_batch, cfg=cfg),
+                 partial(batch_size, cfg=cfg), cfg.method, cfg.reuse_residual)
 
 
 def check_cues(loaded: LoadedModel, cfg: LagProbeConfig) -> None:
@@ -614,11 +539,10 @@ def run_lag_probe(loaded: LoadedModel, conditions: list[Condition], cfg: LagProb
     cfg = LagProbeConfig() if cfg is None else cfg
     check_type(cfg, LagProbeConfig, "run_lag_probe: cfg")
     check_conditions(conditions, "run_lag_probe")
-    trials = build_trials(loaded, cfg)
+    p = probe(cfg)
+    trials = p.build_trials(loaded)
     check_cues(loaded, cfg)
-    data = run_conditions(loaded, conditions, trials, method=cfg.method,
-                          batch_size=batch_size(loaded, cfg, trials), measure_batch=partial(measure_batch, cfg=cfg), progress=progress,
-                          dist=dist, reuse=cfg.reuse_residual)
+    data = p.run(loaded, conditions, trials, progress=progress, dist=dist)
     return LagProbeResult.from_parts(data, conditions, cfg, trials.words)
 
 

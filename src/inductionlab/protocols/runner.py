@@ -38,26 +38,17 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from ..core.reuse import first_ablated_layer
 from ..errors import InductionLabError
-from ..names import ABLATION_METHOD_NEEDS
+from ..names import ABLATION_METHOD_NEEDS, DEFAULT_METHOD
 from ..runtime import distributed as D
 
 REFERENCE_TRIALS = 8   # trials in the mean-ablation reference batch (decision: the first 8 of the run)
-
-
-def check_method(method: str) -> None:
-    """Raise :class:`InductionLabError` unless ``method`` is a registered ablation method that
-    works from a head list (:func:`inductionlab.core.instrument.ablation_methods`; knockout needs edges)."""
-    from ..core.instrument import ablation_methods
-
-    if method not in ablation_methods():
-        raise InductionLabError(f"unknown ablation method {method!r}; use {', '.join(ablation_methods())}")
 
 
 def needs_reference(method: str) -> bool:
@@ -112,6 +103,54 @@ class Trials:
         return self.tensors["ids"][:n].to(device), None if mask is None else mask[:n].to(device)
 
 
+MeasureBatch = Callable[[torch.nn.Module, dict[str, torch.Tensor]], Mapping[str, torch.Tensor]]
+
+
+@dataclass(frozen=True, eq=False)
+class Probe:
+    """A protocol bound to its config: the value a study's phase holds and :func:`run_conditions` runs
+    (TransformerLens' ``partial``-bound patching functions, as a value).
+
+    Made by a protocol module's ``probe(cfg)`` (``lag_probe.probe(cfg)``, ``serial_recall.probe(cfg)``), or
+    by :meth:`of_trials` for trials built beforehand. Two phases holding the same probe share its
+    trials and its residual cache.
+
+    Attributes:
+        name: the protocol, for progress bars and messages (``"lag probe"``).
+        build_trials: ``(loaded) -> Trials``: every trial, checked against the model (pool, context, vocabulary).
+        measure_batch: ``(model, batch) -> {measure: Tensor [b, ...]}`` (the module docstring).
+        batch_size: trials per forward: an int, or ``(loaded, trials) -> int | None``; None: :func:`auto_batch_size`
+            at the trials' length. The one place a protocol's batch size is decided.
+        method: ablation method of the conditions' heads (:data:`inductionlab.names.ABLATION_METHOD_NEEDS`).
+        reuse: skip the layers below each condition's first ablated head (bit-identical; :mod:`inductionlab.core.reuse`).
+    """
+    name: str
+    build_trials: Callable[[Any], "Trials"] = field(repr=False)
+    measure_batch: MeasureBatch = field(repr=False)
+    batch_size: int | None | Callable[[Any, "Trials"], int | None] = field(default=None, repr=False)
+    method: str = DEFAULT_METHOD
+    reuse: bool = True
+
+    @classmethod
+    def of_trials(cls, name: str, trials: "Trials", measure_batch: MeasureBatch, *, batch_size: int | None = None,
+                  method: str = DEFAULT_METHOD, reuse: bool = True) -> "Probe":
+        """A probe over trials built beforehand (e.g. with a reference batch of the study's choosing)."""
+        return cls(name, lambda loaded: trials, measure_batch, batch_size, method, reuse)
+
+    def trials_per_batch(self, loaded, trials: "Trials") -> int | None:
+        """Trials per forward for ``trials`` on ``loaded`` (None: the runner's :func:`auto_batch_size`)."""
+        return self.batch_size(loaded, trials) if callable(self.batch_size) else self.batch_size
+
+    def run(self, loaded, conditions: Sequence, trials: "Trials | None" = None, *, progress=None, dist=None,
+            reuse=None) -> dict[str, dict[str, np.ndarray]]:
+        """:func:`run_conditions` of this probe over ``trials`` (None: :attr:`build_trials`); ``reuse``
+        overrides :attr:`reuse` (e.g. a :class:`~inductionlab.core.reuse.ResidualCache` shared by phases)."""
+        trials = self.build_trials(loaded) if trials is None else trials
+        return run_conditions(loaded, conditions, trials, method=self.method,
+                              batch_size=self.trials_per_batch(loaded, trials), measure_batch=self.measure_batch,
+                              progress=progress, dist=dist, reuse=self.reuse if reuse is None else reuse)
+
+
 def trim_padding(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A batch of left-padded trials less the leading columns that are padding in all of them
     (``attention_mask`` 0), so it equals :func:`pad_left` of its own sequences (same shapes, so the
@@ -136,9 +175,6 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if k in batch:
             kw[k] = batch[k]
     return kw
-
-
-MeasureBatch = Callable[[torch.nn.Module, dict[str, torch.Tensor]], Mapping[str, torch.Tensor]]
 
 
 def forward_logits(model, ids: torch.Tensor, keep: int = 1, **inputs: torch.Tensor) -> torch.Tensor:
@@ -175,7 +211,7 @@ def auto_batch_size(loaded, seq_len: int, logit_positions: int = 1, cap: int = 6
     return int(max(1, min(cap, 0.5 * free // per)))
 
 
-def ablation_context(model, heads, method: str = "zero", reference_ids: torch.Tensor | None = None,
+def ablation_context(model, heads, method: str = DEFAULT_METHOD, reference_ids: torch.Tensor | None = None,
                      reference_mask: torch.Tensor | None = None):
     """:func:`inductionlab.core.instrument.ablate` over ``heads`` (``(layer, head)`` pairs), or a no-op
     context when ``heads`` is None or empty (an intact condition), so every protocol runs intact and
@@ -202,7 +238,7 @@ def residual_cache(model, conditions: Sequence, max_bytes: int = 4 << 30):
     return ResidualCache(model, [first_ablated_layer(c.heads, len(layers)) for c in conditions], max_bytes)
 
 
-def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, torch.Tensor], *, method: str = "zero",
+def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, torch.Tensor], *, method: str = DEFAULT_METHOD,
                    batch_size: int | None = None, measure_batch: MeasureBatch, progress=None,
                    logit_positions: int = 1, dist=None, reuse=True) -> dict[str, dict[str, np.ndarray]]:
     """Run ``measure_batch`` over all ``trials`` under each condition.

@@ -45,48 +45,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..checks import check_fields, check_loaded, check_type
+from ..checks import check_loaded, check_type
 from ..core.ablation import Condition, check_conditions
 from ..core.models import LoadedModel
 from ..core.stimuli import seed_for, single_token_words
 from ..errors import InductionLabError
 from ..measures.crp import lag_crp, prob_lag_crp
 from ..measures.stats import mean_ci, pooled_arms, put_ci
-from .runner import Trials, check_method, forward_logits, run_conditions
-
-
-@dataclass
-class SerialRecallConfig:
-    """Serial-recall parameters (SPEC §5)."""
-    list_length: int = 14           # words per list (SPEC §5, the paper's lists of 14)
-    n_shots: int = 3                # solved examples before the test list (decision, SPEC §5)
-    n_trials: int = 64              # prompts per condition (CPU default; raise on GPU)
-    batch_size: int | None = None   # prompts per forward pass; None: from free GPU memory (CPU: 8)
-    seed: int = 0
-    pool_size: int = 200            # words are drawn from this many most frequent single-token words
-    study_prefix: str = "Study:"    # template pieces (see module docstring)
-    recall_prefix: str = "\nRecall:"
-    shot_separator: str = "\n\n"
-    bos: bool = True
-    generate: bool = True           # also greedy generation (exact match, CRP of recalls)
-    reuse_residual: bool = True     # skip layers below a condition's first ablated head (bit-identical; reuse.py)
-    method: str = "zero"            # ablation method: zero | mean | sink
-
-    def validate(self) -> None:
-        """Check the options that need no model (called before any model is loaded).
-
-        Raises:
-            InductionLabError: list shorter than 2, negative shots, fewer than 2 trials (no CI),
-                bad batch size or method, a NaN / infinite / beyond-64-bit number.
-            TypeError: a field of the wrong type.
-        """
-        check_fields(self)
-        if self.list_length < 2 or self.n_shots < 0 or self.n_trials < 1:
-            raise InductionLabError(f"serial recall needs list_length >= 2, n_shots >= 0 and n_trials >= 1 "
-                                    f"(got {self.list_length}, {self.n_shots}, {self.n_trials})")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise InductionLabError(f"batch size {self.batch_size} must be at least 1")
-        check_method(self.method)
+from .configs import SerialRecallConfig
+from .runner import Probe, Trials, auto_batch_size, forward_logits
 
 
 @dataclass
@@ -295,6 +262,25 @@ def measure_batch(model, batch: dict[str, torch.Tensor], cfg: SerialRecallConfig
     return out
 
 
+def batch_size(loaded, trials: Trials, cfg: SerialRecallConfig) -> int | None:
+    """Prompts per forward: ``cfg.batch_size``; else from free GPU memory at the prompts' length with a
+    logit row per list item (:func:`~inductionlab.protocols.runner.auto_batch_size`; 8 on a CPU)."""
+    if cfg.batch_size or not len(trials):
+        return cfg.batch_size
+    return auto_batch_size(loaded, trials.tensors["ids"].shape[1], cfg.list_length)
+
+
+def probe(cfg: SerialRecallConfig) -> Probe:
+    """Few-shot serial recall bound to ``cfg`` (:func:`build_trials`, :func:`measure_batch`, :func:`batch_size`),
+    for :func:`~inductionlab.protocols.runner.run_conditions` and a study's phases.
+
+    Raises:
+        InductionLabError: ``cfg`` invalid (:meth:`SerialRecallConfig.validate`)."""
+    cfg.validate()
+    return Probe("serial recall", partial(build_trials, cfg=cfg), partial(measure_batch, cfg=cfg),
+                 partial(batch_size, cfg=cfg), cfg.method, cfg.reuse_residual)
+
+
 def run_serial_recall(loaded: LoadedModel, conditions: list[Condition], cfg: SerialRecallConfig | None = None,
                       progress=None, dist=None) -> SerialRecallResult:
     """Run few-shot serial recall under each condition (intact or heads ablated by ``cfg.method``).
@@ -318,8 +304,7 @@ def run_serial_recall(loaded: LoadedModel, conditions: list[Condition], cfg: Ser
     cfg = SerialRecallConfig() if cfg is None else cfg
     check_type(cfg, SerialRecallConfig, "run_serial_recall: cfg")
     check_conditions(conditions, "run_serial_recall")
-    trials = build_trials(loaded, cfg)
-    data = run_conditions(loaded, conditions, trials, method=cfg.method,
-                          batch_size=cfg.batch_size, measure_batch=partial(measure_batch, cfg=cfg), progress=progress,
-                          logit_positions=cfg.list_length, dist=dist, reuse=cfg.reuse_residual)
+    p = probe(cfg)
+    trials = p.build_trials(loaded)
+    data = p.run(loaded, conditions, trials, progress=progress, dist=dist)
     return SerialRecallResult(data, list(conditions), cfg, trials.words)

@@ -270,6 +270,8 @@ class ResumableRun:
         overwrite: delete ``out`` in :meth:`open` and start afresh.
         on_checkpoint: optional callable(key) after each piece is written (tests interrupt here).
         inputs: paths the run reads (the model); ``out`` may not be or contain one of them.
+        owned: folders of ``out`` (relative) whose entries count as finished work, like pieces (a study's
+            training runs): a run with other ``params`` is refused while they hold any.
         dist: a :class:`~inductionlab.runtime.distributed.Dist` when the run is sharded over processes
             (torchrun): rank 0 alone opens, reads and writes the directory and every decision
             (resume or not, piece finished or not, its contents) is broadcast from it, so all ranks
@@ -279,13 +281,14 @@ class ResumableRun:
 
     def __init__(self, out: str | os.PathLike, kind: str, params: dict, *, overwrite: bool = False,
                  on_checkpoint: Callable[[str], None] | None = None, manifest: str = "study.json", inputs=(),
-                 dist=None):
+                 dist=None, owned: tuple[str, ...] = ()):
         self.dist = dist
         self.is_main = dist is None or dist.is_main
         self.out, self.inputs = Path(out), tuple(inputs)
         self.dir = self.out / "checkpoints"
         self.kind, self.params = kind, json.loads(json.dumps(_jsonable(params)))
         self.overwrite, self.on_checkpoint, self.manifest = overwrite, on_checkpoint, self.out / manifest
+        self.owned = tuple(owned)
         self.resumed = False
 
     @staticmethod
@@ -356,7 +359,10 @@ class ResumableRun:
             remove_stale_partials(d)
 
     def _has_pieces(self) -> bool:
-        return self.dir.exists() and any(p.is_file() and not is_partial(p) for p in self.dir.rglob("*"))
+        """Finished work of this run: a piece under ``checkpoints/``, or an entry in one of the folders it
+        ``owned`` (a study's training runs)."""
+        return (self.dir.exists() and any(p.is_file() and not is_partial(p) for p in self.dir.rglob("*"))
+                or any(own_entries(self.out / d) for d in self.owned))
 
     def path(self, key: str, ext: str) -> Path:
         return self.dir / f"{key}.{ext}"

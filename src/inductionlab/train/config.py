@@ -13,19 +13,17 @@ lm-evaluation-harness.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
-import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import LlamaConfig
 
-import yaml
-
+from .. import config as C
+from ..config import nested, opt
 from ..data.curriculum import CurriculumConfig
 from ..errors import InductionLabError
 
@@ -74,11 +72,6 @@ def model_config(preset: str, vocab_size: int, *, max_position_embeddings: int =
     )
 
 
-def _opt(default, help: str, **kw):
-    """A field with its ``--help`` text in the metadata (the CLI reads it; no source parsing)."""
-    return field(default=default, metadata={"help": help, **kw})
-
-
 @dataclass
 class TrainConfig:
     """One pretraining run. Defaults are the paper recipe (SPEC §7) unless marked "decision".
@@ -89,55 +82,57 @@ class TrainConfig:
     (``cfg.curriculum.variant``, ``cfg.curriculum.span_length``, ...).
     """
 
-    data: str = _opt("", "Directory written by `inductionlab corpus prepare` (token shards).")
-    out: str = _opt("", "Run directory (resumed when it holds the same run).")
-    preset: str = _opt("0.13b", "Model size (PRESETS).", choices=tuple(PRESETS))
-    seq_len: int = _opt(1024, "Context length in tokens (paper: 1024).")
-    tokens: int = _opt(0, "Token budget; steps = tokens // tokens_per_update.")
-    tokens_per_update: int = _opt(65536, "Tokens per optimizer update (paper: 2^16).")
-    micro_batch_size: int = _opt(8, "Sequences per forward pass per process (memory knob only).")
+    data: str = opt("", "Directory written by `inductionlab corpus prepare` (token shards).")
+    out: str = opt("", "Run directory (resumed when it holds the same run).", cli=False)   # the command's --out
+    preset: str = opt("0.13b", "Model size (PRESETS).", choices=tuple(PRESETS))
+    seq_len: int = opt(1024, "Context length in tokens (paper: 1024).")
+    tokens: int = opt(0, "Token budget; steps = tokens // tokens_per_update.")
+    tokens_per_update: int = opt(65536, "Tokens per optimizer update (paper: 2^16).")
+    micro_batch_size: int = opt(8, "Sequences per forward pass per process (memory knob only).")
     # AdamW and schedule (paper): beta 0.9/0.999, wd 0.1, peak 1e-3, 3% warm-up then cosine.
-    lr: float = _opt(1e-3, "Peak learning rate (paper: 1e-3).")
-    min_lr_ratio: float = _opt(0.1, "Cosine ends at this fraction of the peak (decision: 0.1, Chinchilla).")
-    warmup_frac: float = _opt(0.03, "Linear warm-up over this fraction of the steps (paper: 0.03).")
-    beta1: float = _opt(0.9, "AdamW beta1.")
-    beta2: float = _opt(0.999, "AdamW beta2.")
-    eps: float = _opt(1e-8, "AdamW epsilon.")
-    weight_decay: float = _opt(0.1, "AdamW weight decay on matrices (paper: 0.1).")
-    grad_clip: float = _opt(1.0, "Global L2 gradient-norm clip; 0 = off (decision: 1.0).")
-    precision: str = _opt("auto", "auto (bf16 autocast on CUDA with bf16, else fp32) | fp32 | bf16.",
+    lr: float = opt(1e-3, "Peak learning rate (paper: 1e-3).")
+    min_lr_ratio: float = opt(0.1, "Cosine ends at this fraction of the peak (decision: 0.1, Chinchilla).")
+    warmup_frac: float = opt(0.03, "Linear warm-up over this fraction of the steps (paper: 0.03).")
+    beta1: float = opt(0.9, "AdamW beta1.")
+    beta2: float = opt(0.999, "AdamW beta2.")
+    eps: float = opt(1e-8, "AdamW epsilon.")
+    weight_decay: float = opt(0.1, "AdamW weight decay on matrices (paper: 0.1).")
+    grad_clip: float = opt(1.0, "Global L2 gradient-norm clip; 0 = off (decision: 1.0).")
+    precision: str = opt("auto", "auto (bf16 autocast on CUDA with bf16, else fp32) | fp32 | bf16.",
                           choices=("auto", "fp32", "bf16"))
-    seed: int = _opt(0, "Seed of model init, data stream and telemetry probes.")
-    deterministic: bool = _opt(False, "torch.use_deterministic_algorithms (bit-identical resume on CPU).")
-    attn_implementation: str = _opt("sdpa", "Training attention kernel (telemetry uses its own).")
+    seed: int = opt(0, "Seed of model init, data stream and telemetry probes.")
+    deterministic: bool = opt(False, "torch.use_deterministic_algorithms (bit-identical resume on CPU).",
+                              flag="--deterministic/--no-deterministic")
+    attn_implementation: str = opt("sdpa", "Training attention kernel (telemetry uses its own).")
     # Bi-Induct curriculum (SPEC §6), nested: the same fields as `inductionlab curriculum preview`
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig,
-                                         metadata={"help": "Bi-Induct curriculum (SPEC §6)."})
+    curriculum: CurriculumConfig = nested(CurriculumConfig, "Bi-Induct curriculum (SPEC §6).", shorthand="variant")
     # Checkpoints (SPEC §7): log-spaced plus an optional dense window, plus rolling resume points.
-    log_checkpoints: int = _opt(12, "Number of log-spaced checkpoints; step 0 and the last are added (decision).")
-    dense_start: int = _opt(0, "Dense checkpoint window start (steps).")
-    dense_end: int = _opt(0, "Dense checkpoint window end (steps).")
-    dense_every: int = _opt(0, "Checkpoint every N steps inside the dense window (0 = no window).")
-    save_every: int = _opt(0, "Rolling resume checkpoint every N steps (0 = off); only the last is kept.")
-    keep_resumable: int = _opt(2, "Optimizer state is kept in the newest N checkpoints only.")
+    log_checkpoints: int = opt(12, "Number of log-spaced checkpoints; step 0 and the last are added (decision).")
+    dense_start: int = opt(0, "Dense checkpoint window start (steps).")
+    dense_end: int = opt(0, "Dense checkpoint window end (steps).")
+    dense_every: int = opt(0, "Checkpoint every N steps inside the dense window (0 = no window).")
+    save_every: int = opt(0, "Rolling resume checkpoint every N steps (0 = off); only the last is kept.")
+    keep_resumable: int = opt(2, "Optimizer state is kept in the newest N checkpoints only.")
     # Telemetry (SPEC §8)
-    telemetry: bool = _opt(True, "Head scores and held-out perplexity at every checkpoint.")
-    telemetry_seq_len: int = _opt(50, "Half length in tokens of the repeated random sequence of the induction "
+    telemetry: bool = opt(True, "Head scores and held-out perplexity at every checkpoint.",
+                          flag="--telemetry/--no-telemetry")
+    telemetry_seq_len: int = opt(50, "Half length in tokens of the repeated random sequence of the induction "
                                       "score (the probe is 2x this + BOS; must fit --seq-len).")
-    telemetry_batch: int = _opt(16, "Sequences per telemetry probe.")
-    induction_threshold: float = _opt(0.4, "An induction head scores above this (emergence step; decision).")
-    eval_tokens: int = _opt(65536, "Held-out tokens for perplexity; 0 = no perplexity (decision: 65536).")
+    telemetry_batch: int = opt(16, "Sequences per telemetry probe.")
+    induction_threshold: float = opt(0.4, "An induction head scores above this (emergence step; decision).")
+    eval_tokens: int = opt(65536, "Held-out tokens for perplexity; 0 = no perplexity (decision: 65536).")
     # Distributed (torchrun) and logging
-    parallel: str = _opt("ddp", "ddp | fsdp (only under torchrun with WORLD_SIZE > 1).", choices=("ddp", "fsdp"))
-    log_every: int = _opt(1, "Metrics row every N updates.")
-    progress: bool = _opt(True, "Progress bar with tokens/s and loss.")
-    tensorboard: bool = _opt(True, "TensorBoard logs (when the tensorboard package is installed).")
+    parallel: str = opt("ddp", "ddp | fsdp (only under torchrun with WORLD_SIZE > 1).", choices=("ddp", "fsdp"))
+    log_every: int = opt(1, "Metrics row every N updates.")
+    progress: bool = opt(True, "Progress bar with tokens/s and loss.", flag="--progress/--no-progress")
+    tensorboard: bool = opt(True, "TensorBoard logs (when the tensorboard package is installed).",
+                            flag="--tensorboard/--no-tensorboard")
 
     def __post_init__(self) -> None:
         if isinstance(self.curriculum, str):            # shorthand: curriculum="induction"
             self.curriculum = CurriculumConfig(variant=self.curriculum)
         elif isinstance(self.curriculum, dict):
-            self.curriculum = _curriculum_from_dict(self.curriculum, CurriculumConfig())
+            self.curriculum = C.from_dict(CurriculumConfig, self.curriculum, where="curriculum.")
 
     # ---- derived quantities -----------------------------------------------------------------
     @property
@@ -256,134 +251,25 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
-FIELD_NAMES = tuple(f.name for f in fields(TrainConfig))
-CURRICULUM_FIELDS = tuple(f.name for f in fields(CurriculumConfig))
-# Keys of the flat config before the curriculum was nested: old name -> new key (refused with this hint).
-MOVED_KEYS = {"span_length": "curriculum.span_length", "span_length_min": "curriculum.span_length_range",
-              "span_length_max": "curriculum.span_length_range", "m0": "curriculum.m0",
-              "anneal_tokens": "curriculum.anneal_tokens", "span_source": "curriculum.span_source"}
-
-
-def _coerce(key: str, want: str, v: Any) -> Any:
-    """``v`` as the annotated type ``want`` (a string annotation), or InductionLabError."""
-    try:
-        if v is None and "None" in want:
-            return None
-        base = want.split(" | ")[0]
-        if base == "bool":
-            if isinstance(v, str):
-                if v.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError(v)
-                return v.lower() in ("true", "1", "yes")
-            return bool(v)
-        if base == "int":
-            if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
-                raise ValueError(v)
-            return int(float(v)) if isinstance(v, str) and ("e" in v.lower()) else int(v)
-        if base == "float":
-            return float(v)
-        if base.startswith("tuple[int, int]"):
-            if isinstance(v, str):
-                v = v.replace("-", ",").split(",")
-            lo, hi = (int(x) for x in v)
-            return (lo, hi)
-        if isinstance(v, (dict, list)):
-            raise ValueError(v)
-        return str(v)
-    except (TypeError, ValueError):
-        raise InductionLabError(f"config key {key!r} needs a {want} value (got {v!r})") from None
-
-
-def _unknown(key: str, known: tuple[str, ...]) -> InductionLabError:
-    if key in MOVED_KEYS:
-        flag = "--span-range LO,HI" if key.startswith("span_length_m") else f"--{_flag(key)}"
-        return InductionLabError(f"config key {key!r} is now {MOVED_KEYS[key]!r}: nest it under "
-                                 f"'curriculum:' in the file (flag {flag})")
-    close = difflib.get_close_matches(key, known, n=1)
-    hint = f"did you mean {close[0]!r}?" if close else "see `inductionlab train --help`"
-    return InductionLabError(f"unknown config key {key!r}; {hint}")
-
-
-def _curriculum_from_dict(d: dict[str, Any], base: CurriculumConfig) -> CurriculumConfig:
-    types = {f.name: f.type for f in fields(CurriculumConfig)}
-    out = dataclasses.replace(base)
-    for k, v in d.items():
-        k = k.replace("-", "_")
-        if k not in types:
-            close = difflib.get_close_matches(k, CURRICULUM_FIELDS, n=1)
-            hint = f"did you mean 'curriculum.{close[0]}'?" if close else f"use one of {', '.join(CURRICULUM_FIELDS)}"
-            raise InductionLabError(f"unknown config key 'curriculum.{k}'; {hint}")
-        setattr(out, k, _coerce(f"curriculum.{k}", types[k], v))
-    return out
-
-
 def config_from_dict(d: dict[str, Any], base: TrainConfig | None = None) -> TrainConfig:
-    """Build a config from a mapping.
-
-    ``curriculum`` is a nested table of :class:`~inductionlab.data.curriculum.CurriculumConfig` fields
-    (``curriculum: {variant: induction, span_length: 20}``), or a variant name as shorthand
-    (``curriculum: induction``), or dotted keys (``curriculum.m0: 0.3``). Other nested tables are
-    flattened one level, as grouping only (``{"schedule": {"lr": ...}}`` reads as ``lr``). The
-    flat curriculum keys of earlier versions (``span_length``, ``m0``, ...) are refused with the
-    new key's name.
+    """A run config from a mapping (:func:`inductionlab.config.from_dict` over ``base`` or the defaults):
+    ``curriculum`` a nested table of :class:`~inductionlab.data.curriculum.CurriculumConfig` fields
+    (``curriculum: {variant: induction, span_length: 20}``), a variant name as shorthand
+    (``curriculum: induction``) or dotted keys (``curriculum.m0: 0.3``); a table under a key that is no
+    field groups keys (``schedule: {lr: 1e-3}`` reads as ``lr``).
 
     Raises:
-        InductionLabError: an unknown key (with the closest known name) or a value of the wrong type.
-    """
-    flat: dict[str, Any] = {}
-    cur: dict[str, Any] = {}
-    for k, v in d.items():
-        k = k.replace("-", "_")
-        if k == "curriculum":
-            if isinstance(v, dict):
-                cur.update(v)
-            elif isinstance(v, CurriculumConfig):
-                cur.update(dataclasses.asdict(v))
-            else:
-                cur["variant"] = v
-        elif k.startswith("curriculum."):
-            cur[k.split(".", 1)[1]] = v
-        elif isinstance(v, dict):
-            for kk, vv in v.items():
-                kk = kk.replace("-", "_")
-                if kk == "curriculum":
-                    cur.update(vv if isinstance(vv, dict) else {"variant": vv})
-                else:
-                    flat[kk] = vv
-        else:
-            flat[k] = v
-    cfg = dataclasses.replace(base) if base is not None else TrainConfig()
-    types = {f.name: f.type for f in fields(TrainConfig)}
-    for k, v in flat.items():
-        if k not in types:
-            raise _unknown(k, FIELD_NAMES)
-        setattr(cfg, k, _coerce(k, types[k], v))
-    cfg.curriculum = _curriculum_from_dict(cur, cfg.curriculum)
-    return cfg
+        InductionLabError: an unknown key (with the closest known name) or a value of the wrong type."""
+    return C.from_dict(TrainConfig if base is None else base, d)
 
 
 def load_config(path: str | Path, base: TrainConfig | None = None) -> TrainConfig:
-    """Read a YAML (``.yaml``/``.yml``) or TOML (``.toml``) run config.
+    """Read a YAML (``.yaml``/``.yml``), JSON or TOML (``.toml``) run config (:func:`inductionlab.config.read_mapping`).
 
     Raises:
         InductionLabError: missing or unparsable file, unknown key, wrong value type.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise InductionLabError(f"config file {p} does not exist; check the path")
-    text = p.read_text()
-    try:
-        if p.suffix == ".toml":
-            d = tomllib.loads(text)
-        elif p.suffix in (".yaml", ".yml", ".json"):
-            d = yaml.safe_load(text) or {}
-        else:
-            raise InductionLabError(f"config file {p} must end in .yaml, .yml or .toml")
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
-        raise InductionLabError(f"cannot parse {p}: {str(e).splitlines()[0]}; fix the file") from None
-    if not isinstance(d, dict):
-        raise InductionLabError(f"config file {p} must hold a mapping of key: value")
-    return config_from_dict(d, base)
+    return config_from_dict(C.read_mapping(path), base)
 
 
 def dumps_config(cfg: TrainConfig) -> str:

@@ -1,7 +1,12 @@
-"""``inductionlab analyze``: head scores, the lag probe and ablation vs k on one model (the main job)."""
+"""``inductionlab analyze``: head scores, the lag probe and ablation vs k on one model (the main job).
 
-from .config import AnalyzeConfig
-from .report import analyze_report, write_analyze_outputs
-from .study import AnalyzeResult, analyze
+``config`` (:class:`AnalyzeConfig`, ``SPEC``), ``study`` (``prepare`` / ``phases`` / ``result``, :func:`analyze`),
+``report`` (``write``, ``summary``). Names are imported on first use: importing ``config`` loads no torch.
+"""
 
-__all__ = ["AnalyzeConfig", "AnalyzeResult", "analyze", "analyze_report", "write_analyze_outputs"]
+from ..spec import lazy_exports
+
+__getattr__ = lazy_exports(__name__, {
+    "AnalyzeConfig": "config", "SPEC": "config", "AnalyzeResult": "study", "analyze": "study",
+    "analyze_report": "report", "write_analyze_outputs": "report"})
+__all__ = ["AnalyzeConfig", "SPEC", "AnalyzeResult", "analyze", "analyze_report", "write_analyze_outputs"]

@@ -17,13 +17,14 @@ from .. import plots
 
 from ...measures import serial_position
 from ...runtime.runs import atomic_write_bytes, atomic_write_text
+from ...measures.serial_position import cue_tables
 from ..report import (CUE_FILES, ENRICH_LABEL, corrected_lines, cue_lines, fmt_ci4, model_line, pooled_headline_rows,
                       row_ci, write_cue_outputs)
 
 
 def analyze_report(res) -> str:
     """A short Markdown report of the main job (:func:`inductionlab.studies.analyze.study.analyze`)."""
-    idn, cfg = res.record["model"], res.record["params"]
+    idn, lc = res.record["model"], res.lag.config
     hl = res.lag.headline()
     intact = hl[hl["condition"] == "intact"].iloc[0]
     summary = res.lag.summary()
@@ -31,7 +32,7 @@ def analyze_report(res) -> str:
     peak = int(cur.loc[cur["mean"].idxmax(), "lag"])
     near = cur[cur["lag"].abs() <= 10]
     peak_near = int(near.loc[near["mean"].idxmax(), "lag"])
-    chance = intact["list_mass"] / cfg["lag"]["list_length"]
+    chance = intact["list_mass"] / lc.list_length
     lines = [f"# inductionlab analyze — {idn['name']}", "",
              model_line(idn), "",
              "## Top induction heads", "", "| rank | layer | head | induction score |", "|---|---|---|---|"]
@@ -40,8 +41,8 @@ def analyze_report(res) -> str:
     il = res.scores.induction_loss
     lines += ["", f"Induction loss: first copy {il['first_copy']:.2f} nats, second copy {il['second_copy']:.2f} nats.",
               "", "## Lag probe", "",
-              f"{cfg['lag']['n_permutations']} trials per condition, list of {cfg['lag']['list_length']} words, cue at "
-              f"position {cfg['lag']['cue_position']}, {cfg['lag']['method']} ablation. "
+              f"{lc.n_permutations} trials per condition, list of {lc.list_length} words, cue at "
+              f"position {lc.cue_position}, {lc.method} ablation. "
               "Probabilities are raw next-token probabilities; 95% CIs over trials.", "",
               "| condition | lag +1 | lag -1 | lag 0 | list mass |", "|---|---|---|---|---|"]
     for r in pooled_headline_rows(hl):
@@ -113,3 +114,30 @@ def write_analyze_outputs(d: Path, res) -> None:
                          title=f"{name}: lag probe, word-prior corrected\n{sub}")
     kmax = max((c.k for c in res.lag.conditions if c.kind == "induction"), default=None)
     write_cue_outputs(d, d, res.lag, name, shown, ["intact", f"induction-{kmax}", f"random-{kmax}"], sub)
+
+
+def write(out: Path, res) -> None:
+    """The run directory's files (the engine writes results.json and timing.json after them)."""
+    write_analyze_outputs(out, res)
+    atomic_write_text(out / "report.md", analyze_report(res))
+
+
+def summary(res) -> list[str]:
+    """What ``inductionlab analyze`` prints when it is done: the top heads, lag +1 per condition, the
+    temporal factor of all cues."""
+    lines = [f"Top {len(res.record['top_induction_heads'])} induction heads ({res.loaded.identity['name']}):"]
+    lines += [f"  {i:2d}. L{h['layer']:<2d} H{h['head']:<2d}  {h['score']:.3f}"
+              for i, h in enumerate(res.record["top_induction_heads"], 1)]
+    lines += ["", "Lag probe, lag +1 probability [95% CI] per condition:"]
+    lines += [f"  {r['condition']:<14s} {r['lag_plus1']:.4f} [{r['lag_plus1_ci_low']:.4f}, "
+              f"{r['lag_plus1_ci_high']:.4f}]   lag -1 {r['lag_minus1']:.4f}   list mass {r['list_mass']:.3f}"
+              for r in pooled_headline_rows(res.lag.headline())]
+    if serial_position.has_cues(res.lag):
+        tf = cue_tables(res.lag)["temporal_factor"]
+        lines += ["", f"All cues (--cues {res.lag.config.cues}, {len(res.lag.cue_positions)} per list): temporal "
+                      "factor [95% CI over lists] (0.5 = chance; serial_position.csv, report.md):"]
+        lines += [f"  {r['condition']:<14s} {r['temporal_factor']:.3f} [{r['temporal_factor_ci_low']:.3f}, "
+                  f"{r['temporal_factor_ci_high']:.3f}]" for r in pooled_headline_rows(tf)]
+    t = res.timings
+    lines += ["", f"Scores {t['head_scores_s']:.0f} s, lag probe {t['lag_probe_s']:.0f} s."]
+    return lines

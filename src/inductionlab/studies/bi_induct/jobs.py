@@ -11,13 +11,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ...errors import InductionLabError
 from ...runtime.run_dir import TrainRun
 from ...runtime.runs import atomic_write_text
-from .config import BiInductStudyConfig
+from .config import BiInductStudyConfig, train_config
 
 # ---- phase 2: training (subprocesses) ----------------------------------------------------------------
 
@@ -57,14 +58,14 @@ def run_finished(run_dir: Path) -> bool:
 
 def train_runs(cfg: BiInductStudyConfig, out: Path, *, progress: bool = True,
                log: Callable[[str], None] = print) -> dict[str, float]:
-    """Train every (variant, seed) run not finished yet, ``cfg.jobs`` at a time. Returns run name ->
+    """Train every (variant, seed) run not finished yet, ``cfg.jobs`` at a time (``cfg.job_threads`` torch
+    threads each). Returns run name ->
     wall seconds of this call's subprocess (0 for a run already finished).
 
     Raises: InductionLabError naming the failed run and its log file."""
     todo = [(n, v, s) for n, v, s in cfg.runs() if not run_finished(out / "runs" / n)]
     walls = {n: 0.0 for n, _, _ in cfg.runs()}
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("STUDY_THREADS", "1"),
-           "MKL_NUM_THREADS": os.environ.get("STUDY_THREADS", "1"),
+    env = {**os.environ, "OMP_NUM_THREADS": str(cfg.job_threads), "MKL_NUM_THREADS": str(cfg.job_threads),
            "PYTHONPATH": os.pathsep.join([str(_package_root()),
                                           *filter(None, [os.environ.get("PYTHONPATH")])])}
     running: dict[str, tuple[subprocess.Popen, float, Any]] = {}
@@ -74,7 +75,7 @@ def train_runs(cfg: BiInductStudyConfig, out: Path, *, progress: bool = True,
             while todo and len(running) < cfg.jobs:
                 name, v, s = todo.pop(0)
                 rd = out / "runs" / name
-                tc = cfg.train_config(v, s, str(rd))
+                tc = train_config(cfg, v, s, str(rd))
                 cfile = out / "runs" / f"{name}.yaml"
                 _write_train_config(tc, cfile)
                 logf = open(out / "runs" / f"{name}.log", "a")
@@ -128,3 +129,38 @@ def run_piece(run_dir: Path) -> dict:
 
 def _final_scores(run_dir: Path) -> dict:
     return json.loads(TrainRun(run_dir).telemetry_files()[-1].read_text())["scores"]
+
+
+@dataclass(frozen=True)
+class TrainJobs:
+    """Step of the study's phases: train every run not finished yet (:func:`train_runs`; with ``cfg.partial``,
+    none: the finished ones are taken as they are), then check that every finished run was trained with the
+    budget the study planned (iso-FLOPs, :func:`~inductionlab.train.flops.check_iso_flops`). Timed as ``train``.
+
+    Its value: ``(runs, walls, missing)``: the finished runs ``(name, variant, seed)``, run name -> wall
+    seconds of this call's subprocess, the names of the runs not finished (``partial``)."""
+    cfg: BiInductStudyConfig
+    budgets: dict
+
+    def run(self, ctx) -> tuple[list[tuple[str, str, int]], dict[str, float], list[str]]:
+        from ...train.flops import check_iso_flops, read_budgets
+
+        cfg, out = self.cfg, ctx.out
+        (out / "runs").mkdir(parents=True, exist_ok=True)
+        with ctx.run.timed("train"):
+            if cfg.partial:
+                walls = {}
+                runs = [r for r in cfg.runs() if run_finished(out / "runs" / r[0])]
+                if not any(v == "none" for _, v, _ in runs):
+                    raise InductionLabError(f"{out} holds no finished natural-only run yet; wait, or run without "
+                                            "--partial")
+            else:
+                walls = train_runs(cfg, out, progress=ctx.opts.progress, log=ctx.log)
+                runs = cfg.runs()
+        actual = read_budgets([out / "runs" / n for n, _, _ in runs])
+        check_iso_flops(actual)
+        for n in actual:
+            if actual[n] != self.budgets[n]:
+                raise InductionLabError(f"run {n} was trained with budget {actual[n]} but the study planned "
+                                        f"{self.budgets[n]}; use a new --out")
+        return runs, walls, [n for n, _, _ in cfg.runs() if n not in {r[0] for r in runs}]

@@ -101,6 +101,28 @@ def bi_induct_report(study) -> str:
     return "\n".join(L) + "\n"
 
 
+def write(out: Path, study) -> None:
+    """The run directory's files (:func:`write_bi_induct_outputs` of the study's training pieces)."""
+    write_bi_induct_outputs(out, study, study.pieces)
+
+
+def summary(study) -> list[str]:
+    """What ``inductionlab study bi-induct`` prints when it is done: the training time, one line per verdict."""
+    from ..run import format_verdicts
+
+    return [f"training {study.timings.get('train_s', 0):.0f} s", *format_verdicts(study.verdicts)]
+
+
+def estimate(cfg) -> str:
+    """``--estimate``: the budget of every run and the expected GPU hours (:func:`~.config.gpu_estimate`)."""
+    from .config import gpu_estimate
+
+    e = gpu_estimate(cfg)
+    return (f"{e['runs']} runs x {e['tokens_per_run']:,} tokens, {e['flops_per_run']:.3e} FLOPs per run; "
+            f"~{e['gpu_hours_per_run']:.2f} GPU-hours per run, ~{e['gpu_hours_total']:.1f} in all "
+            f"(at {e['assumed_flops_per_s'] / 1e12:.0f} TFLOP/s, {e['assumed_mfu']:.0%} MFU)")
+
+
 def write_bi_induct_outputs(out: Path, study, pieces: dict) -> None:
     """tables/ (runs, telemetry summary, verdicts), plots/telemetry_variants.png, report.md (results.json
     after them, by :meth:`~inductionlab.studies.run.StudyRun.finish`)."""

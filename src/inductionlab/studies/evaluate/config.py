@@ -1,21 +1,23 @@
-"""The evaluation study's parameters: :class:`EvaluateConfig` and the nested config of each protocol
-(:class:`ProbeConfig`, :class:`ICLScoreConfig`, :class:`InductionLossConfig`, :class:`RecallConfig`,
-:class:`PerplexityConfig`, :class:`LoadBearingConfig`, :class:`LmEvalConfig`), each with its
-``validate()`` (no model needed), and :func:`parse_variant` (the ablation variant names).
+"""``inductionlab evaluate``: its config (:class:`EvaluateConfig` and the nested config of each measure:
+:class:`ProbeConfig`, :class:`ICLScoreConfig`, :class:`InductionLossConfig`, :class:`RecallConfig`,
+:class:`PerplexityConfig`, :class:`LoadBearingConfig`, :class:`LmEvalConfig`), :func:`parse_variant` (the
+ablation variant names) and :data:`SPEC`.
 
-Imports the checks, the probe task names and the runner's method check; nothing of the study.
+Light (no torch): the command line generates ``evaluate``'s options from :class:`EvaluateConfig`.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
-from ...checks import check_draws, check_fields, check_seed, check_type
+from ...checks import check_draws, check_fields, check_method, check_seed, check_type
+from ...config import nested, opt
 from ...errors import InductionLabError
-from ...protocols.icl_tasks import TASK_NAMES
-from ...protocols.runner import check_method
-from ..pieces import check_trials_fit
+from ...names import DEFAULT_METHOD, TASK_NAMES, ablation_method_names
+from ..configs import HeadScoreConfig, check_trials_fit
+from ..spec import StudySpec
 
 TOKEN_POOLS = ("vocab", "shards")
 _VARIANT = re.compile(r"^(?:per-layer-(?P<pct>\d+(?:\.\d+)?)pct|top-(?P<k>\d+))$")
@@ -24,12 +26,13 @@ _VARIANT = re.compile(r"^(?:per-layer-(?P<pct>\d+(?:\.\d+)?)pct|top-(?P<k>\d+))$
 @dataclass
 class ProbeConfig:
     """Function-style ICL probes (:mod:`inductionlab.protocols.icl_tasks`): which tasks, shots and prompts."""
-    tasks: tuple[str, ...] | None = None      # None: all of icl_tasks.TASK_NAMES
-    shots: tuple[int, ...] = (0, 1, 10)
-    n_prompts: int = 32                       # prompts per task and number of shots
-    permutation_control: bool = True          # label-permuted twin of every prompt with k >= 2 shots
-    bos: bool = True                          # prepend the tokenizer's BOS (when it has one)
-    batch_size: int = 16
+    tasks: tuple[str, ...] | None = opt(None, "ICL probe tasks, comma-separated.", none="all 13")
+    shots: tuple[int, ...] = opt((0, 1, 10), "Numbers of demonstrations, comma-separated.", source="SPEC §8")
+    n_prompts: int = opt(32, "Prompts per task and number of shots.", flag="--prompts")
+    permutation_control: bool = opt(True, "Skip the label-permuted prompts (the flag sets permutation_control false).",
+                                    flag="--no-permutation-control")
+    bos: bool = opt(True, "Prepend the tokenizer's BOS (when it has one).", cli=False)
+    batch_size: int = opt(16, "Prompts per forward pass.")
 
     def validate(self) -> None:
         """Raises InductionLabError: unknown task, no shots or shots < 0 or repeated, sizes < 1, more
@@ -55,14 +58,15 @@ class ProbeConfig:
 class ICLScoreConfig:
     """ICL score (Olsson et al. 2022): loss at token ``late`` minus at token ``early`` of natural text
     (scaled to the model's context, :func:`inductionlab.protocols.icl_score.icl_positions`)."""
-    late: int = 500
-    early: int = 50
-    window: int = 1                           # tokens averaged at each position (1 = Olsson et al.)
-    n_sequences: int = 16                     # held-out windows
-    batch_size: int = 2
+    late: int = opt(500, "Late token.", source="Olsson et al. 2022", flag="--icl-late")
+    early: int = opt(50, "Early token.", source="Olsson et al. 2022", flag="--icl-early")
+    window: int = opt(1, "Tokens averaged at each position (more = less noise per window).",
+                      source="Olsson et al. 2022", flag="--icl-window")
+    n_sequences: int = opt(16, "Held-out windows for the ICL score.", flag="--icl-sequences")
+    batch_size: int = opt(2, "Windows per forward pass.", cli=False)
 
     def validate(self) -> None:
-        check_fields(self, "icl-")
+        check_fields(self)
         if not 1 <= self.early < self.late:
             raise InductionLabError(f"ICL score positions need 1 <= early < late, got {self.early}, {self.late}")
         if self.window < 1 or self.n_sequences < 2 or self.batch_size < 1:
@@ -75,12 +79,12 @@ class ICLScoreConfig:
 @dataclass
 class InductionLossConfig:
     """Induction loss on ``[BOS] S S`` (SPEC §3), first vs second copy."""
-    seq_len: int = 50
-    n_sequences: int = 16
-    batch_size: int = 16
+    seq_len: int = opt(50, "T of the induction-loss sequences [BOS] S S.", flag="--induction-seq-len")
+    n_sequences: int = opt(16, "Induction-loss sequences.", cli=False)
+    batch_size: int = opt(16, "Sequences per forward pass.", cli=False)
 
     def validate(self) -> None:
-        check_fields(self, "induction-")
+        check_fields(self)
         if self.seq_len < 2 or self.n_sequences < 2 or self.batch_size < 1:
             raise InductionLabError(f"induction loss: seq_len {self.seq_len} >= 2, sequences {self.n_sequences} >= 2, "
                                     f"batch size {self.batch_size} >= 1")
@@ -91,12 +95,13 @@ class InductionLossConfig:
 class RecallConfig:
     """Associative recall in the model's own tokens (:func:`inductionlab.protocols.icl_score.associative_recall`):
     ``n_pairs`` random key-value pairs, then the same pairs shuffled; top-1 accuracy of each value."""
-    n_pairs: int = 8
-    n_sequences: int = 32
-    batch_size: int = 16
+    n_pairs: int = opt(8, "Key-value pairs per associative-recall sequence (then the same pairs shuffled).",
+                       flag="--recall-pairs")
+    n_sequences: int = opt(32, "Associative-recall sequences.", cli=False)
+    batch_size: int = opt(16, "Sequences per forward pass.", cli=False)
 
     def validate(self) -> None:
-        check_fields(self, "recall-")
+        check_fields(self)
         if self.n_pairs < 2 or self.n_sequences < 2 or self.batch_size < 1:
             raise InductionLabError(f"associative recall: pairs {self.n_pairs} >= 2, sequences {self.n_sequences} "
                                     f">= 2, batch size {self.batch_size} >= 1")
@@ -106,25 +111,33 @@ class RecallConfig:
 @dataclass
 class PerplexityConfig:
     """Perplexity guard on the shards' held-out split (only with shards)."""
-    max_tokens: int | None = 32768            # None: the whole split
-    context: int | None = None                # None: min(model context, 1024)
-    batch_size: int = 4
+    max_tokens: int | None = opt(32768, "Held-out tokens for the perplexity guard (0 = the whole split).",
+                                 flag="--perplexity-tokens")
+    context: int | None = opt(None, "Tokens per window.", none="min(model context, 1024)", cli=False)
+    batch_size: int = opt(4, "Windows per forward pass.", cli=False)
+
+    @property
+    def tokens(self) -> int | None:
+        """Held-out tokens to score; None: the whole split (``max_tokens`` None or 0)."""
+        return self.max_tokens or None
 
     def validate(self) -> None:
-        check_fields(self, "perplexity-")
-        if (self.max_tokens is not None and self.max_tokens < 2) or (self.context is not None and self.context < 2) \
-                or self.batch_size < 1:
+        check_fields(self)
+        if (self.max_tokens is not None and self.max_tokens != 0 and self.max_tokens < 2) \
+                or (self.context is not None and self.context < 2) or self.batch_size < 1:
             raise InductionLabError(f"perplexity: max_tokens {self.max_tokens} and context {self.context} must be "
-                                    f">= 2, batch size {self.batch_size} >= 1")
+                                    f">= 2 (max_tokens 0: the whole split), batch size {self.batch_size} >= 1")
 
 
 @dataclass
 class LoadBearingConfig:
     """Ablation variants (``per-layer-<p>pct`` | ``top-<k>``), random draws, method, probe shots."""
-    ablate: tuple[str, ...] = ("per-layer-2pct", "top-10")
-    n_draws: int = 3
-    method: str = "zero"
-    shots: int = 10                           # probes under ablation at this number of shots
+    ablate: tuple[str, ...] = opt(("per-layer-2pct", "top-10"),
+                                  "Ablation variants: per-layer-<p>pct (top p% heads per layer, ceil, >= 1) and/or "
+                                  "top-<k>.", source="SPEC §8")
+    n_draws: int = opt(3, "Seeded matched random-head draws per variant.", flag="--draws", aliases=("--n-draws",))
+    method: str = opt(DEFAULT_METHOD, "Ablation method.", choices=ablation_method_names())
+    shots: int = opt(10, "Probe shots under ablation (must be among --shots).", flag="--ablation-shots")
 
     def validate(self) -> None:
         check_fields(self)
@@ -139,13 +152,16 @@ class LoadBearingConfig:
 @dataclass
 class LmEvalConfig:
     """lm-evaluation-harness tasks (ours: ``inductionlab_icl`` / ``inductionlab_icl_<task>``, or installed names)."""
-    tasks: tuple[str, ...] = ()
-    num_fewshot: int | None = None            # None: each task's default (ours: 0)
-    limit: int | None = 50                    # test documents per task
-    batch_size: int = 8
+    tasks: tuple[str, ...] = opt((), "lm-eval tasks, comma-separated: inductionlab_icl (our probes, exported "
+                                     "offline), inductionlab_icl_<task>, or installed lm-eval task names.",
+                                 flag="--lm-eval-tasks")
+    num_fewshot: int | None = opt(None, "lm-eval few-shot.", none="each task's (ours: 0)", flag="--lm-eval-fewshot",
+                                  needs="--lm-eval-tasks")
+    limit: int | None = opt(50, "lm-eval test documents per task.", flag="--lm-eval-limit", needs="--lm-eval-tasks")
+    batch_size: int = opt(8, "lm-eval batch size.", cli=False)
 
     def validate(self) -> None:
-        check_fields(self, "lm-eval-")
+        check_fields(self)
         if (self.num_fewshot is not None and self.num_fewshot < 0) or (self.limit is not None and self.limit < 1) \
                 or self.batch_size < 1:
             raise InductionLabError(f"lm-eval: few-shot {self.num_fewshot} >= 0, limit {self.limit} >= 1, batch size "
@@ -154,25 +170,31 @@ class LmEvalConfig:
 
 @dataclass
 class EvaluateConfig:
-    """Parameters of the evaluation study; each protocol's config nested as it is. ``seed`` seeds
-    prompts, held-out windows, random sequences and random head draws.
+    """Parameters of the evaluation study; each measure's config nested as it is. ``seed`` seeds prompts,
+    held-out windows, random sequences and random head draws.
 
-    ``token_pool``: where the random tokens of head scores, induction loss, associative recall
-    and the mean-ablation reference come from: ``"vocab"`` (every ordinary id of the tokenizer,
-    as TransformerLens does) or ``"shards"`` (the ids that occur in the shards' training split,
-    :meth:`~inductionlab.data.shards.TokenShards.token_pool`: for a model trained on that corpus,
-    whose other ids have untrained embeddings)."""
-    probes: ProbeConfig = field(default_factory=ProbeConfig)
-    icl: ICLScoreConfig = field(default_factory=ICLScoreConfig)
-    induction: InductionLossConfig = field(default_factory=InductionLossConfig)
-    recall: RecallConfig = field(default_factory=RecallConfig)
-    perplexity: PerplexityConfig = field(default_factory=PerplexityConfig)
-    load_bearing: LoadBearingConfig = field(default_factory=LoadBearingConfig)
-    lm_eval: LmEvalConfig = field(default_factory=LmEvalConfig)
-    seed: int = 0
-    score_seq_len: int = 50
-    score_batch_size: int = 16
-    token_pool: str = "vocab"
+    ``shards``: a prepared corpus (``inductionlab corpus prepare``) tokenised with the model's tokenizer: the
+    ICL score's natural text and the perplexity guard (None: both skipped).
+
+    ``token_pool``: where the random tokens of head scores, induction loss, associative recall and the
+    mean-ablation reference come from: ``"vocab"`` (every ordinary id of the tokenizer, as TransformerLens
+    does) or ``"shards"`` (the ids that occur in the shards' training split,
+    :meth:`~inductionlab.data.shards.TokenShards.token_pool`: for a model trained on that corpus, whose other
+    ids have untrained embeddings)."""
+    shards: str | None = opt(None, "Prepared corpus (inductionlab corpus prepare) tokenised with the model's "
+                                   "tokenizer: natural held-out text for the ICL score and the perplexity guard.",
+                             none="both skipped", metavar="DIR")
+    seed: int = opt(0, "Seed of prompts, held-out windows, random sequences and random head draws.")
+    token_pool: str = opt("vocab", "Random probe tokens from the whole vocabulary, or from the ids of --shards' "
+                                   "training split (for a model trained on that corpus).", choices=TOKEN_POOLS)
+    scores: HeadScoreConfig = nested(HeadScoreConfig, "Head scores (SPEC §3).")
+    probes: ProbeConfig = nested(ProbeConfig, "Function-style ICL probes (SPEC §8).")
+    icl: ICLScoreConfig = nested(ICLScoreConfig, "ICL score on held-out text (Olsson et al. 2022).")
+    induction: InductionLossConfig = nested(InductionLossConfig, "Induction loss (SPEC §3).")
+    recall: RecallConfig = nested(RecallConfig, "Associative recall.")
+    perplexity: PerplexityConfig = nested(PerplexityConfig, "Perplexity guard (SPEC §8).")
+    load_bearing: LoadBearingConfig = nested(LoadBearingConfig, "The load-bearing test (SPEC §8).")
+    lm_eval: LmEvalConfig = nested(LmEvalConfig, "lm-evaluation-harness tasks.")
 
     def validate(self) -> None:
         """Check every option that needs no model (the CLI and the API call it before loading).
@@ -180,26 +202,27 @@ class EvaluateConfig:
         Raises:
             InductionLabError: unknown task, shots < 0, unknown ablation variant or method, draws < 1,
                 ablation shots not among the probe shots, sizes below their minimum, a seed outside
-                0 .. 2**63 - 1, a NaN / infinite / beyond-64-bit number.
+                0 .. 2**63 - 1, a NaN / infinite / beyond-64-bit number, ``shards`` that is not a prepared
+                corpus, the token pool ``shards`` without shards.
             TypeError: a field of the wrong type (a nested config that is not its dataclass)."""
         check_fields(self)
         check_seed(self.seed, "--seed")
-        for name, kind in (("probes", ProbeConfig), ("icl", ICLScoreConfig), ("induction", InductionLossConfig),
-                           ("recall", RecallConfig), ("perplexity", PerplexityConfig),
-                           ("load_bearing", LoadBearingConfig), ("lm_eval", LmEvalConfig)):
+        for name, kind in (("scores", HeadScoreConfig), ("probes", ProbeConfig), ("icl", ICLScoreConfig),
+                           ("induction", InductionLossConfig), ("recall", RecallConfig),
+                           ("perplexity", PerplexityConfig), ("load_bearing", LoadBearingConfig),
+                           ("lm_eval", LmEvalConfig)):
             check_type(getattr(self, name), kind, f"EvaluateConfig.{name}")
-        for c in (self.probes, self.icl, self.induction, self.recall, self.perplexity, self.load_bearing,
-                  self.lm_eval):
-            c.validate()
+            getattr(self, name).validate()
         if self.token_pool not in TOKEN_POOLS:
             raise InductionLabError(f"token pool {self.token_pool!r}: use one of {', '.join(TOKEN_POOLS)}")
         if self.load_bearing.ablate and self.load_bearing.shots not in self.probes.shots:
             raise InductionLabError(f"ablation shots {self.load_bearing.shots} is not among --shots "
                                     f"{','.join(map(str, self.probes.shots))}; add it")
-        if self.score_seq_len < 2 or self.score_batch_size < 1:
-            raise InductionLabError(f"head scores need score_seq_len >= 2 and score_batch_size >= 1 "
-                                    f"(got {self.score_seq_len}, {self.score_batch_size})")
-        check_trials_fit(self.score_batch_size, 2 * self.score_seq_len + 1, "--score-batch-size")
+        if self.token_pool == "shards" and self.shards is None:
+            raise InductionLabError("--token-pool shards draws probe tokens from a corpus; add --shards DIR")
+        if self.shards is not None and not (Path(self.shards) / "manifest.json").is_file():
+            raise InductionLabError(f"--shards {self.shards} is not a prepared corpus (no manifest.json); run: "
+                                    "inductionlab corpus prepare SOURCE --tokenizer MODEL --out DIR")
 
 
 def parse_variant(name: str) -> tuple[str, float | int]:
@@ -220,5 +243,15 @@ def parse_variant(name: str) -> tuple[str, float | int]:
     return "top", int(m["k"])
 
 
+SPEC = StudySpec(
+    "evaluate", EvaluateConfig,
+    help="Evaluate MODEL (an embedded name, a model directory, a .gguf file, a checkpoint of our trainer or a "
+         "training run directory): function-style ICL probes (HITS@1/@3 at each number of shots, label-permutation "
+         "control), ICL score and perplexity on --shards, induction loss, and the load-bearing test — top induction "
+         "heads (per layer and global top-k) vs matched random heads. An existing run with the same options in "
+         "--out is resumed. Guide: docs/evaluate.md.",
+    model="argument", out="runs/{kind}-{model}-{time}", inputs=("shards",))
+
+
 __all__ = ["EvaluateConfig", "ProbeConfig", "ICLScoreConfig", "InductionLossConfig", "RecallConfig",
-           "PerplexityConfig", "LoadBearingConfig", "LmEvalConfig", "TOKEN_POOLS", "parse_variant"]
+           "PerplexityConfig", "LoadBearingConfig", "LmEvalConfig", "TOKEN_POOLS", "parse_variant", "SPEC"]

@@ -202,4 +202,32 @@ def write_evaluate_outputs(out: Path, res) -> None:
     atomic_write_text(out / "report.md", evaluate_report(res))   # results.json: StudyRun.finish
 
 
-__all__ = ["evaluate_report", "write_evaluate_outputs"]
+write = write_evaluate_outputs
+
+
+def summary(res) -> list[str]:
+    """What ``inductionlab evaluate`` prints when it is done: macro HITS@1, the ICL score, the induction
+    benefit, perplexity, the relative changes under ablation, the notes."""
+    h = res.hits
+    macro = h[(h.task == "macro") & (h.condition == "intact")]
+    lines = [f"{res.loaded.identity.get('name')}: macro HITS@1 [95% CI]"]
+    lines += [f"  {r['shots']:>2}-shot {r['control']:<8s} {row_ci(r, 'hits1')}" for r in macro.to_dict("records")]
+    i0 = res.icl_summary.iloc[0].to_dict()
+    if i0.get("icl_score") is not None and i0.get("icl_score") == i0.get("icl_score"):
+        lines.append(f"ICL score (token {int(i0['late'])} − {int(i0['early'])}): {row_ci(i0, 'icl_score')} nats")
+    lines.append(f"induction benefit: {row_ci(i0, 'induction_benefit')} nats")
+    if res.perplexity:
+        lines.append(f"held-out perplexity: {res.perplexity['perplexity']:.3f} ({res.perplexity['n_scored']:,} tokens)")
+    d = res.drops
+    if len(d):
+        lines.append("relative change under ablation (induction heads | matched random, pooled):")
+        for (m, v), g in d.groupby(["measure", "variant"], sort=False):
+            ind = g[g.kind == "induction"].iloc[0]
+            rnd = g[(g.kind == "random") & (g.draw == "pooled")]
+            lines.append(f"  {m:<18s} {v:<15s} {ind['headline']:>8s} | "
+                         f"{rnd['headline'].iloc[0] if len(rnd) else '—':>8s}")
+    lines += [f"note: {n}" for n in res.notes]
+    return lines
+
+
+__all__ = ["evaluate_report", "write_evaluate_outputs", "write", "summary"]

@@ -1,13 +1,11 @@
 """The evaluation study (``inductionlab evaluate MODEL``, SPEC §8): how well a model learns in
 context, and how much of that rests on its top induction heads compared with matched random heads.
 
-A study in the shape of :mod:`inductionlab.studies.pieces`; every piece is checkpointed in
-``<out>/checkpoints/`` through :class:`~inductionlab.runtime.runs.ResumableRun` (atomic writes; the same
-command continues an interrupted run from its finished pieces). The measures are protocols of
-:func:`inductionlab.protocols.runner.run_conditions` run as phases over condition sets
-(:func:`inductionlab.studies.pieces.run_phases`: ``<phase>/<condition>.npz``), so under torchrun every
-one is sharded by batch (``dist``; rank 0 alone writes); a method that needs a reference value
-(``mean``) gets the first 8 induction-loss sequences ``[BOS] S S`` in every measure:
+Run by :func:`inductionlab.studies.engine.run_study`: every piece is checkpointed in ``<out>/checkpoints/``
+(the same command continues an interrupted run from its finished pieces). The measures are probes
+(:class:`~inductionlab.protocols.runner.Probe`) run as phases over conditions (``<phase>/<condition>.npz``),
+so under torchrun every one is sharded by batch (rank 0 alone writes); a method that needs a reference
+value (``mean``) gets the first 8 induction-loss sequences ``[BOS] S S`` in every measure:
 
 1. head scores (SPEC §3) → ``scores.json``;
 2. function-style ICL probes, intact (:mod:`inductionlab.protocols.icl_tasks`, :mod:`inductionlab.protocols.function_probes`):
@@ -42,52 +40,48 @@ HITS@1 of every prompt at ``load_bearing.shots`` shots (all tasks pooled), the I
 mean(intact) − 1`` with a paired delta-method 95% CI and the papers' headline form ("−22.6%")
 come from :func:`inductionlab.measures.load_bearing_eval.drops_table`; random draws are pooled per unit.
 
-This module holds :func:`run_evaluate` (the list of its phases, each a small function below it) and
-:class:`EvaluateResult`; it imports the config (:mod:`~inductionlab.studies.evaluate.config`), the tidy
-tables (:mod:`~inductionlab.studies.evaluate.tables`) and the writer of the run directory
-(:mod:`~inductionlab.studies.evaluate.report`) of its folder, the protocols and the shared skeleton.
+This module holds ``prepare`` (the inputs: shards, held-out windows, token pool, prompts, all checked
+before anything is written), ``phases`` and ``result``, :class:`EvaluateResult` and :func:`run_evaluate`;
+the config is in :mod:`~inductionlab.studies.evaluate.config`, the tidy tables in
+:mod:`~inductionlab.studies.evaluate.tables`, the run directory's files in :mod:`~inductionlab.studies.evaluate.report`.
 """
 
 from __future__ import annotations
 
 import tempfile
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ...protocols import function_probes, icl_score
-
+from ...config import to_dict
 from ...core.ablation import Condition
-from ...core.models import LoadedModel, agree_dtype, announce_dtype, params_identity, ran_identity, with_dtype_choice
+from ...core.models import LoadedModel
 from ...core.scores import HeadScores
 from ...core.stimuli import random_sequences
 from ...errors import InductionLabError
 from ...measures.load_bearing_eval import score_concentration
+from ...names import TASK_NAMES
+from ...protocols import function_probes, icl_score
 from ...protocols.function_probes import probe_rows
-from ...protocols.icl_score import (heldout_windows, icl_positions, icl_summary, induction_summary, model_context, recall_sequences,
-                        recall_summary, scaled_positions)
-from ...protocols.icl_tasks import TASK_NAMES, Prompt, build_tasks, make_all_prompts
-from ...protocols.runner import REFERENCE_TRIALS, Trials
-from ...runtime.distributed import Dist
-from ...runtime.runs import ResumableRun, versions
-from ..pieces import Phase, check_call, head_scores_piece, run_phases
-from ..run import StudyRun
-from .config import EvaluateConfig
-from .report import write_evaluate_outputs
+from ...protocols.icl_score import (heldout_windows, icl_positions, icl_summary, induction_summary, model_context,
+                                    recall_sequences, recall_summary, scaled_positions)
+from ...protocols.icl_tasks import Prompt, build_tasks, make_all_prompts
+from ...protocols.runner import REFERENCE_TRIALS, Probe, Trials
+from ..engine import Phase, Piece, Scores, StudyResult, run_study
+from ..spec import RunOptions
+from .config import SPEC, EvaluateConfig
+from .report import summary, write  # noqa: F401  (the engine reads write and summary here)
 from .tables import drops_by_measure, hits_table, icl_table, load_bearing_conditions, per_sequence
 
-KIND = "evaluate"
+INTACT = Condition("intact", "intact")
 
 
-# -- result ---------------------------------------------------------------------------------
-@dataclass
-class EvaluateResult:
+@dataclass(kw_only=True)
+class EvaluateResult(StudyResult):
     """Everything a finished evaluation computed (also written to the run directory).
 
     Attributes:
@@ -102,7 +96,6 @@ class EvaluateResult:
         drops: :func:`~inductionlab.measures.load_bearing_eval.drops_table` rows with a ``measure`` column.
         concentration: :func:`~inductionlab.measures.load_bearing_eval.score_concentration` of the induction score.
         notes: what was skipped and why.
-        record: the content of results.json.
         pool: LongTensor of the ids random probe tokens were drawn from (:func:`token_pool`).
     """
     loaded: LoadedModel
@@ -119,12 +112,125 @@ class EvaluateResult:
     concentration: dict
     lm_eval: dict | None
     notes: list[str]
-    record: dict
-    timings: dict = field(default_factory=dict)
     pool: torch.Tensor | None = None
 
 
-# -- the study ------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    """What the evaluation reads besides the model, made and checked by :func:`prepare` before any file
+    is written, and the run's ``params``."""
+    loaded: LoadedModel
+    cfg: EvaluateConfig
+    shards: object | None                 # TokenShards (None without shards)
+    windows: torch.Tensor | None          # held-out windows of the ICL score [n, T] (None without shards)
+    pool: torch.Tensor                    # ids of the random tokens (:func:`token_pool`)
+    prompts: list[Prompt]                 # every probe prompt (all tasks, shots and controls)
+    bos: int | None                       # the probes' BOS (None without ``cfg.probes.bos``)
+    notes: list[str]                      # what was skipped and why
+    params: dict
+
+    @property
+    def ablation_prompts(self) -> list[Prompt]:
+        """The prompts of the load-bearing test: intact controls at ``load_bearing.shots`` shots."""
+        return [p for p in self.prompts if p.shots == self.cfg.load_bearing.shots and p.control == "intact"]
+
+
+# -- prepare: the inputs, checked before anything is written --------------------------------------
+def prepare(loaded: LoadedModel, cfg: EvaluateConfig) -> Plan:
+    """Open the shards, draw the held-out windows, the token pool and the prompts, and refuse (one
+    InductionLabError, nothing written) whatever does not fit the model.
+
+    Raises:
+        InductionLabError: shards from another tokenizer or without a long enough document, a token pool
+            smaller than a measure needs, a task with too few well-defined items for the shots, probes or
+            sequences beyond the model's vocabulary or context, an ablation larger than the model allows,
+            an unknown lm-eval task or one whose dataset is not on disk."""
+    tok = loaded.tokenizer
+    bos = _bos_ids(loaded, cfg)[0]
+    notes: list[str] = []
+    shards = _open_shards(cfg.shards, loaded) if cfg.shards is not None else None
+    windows = _windows(cfg, loaded, shards, bos) if shards is not None else None
+    pool = token_pool(loaded, cfg, shards)
+    for what, need in (("induction loss", cfg.induction.seq_len), ("head scores", cfg.scores.seq_len),
+                       ("associative recall", 2 * cfg.recall.n_pairs)):
+        if need > len(pool):
+            raise InductionLabError(f"{what} needs {need} distinct tokens but the token pool ({cfg.token_pool}) has "
+                                    f"{len(pool)}; lower it or use another pool")
+    prompts = make_all_prompts(build_tasks(cfg.probes.tasks), tok, shots=cfg.probes.shots,
+                               n_prompts=cfg.probes.n_prompts, seed=cfg.seed, permuted=cfg.probes.permutation_control,
+                               bos_id=bos)
+    _check_fits_model(loaded, cfg, prompts)
+    _check_lm_eval(cfg, tok)
+    if shards is None:
+        notes.append("no --shards: the ICL score (natural held-out text) and the perplexity guard were skipped")
+    return Plan(loaded, cfg, shards, windows, pool, prompts, bos, notes, _params(cfg, shards))
+
+
+def _params(cfg: EvaluateConfig, shards) -> dict:
+    """What defines the result (batch sizes change nothing but speed: left out)."""
+    config = to_dict(cfg)
+    for k in ("probes", "icl", "induction", "recall", "perplexity", "lm_eval"):
+        config[k].pop("batch_size", None)
+    shard_id = None
+    if shards is not None:
+        m = shards.manifest
+        shard_id = {"path": str(shards.path), "corpus_sha256": m.get("corpus_sha256"),
+                    "heldout_sha256": m["splits"]["heldout"].get("sha256"),
+                    "tokenizer": m.get("tokenizer", {}).get("spec")}
+    return {"config": config, "shards": shard_id}
+
+
+def _check_fits_model(loaded: LoadedModel, cfg: EvaluateConfig, prompts: list[Prompt]) -> None:
+    """The probes' token ids within the model's vocabulary, ``[BOS] S S`` within its context and the
+    ablation variants within its heads (InductionLabError otherwise)."""
+    ident = loaded.identity
+    top = max((max(p.input_ids + [p.target_id]) for p in prompts), default=-1)
+    if ident.get("vocab_size") and top >= ident["vocab_size"]:
+        raise InductionLabError(f"the probes use token id {top} but the model's vocabulary has {ident['vocab_size']} "
+                                "ids: the tokenizer is not the model's own; load the model with its tokenizer")
+    ctx = model_context(loaded.model)
+    for what, T, opt in (("head scores", cfg.scores.seq_len, "scores.seq_len (--score-seq-len)"),
+                         ("induction loss", cfg.induction.seq_len, "induction.seq_len")):
+        if ctx and 2 * T + 1 > int(ctx):
+            raise InductionLabError(f"{what}: [BOS] S S of 2 x {T} + 1 tokens exceeds the model's context of {ctx}; "
+                                    f"lower {opt} to <= {(int(ctx) - 1) // 2}")
+    load_bearing_conditions(np.zeros((ident["n_layers"], ident["n_heads"])), cfg.load_bearing, cfg.seed)  # sizes
+
+
+def _open_shards(shards, loaded: LoadedModel):
+    from ...data.shards import TokenShards
+    from ...protocols.perplexity import check_tokenizer_match
+
+    s = TokenShards.open(shards)
+    check_tokenizer_match(s, loaded.tokenizer, loaded.identity.get("vocab_size"))
+    return s
+
+
+def _windows(cfg: EvaluateConfig, loaded: LoadedModel, shards, bos_id):
+    """Held-out windows of ``late + 1`` tokens (or the model's context), from document starts."""
+    ctx = model_context(loaded.model)
+    length = cfg.icl.late + 1 if not ctx else min(cfg.icl.late + 1, int(ctx))
+    icl_positions(length, cfg.icl.late, cfg.icl.early)     # a context too short: error now
+    return heldout_windows(shards.heldout, shards.eos_id, cfg.icl.n_sequences, length, seed=cfg.seed, bos_id=bos_id)
+
+
+def token_pool(loaded, cfg: EvaluateConfig, shards=None):
+    """LongTensor of the ids random probe tokens are drawn from (``cfg.token_pool``).
+
+    Raises: InductionLabError for ``"shards"`` without shards."""
+    from ...core.models import attention_shape
+    from ...core.stimuli import ordinary_token_ids
+
+    tok = loaded.tokenizer
+    vocab = ordinary_token_ids(attention_shape(loaded.model.config)["vocab_size"], (), tok)
+    if cfg.token_pool == "vocab":
+        return vocab
+    if shards is None:
+        raise InductionLabError("token pool 'shards' needs --shards (a corpus tokenised with the model's tokenizer)")
+    ids = torch.as_tensor(shards.token_pool(), dtype=torch.long)
+    return ids[torch.isin(ids, vocab)]
+
+
 def _is_ours(name: str) -> bool:
     from ...protocols.lm_eval_tasks import PREFIX, TAG
     return name == TAG or name.startswith(PREFIX)
@@ -153,21 +259,22 @@ def _check_lm_eval(cfg: EvaluateConfig, tokenizer) -> None:
         load_lm_eval_tasks(cfg.lm_eval.tasks, include_path=_export_lm_eval(Path(d), cfg, tokenizer))
 
 
-def _open_shards(shards, loaded: LoadedModel):
-    from ...data.shards import TokenShards
-    from ...protocols.perplexity import check_tokenizer_match
-
-    s = TokenShards.open(shards)
-    check_tokenizer_match(s, loaded.tokenizer, loaded.identity.get("vocab_size"))
-    return s
-
-
-def _windows(cfg: EvaluateConfig, loaded: LoadedModel, shards, bos_id):
-    """Held-out windows of ``late + 1`` tokens (or the model's context), from document starts."""
-    ctx = model_context(loaded.model)
-    length = cfg.icl.late + 1 if not ctx else min(cfg.icl.late + 1, int(ctx))
-    icl_positions(length, cfg.icl.late, cfg.icl.early)     # a context too short: error now
-    return heldout_windows(shards.heldout, shards.eos_id, cfg.icl.n_sequences, length, seed=cfg.seed, bos_id=bos_id)
+# -- phases ------------------------------------------------------------------------------------------
+def phases(plan: Plan):
+    cfg = plan.cfg
+    scores = yield Scores(cfg.scores.seq_len, cfg.scores.batch_size, cfg.scores.n_batches, cfg.seed,
+                          pool=None if cfg.token_pool == "vocab" else plan.pool)
+    pairs = load_bearing_conditions(scores["induction"], cfg.load_bearing, cfg.seed)
+    conditions, variants = [c for _, c in pairs], {c.name: v for v, c in pairs}
+    ppl = (yield Piece("perplexity", partial(_perplexity, plan=plan))) if plan.shards is not None else None
+    probes = _probes(plan)
+    every = [INTACT, *conditions]
+    runs = yield [Phase("hits", probes["probes"], [INTACT], len(plan.prompts)),
+                  *(Phase(k, probes[k], every) for k in ("icl", "induction", "recall") if k in probes),
+                  Phase("hits_ablated", probes["probes_ablated"], conditions, len(plan.ablation_prompts))]
+    lm = (yield Piece("lm_eval", partial(_lm_eval, plan=plan))) if cfg.lm_eval.tasks else None
+    return {"scores": scores, "conditions": conditions, "variants": variants, "perplexity": ppl, "lm_eval": lm,
+            **runs}
 
 
 LOGITS_BYTES = 1 << 30   # full-sequence passes (ICL score, perplexity) keep float32 logits under ~1 GiB per batch
@@ -179,76 +286,6 @@ def _fit_batch(requested: int, tokens: int, vocab: int) -> int:
     return max(1, min(int(requested), LOGITS_BYTES // max(1, tokens * vocab * 4)))
 
 
-def _params(loaded: LoadedModel, cfg: EvaluateConfig, shards) -> dict:
-    """What defines the result (batch sizes change nothing but speed: left out)."""
-    config = asdict(cfg)
-    for k in ("probes", "icl", "induction", "recall", "perplexity", "lm_eval"):
-        config[k].pop("batch_size", None)
-    shard_id = None
-    if shards is not None:
-        m = shards.manifest
-        shard_id = {"path": str(shards.path), "corpus_sha256": m.get("corpus_sha256"),
-                    "heldout_sha256": m["splits"]["heldout"].get("sha256"),
-                    "tokenizer": m.get("tokenizer", {}).get("spec")}
-    return {"config": config, "shards": shard_id,
-            "model": params_identity(ran_identity(loaded))}   # the dtype that runs
-
-
-def _probe_arrays(run: ResumableRun, key: str, arrays: dict, prompts: list[Prompt]) -> dict:
-    """One condition's probe measures in the order of ``prompts``; refuses a piece made with other prompts."""
-    df = probe_rows(prompts, arrays)
-    if len(df) != len(prompts) or not np.array_equal(np.asarray(arrays["target_id"])[np.argsort(arrays["order"])],
-                                                     [p.target_id for p in prompts]):
-        raise InductionLabError(f"checkpoint {run.path(key, 'npz')} was made with other prompts; delete it or use "
-                                "--overwrite")
-    return df
-
-
-def _rows(prompts: list[Prompt], arrays: dict, condition: str, variant: str, run: ResumableRun, key: str) -> pd.DataFrame:
-    df = _probe_arrays(run, key, arrays, prompts)
-    df.insert(0, "variant", variant)
-    df.insert(0, "condition", condition)
-    return df
-
-
-def token_pool(loaded, cfg: EvaluateConfig, shards=None):
-    """LongTensor of the ids random probe tokens are drawn from (``cfg.token_pool``).
-
-    Raises: InductionLabError for ``"shards"`` without shards."""
-    from ...core.models import attention_shape
-    from ...core.stimuli import ordinary_token_ids
-
-    tok = loaded.tokenizer
-    vocab = ordinary_token_ids(attention_shape(loaded.model.config)["vocab_size"], (), tok)
-    if cfg.token_pool == "vocab":
-        return vocab
-    if shards is None:
-        raise InductionLabError("token pool 'shards' needs --shards (a corpus tokenised with the model's tokenizer)")
-    ids = torch.as_tensor(shards.token_pool(), dtype=torch.long)
-    return ids[torch.isin(ids, vocab)]
-
-
-@dataclass
-class _Measure:
-    """One measure of the evaluation as a protocol of :func:`~inductionlab.studies.pieces.run_phases`
-    (which reads ``build_trials`` / ``measure_batch`` / ``batch_size`` of a protocol and ``method``
-    of its config: this object is both). Its trials are built before the phases, with the
-    load-bearing test's reference batch (:func:`_reference_ids`)."""
-    trials: Trials
-    measure: Callable
-    size: int
-    method: str
-
-    def build_trials(self, loaded, cfg) -> Trials:
-        return self.trials
-
-    def measure_batch(self, model, batch, cfg):
-        return self.measure(model, batch)
-
-    def batch_size(self, loaded, cfg, trials) -> int:
-        return self.size
-
-
 def _bos_ids(loaded, cfg: EvaluateConfig) -> tuple[int | None, int | None]:
     """``(bos, induction_bos)``: the BOS of probes and associative recall (None without
     ``cfg.probes.bos``) and that of the induction sequences (the tokenizer's BOS then, as in
@@ -258,274 +295,156 @@ def _bos_ids(loaded, cfg: EvaluateConfig) -> tuple[int | None, int | None]:
     return bos, bos if bos is not None else tok.bos_token_id
 
 
-def _measures(loaded, cfg: EvaluateConfig, prompts: list[Prompt], ab_prompts: list[Prompt], windows, pool
-              ) -> dict[str, _Measure]:
-    """The protocols of the evaluation: ``probes`` (every prompt), ``probes_ablated`` (the prompts of
-    the load-bearing test), ``icl`` (the held-out windows, only with them), ``induction``, ``recall``."""
-    from ...core.scores import build_sequences
-
-    bos, ibos = _bos_ids(loaded, cfg)
-    vocab = loaded.identity.get("vocab_size", 1)
-    ref = _reference_ids(loaded, cfg, pool)
-    pad = function_probes.default_pad_id(loaded.tokenizer)
-    hits = partial(icl_score.measure_batch, hits=True)
-
-    def measure(trials: Trials, fn, size: int) -> _Measure:
-        trials.reference = ref
-        return _Measure(trials, fn, size, cfg.load_bearing.method)
-
-    out = {"probes": measure(function_probes.build_trials(prompts, pad), function_probes.measure_batch,
-                             cfg.probes.batch_size),
-           "probes_ablated": measure(function_probes.build_trials(ab_prompts, pad), function_probes.measure_batch,
-                                     cfg.probes.batch_size)}
-    if windows is not None:
-        lt, _ = scaled_positions(loaded.model, windows, cfg.icl.late, cfg.icl.early)
-        out["icl"] = measure(Trials({"ids": windows[:, :lt + 1]}), icl_score.measure_batch,
-                             _fit_batch(cfg.icl.batch_size, windows.shape[1], vocab))
-    S = random_sequences(pool, cfg.induction.n_sequences, cfg.induction.seq_len, cfg.seed)
-    out["induction"] = measure(Trials({"ids": build_sequences(S, "induction", ibos)}), hits,
-                               _fit_batch(cfg.induction.batch_size, 2 * cfg.induction.seq_len + 1, vocab))
-    out["recall"] = measure(Trials({"ids": recall_sequences(pool, cfg.recall.n_sequences, cfg.recall.n_pairs, cfg.seed,
-                                                            bos)}), hits,
-                            _fit_batch(cfg.recall.batch_size, 4 * cfg.recall.n_pairs + 1, vocab))
-    return out
-
-
-def _phases(measures: dict) -> list[Phase]:
-    """Intact probes on every prompt; ICL (with windows), induction and recall intact and under every
-    ablation; the probes of the load-bearing test under every ablation."""
-    return [Phase("hits", "probes", "intact"), *(Phase(k, k, "all") for k in ("icl", "induction", "recall")
-                                                 if k in measures),
-            Phase("hits_ablated", "probes_ablated", "ablation")]
-
-
-def _icl_results(parts: dict, conditions: Sequence[Condition], cfg: EvaluateConfig, loaded, windows) -> dict:
-    """``"intact"`` -> the ICL score (None without windows), induction loss and associative recall
-    summaries; each ablated condition -> its per-sequence values of every :data:`~.tables.SEQUENCE_MEASURES`."""
-    bos, ibos = _bos_ids(loaded, cfg)
-    pos = scaled_positions(loaded.model, windows, cfg.icl.late, cfg.icl.early) if windows is not None else None
-
-    def summaries(name: str) -> dict:
-        ind, rec = parts["induction"][name], parts["recall"][name]
-        return {"icl": icl_summary(parts["icl"][name]["nll"], *pos, cfg.icl.window) if pos else None,
-                "induction": induction_summary(ind["nll"], ind["hits"], cfg.induction.seq_len, ibos is not None),
-                "recall": recall_summary(rec["nll"], rec["hits"], cfg.recall.n_pairs, bos is not None)}
-
-    return {"intact": summaries("intact"), **{c.name: per_sequence(summaries(c.name)) for c in conditions}}
-
-
-def _reference_ids(loaded, cfg: EvaluateConfig, pool):
+def _reference_ids(plan: Plan):
     """The reference batch of a method that needs one (``mean``; the runner asks for it by the
     method's table entry): the first 8 induction-loss sequences ``[BOS] S S``, shared by every
     measure."""
     from ...core.scores import build_sequences
 
-    S = random_sequences(pool, REFERENCE_TRIALS, cfg.induction.seq_len, cfg.seed)
-    return build_sequences(S, "induction", _bos_ids(loaded, cfg)[0])
+    cfg = plan.cfg
+    S = random_sequences(plan.pool, REFERENCE_TRIALS, cfg.induction.seq_len, cfg.seed)
+    return build_sequences(S, "induction", _bos_ids(plan.loaded, cfg)[0])
 
 
-def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, *, shards: str | Path | None = None,
-                 overwrite: bool = False, progress: bool = True, on_checkpoint=None, dist=None,
-                 log=None) -> EvaluateResult:
-    """Run (or resume) the evaluation study on one model and write the run directory ``out``.
+def _probes(plan: Plan) -> dict[str, Probe]:
+    """The probes of the evaluation, their trials built here with the load-bearing test's reference batch:
+    ``probes`` (every prompt), ``probes_ablated`` (the prompts of the load-bearing test), ``icl`` (the
+    held-out windows, only with them), ``induction``, ``recall``."""
+    from ...core.scores import build_sequences
 
-    Args:
-        loaded: the model (:func:`inductionlab.core.models.load_model`; a trainer checkpoint loads too).
-        cfg: :class:`EvaluateConfig` (validated here).
-        out: run directory; holding a run with the same parameters, its finished pieces are reused.
-        shards: a prepared corpus (``inductionlab corpus prepare``) tokenised with the model's
-            tokenizer: the ICL score's natural text and the perplexity guard (None: both skipped).
-        overwrite: delete ``out`` first and start afresh.
-        on_checkpoint: optional callable(key) after each piece is written (tests interrupt here).
-        dist: a :class:`~inductionlab.runtime.distributed.Dist` of several processes (torchrun; every rank
-            calling with the same arguments): head scores, probes, token losses and perplexity are
-            sharded by batch; every rank returns the same result and rank 0 alone writes ``out``.
-        log: optional callable(str) (the CLI: ``click.echo``) given the line saying which dtype runs
-            and why, once the checks have passed (:func:`inductionlab.core.models.announce_dtype`).
+    loaded, cfg, pool = plan.loaded, plan.cfg, plan.pool
+    bos, ibos = _bos_ids(loaded, cfg)
+    vocab = loaded.identity.get("vocab_size", 1)
+    ref = _reference_ids(plan)
+    pad = function_probes.default_pad_id(loaded.tokenizer)
+    hits = partial(icl_score.measure_batch, hits=True)
 
-    Returns: :class:`EvaluateResult` (``.record`` = results.json).
+    def probe(name: str, trials: Trials, measure, size: int) -> Probe:
+        trials.reference = ref
+        return Probe.of_trials(name, trials, measure, batch_size=size, method=cfg.load_bearing.method)
 
-    Raises:
-        TypeError: ``loaded`` not a LoadedModel, ``cfg`` not an EvaluateConfig (a dict included).
-        InductionLabError — before anything is written: bad config, ``out`` unusable or holding
-        another run, shards from another tokenizer or without a long enough document, a task
-        with too few well-defined items for the shots, an ablation larger than the model allows,
-        an unknown lm-eval task or one whose dataset is not on disk.
-    """
-    t_start = time.perf_counter()
-    check_call(loaded, cfg, EvaluateConfig, "run_evaluate")
-    out = Path(out)
-    inputs = [loaded.identity.get("path"), shards]   # never under --out (--overwrite would delete them)
-    StudyRun.check_out(out, overwrite, inputs=inputs)
-    agree_dtype(loaded, dist)             # torchrun: every rank in rank 0's dtype (after every rank's check_out)
-    inp = _inputs(loaded, cfg, shards)    # model-dependent checks, before any file is written
-
-    run = StudyRun(out, KIND, _params(loaded, cfg, inp.shards), overwrite=overwrite,
-                   on_checkpoint=on_checkpoint, inputs=inputs, dist=dist, started=t_start)
-    run.open()
-    announce_dtype(ran_identity(loaded), log, run.is_main)
-
-    hs, conditions, variants = _head_scores_and_conditions(run, loaded, cfg, inp.pool, progress)
-    ppl = _perplexity(run, loaded, cfg, inp.shards)
-    probe_rows, icl = _probes_and_losses(run, loaded, cfg, inp, conditions, variants, progress)
-    lm = _lm_eval(run, loaded, cfg, out)
-    res = _result(run, loaded, cfg, inp, hs, conditions, variants, probe_rows, icl, ppl, lm)
-    if not run.is_main:
-        return res
-    run.finish(res.record, lambda: write_evaluate_outputs(out, res))
-    return res
+    out = {"probes": probe("ICL probes", function_probes.build_trials(plan.prompts, pad), function_probes.measure_batch,
+                           cfg.probes.batch_size),
+           "probes_ablated": probe("ICL probes", function_probes.build_trials(plan.ablation_prompts, pad),
+                                   function_probes.measure_batch, cfg.probes.batch_size)}
+    if plan.windows is not None:
+        lt, _ = scaled_positions(loaded.model, plan.windows, cfg.icl.late, cfg.icl.early)
+        out["icl"] = probe("ICL score", Trials({"ids": plan.windows[:, :lt + 1]}), icl_score.measure_batch,
+                           _fit_batch(cfg.icl.batch_size, plan.windows.shape[1], vocab))
+    S = random_sequences(pool, cfg.induction.n_sequences, cfg.induction.seq_len, cfg.seed)
+    out["induction"] = probe("induction loss", Trials({"ids": build_sequences(S, "induction", ibos)}), hits,
+                             _fit_batch(cfg.induction.batch_size, 2 * cfg.induction.seq_len + 1, vocab))
+    out["recall"] = probe("associative recall",
+                          Trials({"ids": recall_sequences(pool, cfg.recall.n_sequences, cfg.recall.n_pairs, cfg.seed,
+                                                          bos)}), hits,
+                          _fit_batch(cfg.recall.batch_size, 4 * cfg.recall.n_pairs + 1, vocab))
+    return out
 
 
-# -- the phases of run_evaluate ---------------------------------------------------------------
-@dataclass
-class _Inputs:
-    """What the evaluation reads besides the model, made and checked before any file is written
-    (:func:`_inputs`)."""
-    shards: object | None                 # TokenShards (None without shards)
-    windows: torch.Tensor | None          # held-out windows of the ICL score [n, T] (None without shards)
-    pool: torch.Tensor                    # ids of the random tokens (:func:`token_pool`)
-    prompts: list[Prompt]                 # every probe prompt (all tasks, shots and controls)
-    bos: int | None                       # the probes' BOS (None without ``cfg.probes.bos``)
-    notes: list[str]                      # what was skipped and why
-
-
-def _inputs(loaded: LoadedModel, cfg: EvaluateConfig, shards) -> _Inputs:
-    """Open the shards, draw the held-out windows, the token pool and the prompts, and refuse (one
-    InductionLabError, nothing written) whatever does not fit the model."""
-    tok = loaded.tokenizer
-    bos = _bos_ids(loaded, cfg)[0]
-    notes: list[str] = []
-    shard_obj = _open_shards(shards, loaded) if shards is not None else None
-    windows = _windows(cfg, loaded, shard_obj, bos) if shard_obj is not None else None
-    pool = token_pool(loaded, cfg, shard_obj)
-    for what, need in (("induction loss", cfg.induction.seq_len), ("head scores", cfg.score_seq_len),
-                       ("associative recall", 2 * cfg.recall.n_pairs)):
-        if need > len(pool):
-            raise InductionLabError(f"{what} needs {need} distinct tokens but the token pool ({cfg.token_pool}) has "
-                                    f"{len(pool)}; lower it or use another pool")
-    prompts = make_all_prompts(build_tasks(cfg.probes.tasks), tok, shots=cfg.probes.shots,
-                               n_prompts=cfg.probes.n_prompts, seed=cfg.seed, permuted=cfg.probes.permutation_control,
-                               bos_id=bos)
-    _check_fits_model(loaded, cfg, prompts)
-    _check_lm_eval(cfg, tok)
-    if shard_obj is None:
-        notes.append("no --shards: the ICL score (natural held-out text) and the perplexity guard were skipped")
-    return _Inputs(shard_obj, windows, pool, prompts, bos, notes)
-
-
-def _check_fits_model(loaded: LoadedModel, cfg: EvaluateConfig, prompts: list[Prompt]) -> None:
-    """The probes' token ids within the model's vocabulary, ``[BOS] S S`` within its context and the
-    ablation variants within its heads (InductionLabError otherwise)."""
-    ident = loaded.identity
-    top = max((max(p.input_ids + [p.target_id]) for p in prompts), default=-1)
-    if ident.get("vocab_size") and top >= ident["vocab_size"]:
-        raise InductionLabError(f"the probes use token id {top} but the model's vocabulary has {ident['vocab_size']} "
-                                "ids: the tokenizer is not the model's own; load the model with its tokenizer")
-    ctx = model_context(loaded.model)
-    for what, T, opt in (("head scores", cfg.score_seq_len, "score_seq_len (--score-seq-len)"),
-                         ("induction loss", cfg.induction.seq_len, "induction.seq_len")):
-        if ctx and 2 * T + 1 > int(ctx):
-            raise InductionLabError(f"{what}: [BOS] S S of 2 x {T} + 1 tokens exceeds the model's context of {ctx}; "
-                                    f"lower {opt} to <= {(int(ctx) - 1) // 2}")
-    load_bearing_conditions(np.zeros((ident["n_layers"], ident["n_heads"])), cfg.load_bearing, cfg.seed)  # sizes
-
-
-def _head_scores_and_conditions(run: StudyRun, loaded: LoadedModel, cfg: EvaluateConfig, pool, progress: bool
-                                ) -> tuple[HeadScores, list[Condition], dict[str, str]]:
-    """The head scores (piece ``head_scores``) and from them the ablation conditions of the
-    load-bearing test with ``condition name -> variant``."""
-    with run.timed("head_scores"):
-        hs = head_scores_piece(run, loaded, seq_len=cfg.score_seq_len, batch_size=cfg.score_batch_size,
-                               seed=cfg.seed, progress=progress, pool=None if cfg.token_pool == "vocab" else pool)
-    pairs = load_bearing_conditions(hs["induction"], cfg.load_bearing, cfg.seed)
-    return hs, [c for _, c in pairs], {c.name: v for v, c in pairs}
-
-
-def _perplexity(run: StudyRun, loaded: LoadedModel, cfg: EvaluateConfig, shards) -> dict | None:
-    """The perplexity guard on the held-out split (piece ``perplexity``; None without shards)."""
-    if shards is None:
-        return None
+def _perplexity(ctx, plan: Plan) -> dict:
+    """The perplexity guard on the held-out split (piece ``perplexity``)."""
     from ...protocols.perplexity import heldout_perplexity
 
-    ctx = model_context(loaded.model)
-    window = cfg.perplexity.context or min(int(ctx or 1024), 1024)   # heldout_perplexity's default
+    loaded, cfg = plan.loaded, plan.cfg
+    window = cfg.perplexity.context or min(int(model_context(loaded.model) or 1024), 1024)   # heldout_perplexity's
     bs = _fit_batch(cfg.perplexity.batch_size, window, loaded.identity.get("vocab_size", 1))
-    return run.piece("perplexity", lambda: heldout_perplexity(
-        loaded.model, shards, tokenizer=loaded.tokenizer, context=cfg.perplexity.context,
-        max_tokens=cfg.perplexity.max_tokens, batch_size=bs, dist=run.dist))
+    return heldout_perplexity(loaded.model, plan.shards, tokenizer=loaded.tokenizer, context=cfg.perplexity.context,
+                              max_tokens=cfg.perplexity.tokens, batch_size=bs, dist=ctx.run.dist)
 
 
-def _probes_and_losses(run: StudyRun, loaded: LoadedModel, cfg: EvaluateConfig, inp: _Inputs,
-                       conditions: list[Condition], variants: dict[str, str], progress: bool
-                       ) -> tuple[pd.DataFrame, dict]:
-    """The probes (intact, and at ``load_bearing.shots`` under every ablation), the ICL score,
-    induction loss and associative recall (intact and under every ablation) as phases over condition
-    sets (:func:`_phases`). Returns ``(probe_rows, icl)``: one row per prompt and condition, and
-    :func:`_icl_results`."""
-    prompts = inp.prompts
-    ab_prompts = [p for p in prompts if p.shots == cfg.load_bearing.shots and p.control == "intact"]
-    measures = _measures(loaded, cfg, prompts, ab_prompts, inp.windows, inp.pool)
-    phases = _phases(measures)
-    parts, _ = run_phases(run, loaded, phases, measures, measures,
-                          {"intact": [Condition("intact", "intact")], "ablation": conditions,
-                           "all": [Condition("intact", "intact"), *conditions]},
-                          {ph.key: len(measures[ph.protocol].trials) for ph in phases}, progress=progress,
-                          timings=run.timings)
-    rows = [_rows(prompts, parts["hits"]["intact"], "intact", "intact", run, "hits/intact")]
-    rows += [_rows(ab_prompts, parts["hits_ablated"][c.name], c.name, variants[c.name], run, f"hits_ablated/{c.name}")
-             for c in conditions]
-    return pd.concat(rows, ignore_index=True), _icl_results(parts, conditions, cfg, loaded, inp.windows)
-
-
-def _lm_eval(run: StudyRun, loaded: LoadedModel, cfg: EvaluateConfig, out: Path) -> dict | None:
-    """lm-evaluation-harness (piece ``lm_eval``; None when no task is named). Rank 0 alone
-    runs it (not sharded); the other ranks read its piece."""
-    if not cfg.lm_eval.tasks:
+def _lm_eval(ctx, plan: Plan) -> dict | None:
+    """lm-evaluation-harness (piece ``lm_eval``): rank 0 alone runs it (not sharded); the others read its piece."""
+    if not ctx.run.is_main:
         return None
     from ...protocols.lm_eval_tasks import run_lm_eval
 
-    tok = loaded.tokenizer
-
-    def lm_compute():
-        if not run.is_main:           # rank 0 alone runs lm-eval (not sharded); the others read its piece
-            return None
-        include = _export_lm_eval(out / "lm_eval_tasks", cfg, tok)
-        return run_lm_eval(loaded.model, tok, cfg.lm_eval.tasks, include_path=include,
-                           num_fewshot=cfg.lm_eval.num_fewshot, batch_size=cfg.lm_eval.batch_size,
-                           limit=cfg.lm_eval.limit, seed=cfg.seed)
-    return run.piece("lm_eval", lm_compute)
+    cfg, tok = plan.cfg, plan.loaded.tokenizer
+    include = _export_lm_eval(ctx.out / "lm_eval_tasks", cfg, tok)
+    return run_lm_eval(plan.loaded.model, tok, cfg.lm_eval.tasks, include_path=include,
+                       num_fewshot=cfg.lm_eval.num_fewshot, batch_size=cfg.lm_eval.batch_size,
+                       limit=cfg.lm_eval.limit, seed=cfg.seed)
 
 
-def _result(run: StudyRun, loaded: LoadedModel, cfg: EvaluateConfig, inp: _Inputs, hs: HeadScores,
-            conditions: list[Condition], variants: dict[str, str], probe_rows: pd.DataFrame, icl: dict,
-            ppl: dict | None, lm: dict | None) -> EvaluateResult:
-    """The tidy tables (:mod:`inductionlab.studies.evaluate.tables`) and the record
-    (results.json) of the finished pieces, as an :class:`EvaluateResult`."""
-    hits = hits_table(probe_rows, conditions, variants)
-    drops = drops_by_measure(probe_rows, icl, conditions, variants, cfg.load_bearing.shots)
+# -- result: the tidy tables and the record ------------------------------------------------------------
+def _rows(prompts: list[Prompt], arrays: dict, condition: str, variant: str, key: str) -> pd.DataFrame:
+    """One condition's probe measures in the order of ``prompts``; refuses a piece made with other prompts."""
+    df = probe_rows(prompts, arrays)
+    if len(df) != len(prompts) or not np.array_equal(np.asarray(arrays["target_id"])[np.argsort(arrays["order"])],
+                                                     [p.target_id for p in prompts]):
+        raise InductionLabError(f"checkpoint piece {key} was made with other prompts; delete it or use --overwrite")
+    df.insert(0, "variant", variant)
+    df.insert(0, "condition", condition)
+    return df
+
+
+def _icl_results(plan: Plan, pieces: dict) -> dict:
+    """``"intact"`` -> the ICL score (None without windows), induction loss and associative recall
+    summaries; each ablated condition -> its per-sequence values of every :data:`~.tables.SEQUENCE_MEASURES`."""
+    cfg, windows = plan.cfg, plan.windows
+    bos, ibos = _bos_ids(plan.loaded, cfg)
+    pos = scaled_positions(plan.loaded.model, windows, cfg.icl.late, cfg.icl.early) if windows is not None else None
+
+    def summaries(name: str) -> dict:
+        ind, rec = pieces["induction"].arrays[name], pieces["recall"].arrays[name]
+        return {"icl": icl_summary(pieces["icl"].arrays[name]["nll"], *pos, cfg.icl.window) if pos else None,
+                "induction": induction_summary(ind["nll"], ind["hits"], cfg.induction.seq_len, ibos is not None),
+                "recall": recall_summary(rec["nll"], rec["hits"], cfg.recall.n_pairs, bos is not None)}
+
+    return {"intact": summaries("intact"), **{c.name: per_sequence(summaries(c.name)) for c in pieces["conditions"]}}
+
+
+def result(plan: Plan, pieces: dict) -> EvaluateResult:
+    cfg, hs, conditions, variants = plan.cfg, pieces["scores"], pieces["conditions"], pieces["variants"]
+    rows = [_rows(plan.prompts, pieces["hits"].arrays["intact"], "intact", "intact", "hits/intact")]
+    rows += [_rows(plan.ablation_prompts, pieces["hits_ablated"].arrays[c.name], c.name, variants[c.name],
+                   f"hits_ablated/{c.name}") for c in conditions]
+    probe_rows_ = pd.concat(rows, ignore_index=True)
+    icl = _icl_results(plan, pieces)
+    hits = hits_table(probe_rows_, conditions, variants)
+    drops = drops_by_measure(probe_rows_, icl, conditions, variants, cfg.load_bearing.shots)
     conc = score_concentration(hs["induction"])
-    icl_summary = icl_table(icl, conditions, variants)
+    icl_summary_ = icl_table(icl, conditions, variants)
+    ppl, lm = pieces["perplexity"], pieces["lm_eval"]
     record = {
-        "kind": KIND, "model": with_dtype_choice(run.params["model"], loaded), "params": run.params,
-        "versions": versions(),
         "seeds": {"study": cfg.seed, "prompts": "seed_for(seed, crc32(task), shots, index)",
                   "heldout_windows": cfg.seed, "induction_sequences": cfg.seed,
                   "random_draws": "per-layer: seed_for(seed, draw); top-k: seed_for(seed, k, draw)"},
         "head_scores": {**hs.to_dict(), "params": hs.params},
         "concentration": conc,
         "conditions": [{**c.to_dict(), "variant": variants[c.name]} for c in conditions],
-        "probes": {"n_prompts": len(inp.prompts), "bos_id": inp.bos, "hits": hits.to_dict(orient="records")},
-        "icl": icl_summary.to_dict(orient="records"),
+        "probes": {"n_prompts": len(plan.prompts), "bos_id": plan.bos, "hits": hits.to_dict(orient="records")},
+        "icl": icl_summary_.to_dict(orient="records"),
         "perplexity": ppl,
         "load_bearing": {"shots": cfg.load_bearing.shots, "method": cfg.load_bearing.method,
                          "drops": drops.to_dict(orient="records")},
         "lm_eval": lm,
-        "notes": inp.notes,
-        "resumed": run.resumed,
-        "distributed": (run.dist or Dist()).record(),
+        "notes": plan.notes,
     }
-    return EvaluateResult(loaded, cfg, hs, conditions, variants, probe_rows, hits, icl, icl_summary, ppl, drops, conc,
-                          lm, inp.notes, record, run.timings, inp.pool)
+    return EvaluateResult(loaded=plan.loaded, config=cfg, scores=hs, conditions=conditions, variants=variants,
+                          probe_rows=probe_rows_, hits=hits, icl=icl, icl_summary=icl_summary_, perplexity=ppl,
+                          drops=drops, concentration=conc, lm_eval=lm, notes=plan.notes, pool=plan.pool, record=record)
 
 
-__all__ = ["EvaluateResult", "run_evaluate", "token_pool"]
+def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, opts: RunOptions | None = None
+                 ) -> EvaluateResult:
+    """Run (or resume) the evaluation study on one model and write the run directory ``out``
+    (:func:`~inductionlab.studies.engine.run_study` of :data:`~inductionlab.studies.evaluate.config.SPEC`).
+
+    Args:
+        loaded: the model (:func:`inductionlab.core.models.load_model`; a trainer checkpoint loads too).
+        cfg: :class:`EvaluateConfig` (validated here; ``cfg.shards``: the natural text of the ICL score and
+            the perplexity guard).
+        out: run directory; holding a run with the same parameters, its finished pieces are reused.
+        opts: :class:`~inductionlab.studies.spec.RunOptions`.
+
+    Returns: :class:`EvaluateResult` (``.record`` = results.json).
+
+    Raises:
+        TypeError: ``loaded`` not a LoadedModel, ``cfg`` not an EvaluateConfig (a dict included).
+        InductionLabError — before anything is written: bad config, ``out`` unusable or holding
+        another run, what :func:`prepare` refuses.
+    """
+    return run_study(SPEC, loaded, cfg, out, opts)
+
+
+__all__ = ["EvaluateResult", "Plan", "prepare", "phases", "result", "run_evaluate", "token_pool"]

@@ -21,7 +21,7 @@ from ...core.ablation import (Condition, ablation_conditions, default_exclude_to
 from ...measures.load_bearing_eval import drops_table
 from ...measures.stats import pooled, put_ci
 from ...protocols.function_probes import summarize_hits
-from ..pieces import check_ks
+from ..configs import check_ks
 from .config import LoadBearingConfig, parse_variant
 
 

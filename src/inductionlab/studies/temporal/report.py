@@ -25,10 +25,9 @@ def temporal_report(study, measures: dict[str, str]) -> str:
                                                            study.concentration, study.headline,
                                                            study.record["verdicts"], study.record, study.ks)
     ident = study.loaded.identity
-    p = record["params"]
     lines = [f"# Temporal-dependencies study: {ident['name']}", "", model_line(ident) + " "
              f"Ablation: **{lag.config.method}**; k ∈ {ks}; random heads drawn outside the top "
-             f"{p['exclude_top_n']} by induction score, {p['config']['n_draws']} seeded draws per k. "
+             f"{study.exclude_top_n} by induction score, {study.config.ablation.n_draws} seeded draws per k. "
              f"Lag probe: {lag.config.n_permutations} permutations of {lag.config.list_length} words, cue at "
              f"{lag.config.cue_position} (seed protocol: 5,000). Serial recall: {recall.config.n_trials} prompts, "
              f"{recall.config.n_shots} shots, lists of {recall.config.list_length}. 95% CIs over trials "
@@ -160,3 +159,17 @@ def write_temporal_outputs(out: Path, study, measures: dict[str, str]) -> None:
         plots.concentration_curve({measures[m]: conc[m] for m in ("lag_plus1", "recall_lag_plus1")},
                                   figs / "concentration.png", title=f"{name}: concentration of the lag +1 effect")
     atomic_write_text(out / "report.md", temporal_report(study, measures))   # results.json: StudyRun.finish
+
+
+def write(out: Path, study) -> None:
+    """The run directory's files (:func:`write_temporal_outputs` with the headline's measure labels)."""
+    from .verdicts import MEASURES
+
+    write_temporal_outputs(out, study, MEASURES)
+
+
+def summary(study) -> list[str]:
+    """What ``inductionlab study temporal`` prints when it is done: one line per verdict."""
+    from ..run import format_verdicts
+
+    return format_verdicts(study.verdicts)

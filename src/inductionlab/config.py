@@ -1,0 +1,353 @@
+"""The one config mechanism: typed dataclass trees.
+
+A config is a dataclass; each field is a leaf declared with :func:`opt` (its default, help, where the
+default comes from, its command-line flag) or a sub-config declared with :func:`nested`. From the tree
+alone, and nowhere else:
+
+* every command's options are generated (:mod:`inductionlab.cli.generate`): flag, type, default,
+  help text (``--lag-probe options`` of ``analyze`` are the leaves of ``AnalyzeConfig.lag``);
+* a YAML / JSON / TOML file loads into it (:func:`load`, :func:`from_dict`): nested tables for
+  sub-configs, dotted keys (``lag.n_permutations: 64``), unknown keys refused with the closest name;
+* values are coerced once, by the field's annotation (:func:`coerce`): a flag's text and a file's
+  scalar become the same ``int`` / ``float`` / ``bool`` / tuple.
+
+Ranges stay in each config's ``validate()`` (the API and the CLI both call it), which starts with
+:func:`inductionlab.checks.check_fields` (numbers that fit; messages name the field's flag).
+
+No torch import here, nor in a config module: ``inductionlab X --help`` builds its options from the
+configs without loading torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import json
+import types
+import typing
+from dataclasses import MISSING, Field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .errors import InductionLabError
+
+
+def opt(default: Any = MISSING, help: str = "", *, source: str | None = None, flag: str | None = None,
+        aliases: tuple[str, ...] = (), choices: tuple[str, ...] | None = None, none: str | None = None,
+        cli: bool = True, factory: Callable[[], Any] | None = None, metavar: str | None = None,
+        escapes: bool = False, needs: str | None = None, overrides: str | None = None) -> Any:
+    """A leaf of a config tree: a dataclass field with what the command line and the docs need.
+
+    Args:
+        default: the value (the paper's, the seed protocol's, or a decision: say which in ``source``).
+        help: one line for ``--help``.
+        source: where the default comes from (``"seed protocol"``, ``"paper"``, ``"decision"``,
+            ``"Olsson et al. 2022"``), shown after it in ``--help``.
+        flag: the option's name (default ``--<field-name>``). A ``bool`` whose default is True takes
+            a ``--no-…`` flag that turns it off; one whose default is False a flag that turns it on.
+            The same flag on two leaves of one command is one option setting both (``--batch-size``).
+        aliases: other names of the option (``("--permutations",)``).
+        choices: the values allowed (a ``click.Choice``).
+        none: what a default of None means, for ``--help`` (``"from free GPU memory; 8 on CPU"``).
+        cli: False: not an option of any command (file and API only).
+        factory: a default factory instead of ``default`` (mutable defaults).
+        metavar: the option's placeholder in ``--help`` (``LO,HI``).
+        escapes: the flag's text may spell a newline as ``\\n`` (a separator typed in a shell).
+        needs: the flag of another leaf without which this one has no effect: given alone, the command
+            refuses it (``--lm-eval-limit`` needs ``--lm-eval-tasks``).
+        overrides: the flag of another leaf this one decides alone: both given, the command refuses them
+            (``--span-range`` overrides ``--span-length``).
+    """
+    meta = {"help": help, "source": source, "flag": flag, "aliases": tuple(aliases), "choices": choices,
+            "none": none, "cli": cli, "metavar": metavar,
+            "escapes": escapes, "needs": needs, "overrides": overrides}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def nested(factory: Callable[[], Any] | None, help: str = "", *, cli: bool = True,
+           shorthand: str | None = None) -> Any:
+    """A sub-config (a dataclass) of a config tree; its leaves are options of the commands that hold it.
+
+    Args:
+        factory: builds the default sub-config (``LagProbeConfig`` or ``lambda: LagProbeConfig(cues="all:10")``:
+            a study's defaults for a protocol are written here, once); None: no default (a config built by
+            a preset, :func:`default`).
+        cli: False: none of its leaves are options (file and API only).
+        shorthand: a leaf a plain value stands for in a file (``curriculum: anti`` = ``curriculum: {variant: anti}``).
+    """
+    meta = {"help": help, "nested": True, "cli": cli, "shorthand": shorthand}
+    if factory is None:
+        return dataclasses.field(metadata=meta)
+    return dataclasses.field(default_factory=factory, metadata=meta)
+
+
+def default(cls: type, preset: str | None = None) -> Any:
+    """The default config of ``cls``: ``cls()``; for a config built by presets (a class attribute
+    ``PRESETS``: name -> function returning a config, and a ``preset`` leaf naming the default one), the
+    config of ``preset`` (None: the default preset).
+
+    Raises:
+        InductionLabError: an unknown preset, naming the known ones."""
+    presets = getattr(cls, "PRESETS", None)
+    if not presets:
+        return cls()
+    name = preset if preset is not None else next(f.default for f in dataclasses.fields(cls) if f.name == "preset")
+    if name not in presets:
+        raise InductionLabError(f"unknown preset {name!r}; use one of {', '.join(presets)}")
+    return presets[name]()
+
+
+def is_nested(f: Field) -> bool:
+    return bool(f.metadata.get("nested"))
+
+
+def flag_of(f: Field) -> str:
+    """The command-line name of a leaf: its ``flag`` (``--no-bos``), else ``--<field-name>``."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+@functools.lru_cache(maxsize=None)
+def hints(cls: type) -> dict[str, Any]:
+    """Field name -> resolved annotation of the dataclass ``cls``."""
+    return typing.get_type_hints(cls)
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """One leaf of a config tree, as a command sees it.
+
+    Attributes:
+        path: field names from the root (``("lag", "n_permutations")``).
+        field: the dataclass field (its metadata: help, source, flag, ...).
+        type: the resolved annotation (``int``, ``int | None``, ``tuple[int, ...]``).
+        value: its value in the tree walked (the command's default when that is the default config).
+    """
+    path: tuple[str, ...]
+    field: Field
+    type: Any
+    value: Any
+
+    @property
+    def flag(self) -> str:
+        return flag_of(self.field)
+
+    @property
+    def key(self) -> str:
+        return ".".join(self.path)
+
+
+def leaves(cfg: Any, path: tuple[str, ...] = (), *, cli_only: bool = False) -> Iterator[Leaf]:
+    """Every leaf of the config instance ``cfg``, depth first, with its value (sub-configs descended).
+    ``cli_only``: the leaves that are options (``cli=False`` fields and sub-configs left out)."""
+    h = hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        if cli_only and not f.metadata.get("cli", True):
+            continue
+        v = getattr(cfg, f.name)
+        if is_nested(f) or dataclasses.is_dataclass(v) and not isinstance(v, type):
+            yield from leaves(v, path + (f.name,), cli_only=cli_only)
+        else:
+            yield Leaf(path + (f.name,), f, h[f.name], v)
+
+
+def get(cfg: Any, path: tuple[str, ...]) -> Any:
+    for name in path:
+        cfg = getattr(cfg, name)
+    return cfg
+
+
+def with_leaf(cfg: Any, path: tuple[str, ...], value: Any) -> Any:
+    """A copy of the tree ``cfg`` with the leaf at ``path`` set to ``value`` (sub-configs copied on the way)."""
+    if len(path) == 1:
+        return dataclasses.replace(cfg, **{path[0]: value})
+    return dataclasses.replace(cfg, **{path[0]: with_leaf(getattr(cfg, path[0]), path[1:], value)})
+
+
+# ---- coercion by annotation ---------------------------------------------------------------------
+
+def _optional(t) -> tuple[Any, bool]:
+    """``(inner type, optional)`` of ``X | None`` (else ``(t, False)``)."""
+    if isinstance(t, types.UnionType) or typing.get_origin(t) is typing.Union:
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        return (args[0] if len(args) == 1 else t), len(args) < len(typing.get_args(t))
+    return t, False
+
+
+def is_sequence(t) -> bool:
+    return typing.get_origin(_optional(t)[0]) in (tuple, list)
+
+
+def _scalar(value: Any, t, where: str) -> Any:
+    if t is bool:
+        if isinstance(value, str):
+            low = value.strip().lower()
+            if low not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(value)
+            return low in ("true", "1", "yes")
+        if isinstance(value, (bool, int)) and value in (0, 1):
+            return bool(value)
+        raise ValueError(value)
+    if t is int:
+        if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        if isinstance(value, str):
+            s = value.strip()
+            return int(float(s)) if "e" in s.lower() and float(s).is_integer() else int(s)
+        return int(value)
+    if t is float:
+        if isinstance(value, bool):
+            raise ValueError(value)
+        return float(value)
+    if t is str:
+        if isinstance(value, (dict, list, tuple)):
+            raise ValueError(value)
+        return str(value)
+    return value
+
+
+def coerce(value: Any, t: Any, where: str) -> Any:
+    """``value`` (a flag's text, a file's scalar or list) as the annotation ``t``: ``bool``, ``int``
+    (``"1e6"`` → 1000000; 3.5 refused), ``float``, ``str``, ``X | None``, ``tuple[int, ...]`` /
+    ``list[int]`` / ``tuple[str, ...]`` (a list, or comma-separated text), ``tuple[int, int]``
+    (``"LO,HI"``); other annotations (``dict``) are taken as they are.
+
+    Raises:
+        InductionLabError: a value the annotation cannot hold, naming ``where`` (the key or flag)."""
+    inner, optional = _optional(t)
+    if value is None or optional and isinstance(value, str) and value.strip().lower() in ("none", "null"):
+        if optional:
+            return None
+        raise InductionLabError(f"{where} needs a {_name(t)} value, got none")
+    try:
+        origin = typing.get_origin(inner)
+        if origin in (tuple, list):
+            args = typing.get_args(inner)
+            item = args[0] if args else str
+            if isinstance(value, str):
+                value = [x.strip() for x in value.split(",") if x.strip()]
+            if not isinstance(value, (list, tuple)):
+                raise ValueError(value)
+            out = [_scalar(x, item, where) for x in value]
+            if origin is tuple and len(args) == 2 and args[1] is not Ellipsis and len(out) != 2:
+                raise ValueError(value)
+            return tuple(out) if origin is tuple else out
+        return _scalar(value, inner, where)
+    except (TypeError, ValueError):
+        raise InductionLabError(f"{where} needs a {_name(t)} value (got {value!r})") from None
+
+
+def _name(t) -> str:
+    return str(t).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+# ---- files ----------------------------------------------------------------------------------------
+
+def from_dict(cls_or_cfg: Any, d: dict, *, where: str = "") -> Any:
+    """A config of type ``cls_or_cfg`` (a dataclass type: its defaults; or an instance: a copy of it)
+    with the entries of the mapping ``d`` set: nested mappings for sub-configs, dotted keys
+    (``"lag.n_permutations"``), a plain value for a sub-config with a ``shorthand`` leaf; a mapping
+    under a key that is no field groups keys of this level (``schedule: {lr: 1e-3}`` reads as ``lr``).
+    Keys may use hyphens (``n-permutations``).
+
+    Raises:
+        InductionLabError: an unknown key (with the closest known one), a value of the wrong type."""
+    if isinstance(cls_or_cfg, type):
+        cfg = default(cls_or_cfg, d.get("preset") if getattr(cls_or_cfg, "PRESETS", None) else None)
+    else:
+        cfg = dataclasses.replace(cls_or_cfg)
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    h = hints(type(cfg))
+    grouped: dict[str, Any] = {}
+    for key, value in d.items():
+        k = str(key).replace("-", "_")
+        head, dot, rest = k.partition(".")
+        if dot:
+            grouped.setdefault(head, {})
+            if not isinstance(grouped[head], dict):
+                grouped[head] = {fields[head].metadata.get("shorthand"): grouped[head]} if head in fields else {}
+            grouped[head][rest] = value
+        elif k not in fields and isinstance(value, dict):
+            for kk, vv in value.items():                 # grouping only
+                grouped[str(kk).replace("-", "_")] = vv
+        else:
+            grouped[k] = value
+    for k, value in grouped.items():
+        name = f"{where}{k}"
+        if k not in fields:
+            close = difflib.get_close_matches(k, list(fields), n=1)
+            hint = f"did you mean '{where}{close[0]}'?" if close else f"use one of {', '.join(fields)}"
+            raise InductionLabError(f"unknown config key {name!r}; {hint}")
+        f = fields[k]
+        if is_nested(f):
+            sub = getattr(cfg, k)
+            if dataclasses.is_dataclass(value):
+                value = dataclasses.asdict(value)
+            if not isinstance(value, dict):
+                short = f.metadata.get("shorthand")
+                if short is None:
+                    raise InductionLabError(f"config key {name!r} is a table of settings; give it as a mapping "
+                                            f"({name}: {{key: value}})")
+                value = {short: value}
+            setattr(cfg, k, from_dict(sub, value, where=f"{name}."))
+        else:
+            setattr(cfg, k, coerce(value, h[k], f"config key {name!r}"))
+    return cfg
+
+
+def read_mapping(path: str | Path) -> dict:
+    """The mapping of a YAML (``.yaml`` / ``.yml``), JSON (``.json``) or TOML (``.toml``) file.
+
+    Raises:
+        InductionLabError: a missing or unparsable file, another suffix, a file that is not a mapping."""
+    p = Path(path)
+    if not p.is_file():
+        raise InductionLabError(f"config file {p} does not exist; check the path")
+    if p.suffix not in (".yaml", ".yml", ".json", ".toml"):
+        raise InductionLabError(f"config file {p} must end in .yaml, .yml, .json or .toml")
+    try:
+        text = p.read_text(encoding="utf-8")
+        if p.suffix == ".toml":
+            import tomllib
+
+            d = tomllib.loads(text)
+        elif p.suffix == ".json":
+            d = json.loads(text)
+        else:
+            import yaml
+
+            d = yaml.safe_load(text) or {}
+    except UnicodeDecodeError:
+        raise InductionLabError(f"config file {p} is not UTF-8 text; save it as UTF-8") from None
+    except RecursionError:
+        raise InductionLabError(f"config file {p} is nested too deeply to read; flatten it") from None
+    except Exception as e:                       # yaml.YAMLError, json / toml decode errors
+        if isinstance(e, OSError):
+            raise
+        raise InductionLabError(f"cannot parse {p}: {str(e).splitlines()[0] if str(e) else type(e).__name__}; "
+                                "fix the file") from None
+    if not isinstance(d, dict):
+        raise InductionLabError(f"config file {p} must hold a mapping of key: value")
+    return d
+
+
+def load(path: str | Path, cls_or_cfg: Any) -> Any:
+    """The config of the file ``path`` (:func:`read_mapping`) over ``cls_or_cfg``'s defaults (:func:`from_dict`)."""
+    return from_dict(cls_or_cfg, read_mapping(path))
+
+
+def to_dict(cfg: Any) -> dict:
+    """The tree as plain JSON-able values (tuples as lists), for records and files."""
+    def plain(v):
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v
+    return plain(dataclasses.asdict(cfg))
+
+
+__all__ = ["opt", "nested", "default", "Leaf", "leaves", "get", "with_leaf", "coerce", "from_dict", "read_mapping", "load",
+           "to_dict", "flag_of", "is_nested", "is_sequence", "hints"]

@@ -1,0 +1,164 @@
+"""The protocols' configs: :class:`LagProbeConfig` (SPEC §4) and :class:`SerialRecallConfig` (SPEC §5),
+typed trees (:mod:`inductionlab.config`) whose leaves are the studies' command-line options.
+
+No torch here: the command line generates its options from these before anything heavy is loaded.
+Each protocol module re-exports its config (``lag_probe.LagProbeConfig``). A study that runs a
+protocol sets the config's ``seed`` and ``method`` from its own (those two are not options of their own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..checks import check_fields, check_method
+from ..config import opt
+from ..errors import InductionLabError
+from ..names import DEFAULT_METHOD
+
+
+@dataclass
+class LagProbeConfig:
+    """Lag-probe parameters; defaults follow the seed protocol (SPEC §4) except where noted."""
+    list_length: int = opt(500, "Words per lag-probe list.", source="seed protocol")
+    cue_position: int = opt(250, "1-based list position of the repeated word (lag k = the word at cue + k).",
+                            source="seed protocol")
+    n_permutations: int = opt(5000, "Lag-probe trials per condition (each a new order of the list).",
+                              source="seed protocol", aliases=("--permutations",))
+    batch_size: int | None = opt(None, "Trials per forward pass.", none="from free GPU memory; 8 on CPU")
+    seed: int = opt(0, "Seed of the trials' word orders.", cli=False)                 # a study sets its own
+    resample_words: bool = opt(False, "Draw a new word set per trial instead of permuting a fixed set.")
+    pool_size: int = opt(2000, "Words to resample from (with --resample-words).", cli=False)
+    separator: str = opt(" ", 'Between words: " " (each word is its own leading-space token), ", " or "\\n".',
+                         escapes=True)
+    instruction: str = opt("", "Text after BOS, before the list.")
+    bos: bool = opt(True, "Do not prepend the tokenizer's BOS (the flag sets bos false).", flag="--no-bos")
+    method: str = opt(DEFAULT_METHOD, "Ablation method of the conditions' heads.", cli=False)   # a study sets its own
+    far_lag: int = opt(20, "Word-prior-corrected curve: a word's baseline is its mean probability where it sits "
+                           "at |lag| > this.", source="decision")
+    reuse_residual: bool = opt(True, "Skip layers below a condition's first ablated head (bit-identical; core/reuse).",
+                               cli=False)
+    cues: str = opt("seed", "Cued list positions: all, seed (only --cue-position, one forward per cue) or A-B "
+                            "(1-based), all:S / A-B:S for every S-th position; the list runs once per trial and each "
+                            "cue appends its own tokens. The headline is the seed cue's.")
+    cue_chunk: int | None = opt(None, "Cues per packed forward.", none="as many as keep cue tokens <= list tokens",
+                                cli=False)
+    max_cue_bytes: int = opt(1 << 30, "Per condition: n_trials x n_cues x list_length x 4 bytes of cue_probs.",
+                             cli=False)
+
+    @property
+    def trial_tokens(self) -> int:
+        """Tokens of one seed trial with a one-token separator: BOS, the list, then separator, cue,
+        separator (more with a longer separator or an instruction): the size of the trial checks."""
+        return self.list_length + 4
+
+    def cue_positions(self) -> list[int]:
+        """The chosen cue positions, 1-based, ascending (``[cue_position]`` for ``"seed"``).
+
+        ``cues`` is ``seed``, ``all`` (every list position), ``A-B`` (positions A..B inclusive), or
+        either of the last two with a step: ``all:S`` / ``A-B:S`` (every S-th position from the
+        first: ``all:10`` = 1, 11, …, 491).
+
+        Raises:
+            InductionLabError: ``cues`` is none of these, a range outside the list or with A > B, a step < 1."""
+        c = self.cues.strip() if isinstance(self.cues, str) else self.cues
+        if c == "seed":
+            return [self.cue_position]
+        usage = (f"cues {self.cues!r}: use all, seed or a range A-B of list positions, optionally with a step "
+                 f"(all:S, A-B:S; 1-based, e.g. 1-{self.list_length} or all:10)")
+        if not isinstance(c, str):
+            raise InductionLabError(usage)
+        span, colon, step = c.partition(":")
+        if colon and not step.strip().isdigit():
+            raise InductionLabError(usage)
+        step = int(step) if colon else 1
+        if step < 1:
+            raise InductionLabError(f"cues {self.cues!r}: the step must be at least 1 (e.g. all:10)")
+        span = span.strip()
+        if span == "all":
+            return list(range(1, self.list_length + 1, step))
+        a, sep, b = span.partition("-")
+        if not (sep and a.strip().isdigit() and b.strip().isdigit()):
+            raise InductionLabError(usage)
+        a, b = int(a), int(b)
+        if a > b:
+            raise InductionLabError(f"cues {self.cues!r}: the range starts after it ends; use A-B with A <= B")
+        if a < 1 or b > self.list_length:
+            raise InductionLabError(f"cues {self.cues!r}: outside the list of {self.list_length} words; "
+                                    f"use a range within 1-{self.list_length}")
+        return list(range(a, b + 1, step))
+
+    def validate(self) -> None:
+        """Check the options that need no model (called before any model is loaded).
+
+        Raises:
+            InductionLabError: cue outside the list, fewer than 2 trials (no CI), bad batch size or method,
+                a NaN / infinite / beyond-64-bit number (:func:`~inductionlab.checks.check_fields`).
+            TypeError: a field of the wrong type.
+        """
+        check_fields(self)
+        if self.list_length < 2:
+            raise InductionLabError(f"list length {self.list_length} is too short; use at least 2 words")
+        if not 1 <= self.cue_position <= self.list_length:
+            raise InductionLabError(f"cue position {self.cue_position} is outside a list of {self.list_length} words")
+        if self.n_permutations < 2:
+            raise InductionLabError(f"n_permutations={self.n_permutations}: at least 2 trials are needed for a CI")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise InductionLabError(f"batch size {self.batch_size} must be at least 1")
+        if self.far_lag < 0:
+            raise InductionLabError(f"far lag {self.far_lag} must be at least 0 (the default is 20)")
+        check_method(self.method)
+        n_cues = len(self.cue_positions())
+        if self.cue_chunk is not None and self.cue_chunk < 1:
+            raise InductionLabError(f"cue chunk {self.cue_chunk} must be at least 1 (None: automatic)")
+        need = self.n_permutations * n_cues * self.list_length * 4
+        if need > self.max_cue_bytes:
+            raise InductionLabError(
+                f"--n-permutations {self.n_permutations:,} x {n_cues} cues x {self.list_length} words: the per-cue "
+                f"probabilities need {need / 2**30:.1f} GiB per condition, over the limit of "
+                f"{self.max_cue_bytes / 2**30:.1f} GiB; use fewer cues (--cues A-B) or a lower --n-permutations")
+
+
+
+@dataclass
+class SerialRecallConfig:
+    """Serial-recall parameters (SPEC §5)."""
+    list_length: int = opt(14, "Words per serial-recall list.", source="SPEC §5, the paper's lists of 14",
+                           flag="--recall-list-length")
+    n_shots: int = opt(3, "Solved study/recall examples before the test list.", source="decision, SPEC §5",
+                       flag="--recall-shots")
+    n_trials: int = opt(64, "Serial-recall prompts per condition.", source="CPU default", flag="--recall-trials")
+    batch_size: int | None = opt(None, "Prompts per forward pass.", none="from free GPU memory; 8 on CPU")
+    seed: int = opt(0, "Seed of the lists.", cli=False)                                  # a study sets its own
+    pool_size: int = opt(200, "Words are drawn from this many most frequent single-token words.", cli=False)
+    study_prefix: str = opt("Study:", "Template: before each study list.", cli=False)
+    recall_prefix: str = opt("\nRecall:", "Template: before each recall.", cli=False)
+    shot_separator: str = opt("\n\n", "Template: between solved examples.", cli=False)
+    bos: bool = opt(True, "Prepend the tokenizer's BOS.", cli=False)
+    generate: bool = opt(True, "Skip greedy generation (exact match, CRP of recalls).", flag="--no-generate")
+    reuse_residual: bool = opt(True, "Skip layers below a condition's first ablated head (bit-identical; core/reuse).",
+                               cli=False)
+    method: str = opt(DEFAULT_METHOD, "Ablation method of the conditions' heads.", cli=False)   # a study sets its own
+
+    @property
+    def trial_tokens(self) -> int:
+        """Tokens of one prompt with its recall: (shots + 1) lists studied and recalled, with the template."""
+        return (self.n_shots + 1) * (2 * self.list_length + 4)
+
+    def validate(self) -> None:
+        """Check the options that need no model (called before any model is loaded).
+
+        Raises:
+            InductionLabError: list shorter than 2, negative shots, fewer than 2 trials (no CI),
+                bad batch size or method, a NaN / infinite / beyond-64-bit number.
+            TypeError: a field of the wrong type.
+        """
+        check_fields(self)
+        if self.list_length < 2 or self.n_shots < 0 or self.n_trials < 1:
+            raise InductionLabError(f"serial recall needs list_length >= 2, n_shots >= 0 and n_trials >= 1 "
+                                    f"(got {self.list_length}, {self.n_shots}, {self.n_trials})")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise InductionLabError(f"batch size {self.batch_size} must be at least 1")
+        check_method(self.method)
+
+
+__all__ = ["LagProbeConfig", "SerialRecallConfig"]

@@ -1,0 +1,295 @@
+"""The one engine every study runs on: :func:`run_study` and the steps a study's phases yield.
+
+A study's ``phases(plan)`` is a generator that reads as the study's script; each ``yield`` hands the
+engine one step and gets its value back::
+
+    def phases(plan):
+        scores = yield Scores(seq_len=50, batch_size=16, seed=plan.cfg.seed)      # piece "scores"
+        conditions = ablation_conditions(scores["induction"], plan.ks, ...)
+        lag = yield Phase("lag", lag_probe.probe(plan.lag), conditions, plan.lag.n_permutations)
+        return {"scores": scores, "conditions": conditions, "lag": lag}       # -> result(plan, pieces)
+
+The engine owns everything around the science, once for every study:
+
+1. the opening: the config's type and ``validate()``, the model's type, ``--out`` checked, the ranks'
+   dtype agreed (torchrun), ``prepare(loaded, cfg)`` (model-dependent checks: nothing is written
+   before they pass), the run directory opened or resumed (:class:`~inductionlab.studies.run.StudyRun`:
+   a run with other ``params`` is refused), the dtype line logged;
+2. each step: timed (``timings["<name>_s"]``), checkpointed where it is a piece (a resumed run loads it),
+   sharded over torchrun's ranks where it runs the model;
+3. the closing: ``result(plan, pieces)``, the **one results header** (:data:`HEADER`: kind, model, params,
+   versions, distributed, resumed, timings) before the study's own record, ``write(out, result)``
+   (rank 0), then results.json and timing.json (:meth:`~inductionlab.studies.run.StudyRun.finish`).
+
+Steps: :class:`Scores` (head scores), :class:`Phase` (a probe over conditions; a list of phases runs as one
+step with one progress bar, sharing trials and residual caches), :class:`Piece` (any JSON-able
+computation). A study may define its own: anything with ``run(ctx) -> value`` (``bi_induct``'s training jobs).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..checks import check_loaded, check_type
+from ..core.ablation import Condition
+from ..core.models import agree_dtype, announce_dtype, params_identity, ran_identity
+from ..core.scores import HeadScores, compute_head_scores
+from ..protocols.runner import Probe, Trials, residual_cache
+from ..runtime.distributed import Dist
+from ..runtime.runs import timed, versions
+from .run import StudyRun, Verdict
+from .spec import RunOptions, StudySpec
+
+#: The keys every results.json opens with, in this order; the study's own record follows.
+HEADER = ("kind", "model", "params", "versions", "distributed", "resumed", "timings")
+
+
+@dataclass(kw_only=True)
+class StudyResult:
+    """What every study's result carries beside its own fields (a study's result dataclass extends it).
+
+    Attributes:
+        record: results.json: :data:`HEADER`, then the study's own entries (``result()`` fills those;
+            the engine adds the header in front).
+        timings: ``<part>_s`` -> wall seconds of this call (the same dict as ``record["timings"]``).
+        verdicts: the claims decided on this run (empty for a study without claims).
+    """
+    record: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+    verdicts: list[Verdict] = field(default_factory=list)
+
+
+@dataclass
+class Context:
+    """What a step sees: the run directory, the model, the options; trials and residual caches shared
+    by the phases of one probe."""
+    run: StudyRun
+    loaded: Any
+    opts: RunOptions
+    trials: dict[int, Trials] = field(default_factory=dict)
+    caches: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def out(self) -> Path:
+        return self.run.out
+
+    @property
+    def bar(self) -> bool:
+        """Whether this process shows progress bars (asked for, and rank 0)."""
+        return self.opts.progress and self.run.is_main
+
+    def log(self, line: str) -> None:
+        if self.opts.log is not None and self.run.is_main:
+            self.opts.log(line)
+
+
+# ---- steps --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Scores:
+    """Step: the head scores (SPEC §3) as the piece ``scores``, computed once, then loaded; sharded over
+    the ranks. Its value is a :class:`~inductionlab.core.scores.HeadScores`.
+
+    Attributes:
+        seq_len, batch_size, n_batches, seed: as :func:`~inductionlab.core.scores.compute_head_scores`.
+        pool: ids the random tokens are drawn from (None: the tokenizer's ordinary ids)."""
+    seq_len: int = 50
+    batch_size: int = 16
+    n_batches: int = 1
+    seed: int = 0
+    pool: Any = None
+
+    def run(self, ctx: Context) -> HeadScores:
+        def compute():
+            with tqdm(total=self.batch_size * self.n_batches, desc="head scores", unit="seq",
+                      disable=not ctx.bar) as bar:
+                hs = compute_head_scores(ctx.loaded.model, tokenizer=ctx.loaded.tokenizer, seq_len=self.seq_len,
+                                         batch_size=self.batch_size, n_batches=self.n_batches, seed=self.seed,
+                                         progress=bar.update, dist=ctx.run.dist, pool=self.pool)
+            return {"scores": hs.scores, "induction_loss": hs.induction_loss, "params": hs.params}
+        with ctx.run.timed("head_scores"):
+            raw = ctx.run.json("scores", compute)
+        return HeadScores({k: np.asarray(v) for k, v in raw["scores"].items()}, raw["induction_loss"], raw["params"])
+
+
+@dataclass(frozen=True)
+class PhaseRun:
+    """The value of a :class:`Phase`: ``arrays[condition name][measure]`` ``[n_trials, ...]`` and the
+    word set of its trials."""
+    arrays: dict[str, dict[str, np.ndarray]]
+    words: list[str]
+
+
+@dataclass(frozen=True, eq=False)
+class Phase:
+    """Step: one probe under a list of conditions, on the first ``n_trials`` trials; pieces
+    ``<key>/<condition>`` (``.npz``), each computed once, then loaded. Its value is a :class:`PhaseRun`.
+
+    Yield a list of phases to run them as one step (one progress bar; a probe's trials built once).
+
+    Attributes:
+        key: the piece folder (``"lag"``); ``timing``: the name of its time (default: ``key``).
+        probe: a :class:`~inductionlab.protocols.runner.Probe` (``lag_probe.probe(cfg)``).
+        conditions: :class:`~inductionlab.core.ablation.Condition` list, run in order on the same trials.
+        n_trials: trials used (the first ones); None: all."""
+    key: str
+    probe: Probe
+    conditions: Sequence[Condition]
+    n_trials: int | None = None
+    timing: str | None = None
+
+    def run(self, ctx: Context) -> PhaseRun:
+        return run_phases(ctx, [self])[self.key]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Step: ``compute(ctx)`` (JSON-able) as the piece ``key`` (``.json``): computed once, then loaded;
+    ``save=False``: computed on every call, not checkpointed (a self-check). Timed as ``timing`` (default:
+    the key with ``/`` as ``_``)."""
+    key: str
+    compute: Callable[[Context], Any]
+    timing: str | None = None
+    save: bool = True
+
+    def run(self, ctx: Context) -> Any:
+        with ctx.run.timed(self.timing or self.key.replace("/", "_")):
+            if not self.save:
+                return self.compute(ctx)
+            return ctx.run.json(self.key, lambda: self.compute(ctx))
+
+
+def run_phases(ctx: Context, phases: Sequence[Phase]) -> dict[str, PhaseRun]:
+    """Every piece ``<phase.key>/<condition>`` of ``phases``, in order: loaded if finished, else
+    :meth:`Probe.run <inductionlab.protocols.runner.Probe.run>` on the phase's first ``n_trials`` trials
+    (sharded over the ranks; the bar shows on rank 0). A probe's trials are built once, on first need,
+    and one residual cache serves all its phases (:mod:`inductionlab.core.reuse`).
+
+    Returns:
+        phase key -> :class:`PhaseRun`."""
+    run, loaded = ctx.run, ctx.loaded
+    todo = [(ph, c) for ph in phases for c in ph.conditions]
+    pending = [(ph, c) for ph, c in todo if not run.done(f"{ph.key}/{c.name}")]
+    for probe in {id(ph.probe): ph.probe for ph in phases if ph.probe.reuse}.values():
+        conds = [c for ph in phases if ph.probe is probe for c in ph.conditions]
+        if id(probe) not in ctx.caches:
+            ctx.caches[id(probe)] = residual_cache(loaded.model, conds)
+        elif ctx.caches[id(probe)] is not None:
+            ctx.caches[id(probe)].add_levels(conds)
+    arrays: dict[str, dict[str, dict]] = {ph.key: {} for ph in phases}
+    words: dict[str, list[str]] = {}
+
+    def trials(ph: Phase) -> Trials:
+        if id(ph.probe) not in ctx.trials:
+            ctx.trials[id(ph.probe)] = ph.probe.build_trials(loaded)
+        tr = ctx.trials[id(ph.probe)]
+        return tr if ph.n_trials is None else tr.head(ph.n_trials)
+
+    for ph in phases:                                  # a resumed phase's time is 0 s, not missing
+        run.timings.setdefault(f"{ph.timing or ph.key}_s", 0.0)
+    total = sum(len(trials(ph)) if ph.n_trials is None else ph.n_trials for ph, _ in pending)
+    with tqdm(total=total, desc="conditions", unit="trial", disable=not ctx.bar) as bar:
+        for ph, c in todo:
+            key = f"{ph.key}/{c.name}"
+
+            def compute():
+                with timed(run.timings, ph.timing or ph.key):
+                    bar.set_postfix_str(key)
+                    tr = trials(ph)
+                    out = ph.probe.run(loaded, [c], tr, progress=bar.update, dist=run.dist,
+                                       reuse=ctx.caches.get(id(ph.probe)) or False)[c.name]
+                return {**out, "words": np.asarray(tr.words)}
+
+            got = dict(run.arrays(key, compute))
+            words[ph.key] = [str(w) for w in got.pop("words")]
+            arrays[ph.key][c.name] = got
+    return {ph.key: PhaseRun(arrays[ph.key], words.get(ph.key, [])) for ph in phases}
+
+
+def drive(phases, ctx: Context) -> Any:
+    """Run a study's ``phases(plan)`` generator: each yielded step (or list of :class:`Phase`) is run and its
+    value sent back; the generator's return value (the pieces) is returned. A plain return value (a study
+    without steps) is returned as it is."""
+    if not inspect.isgenerator(phases):
+        return phases
+    value = None
+    while True:
+        try:
+            step = phases.send(value)
+        except StopIteration as stop:
+            return stop.value
+        value = run_phases(ctx, step) if isinstance(step, (list, tuple)) else step.run(ctx)
+
+
+# ---- the engine ---------------------------------------------------------------------------------
+
+def _inputs(spec: StudySpec, loaded, cfg) -> list:
+    """The paths the run reads (never under ``--out``): the model's, and the config's ``spec.inputs`` leaves."""
+    from ..config import get
+
+    found = [loaded.identity.get("path")] if loaded is not None else []
+    return found + [get(cfg, tuple(p.split("."))) for p in spec.inputs]
+
+
+def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | None = None):
+    """Run (or resume) the study ``spec`` on ``loaded`` with ``cfg`` and write the run directory ``out``.
+
+    Args:
+        spec: the study (``studies/<name>/config.py``'s ``SPEC``).
+        loaded: the model (:func:`inductionlab.core.models.load_model`); None for a study that loads none
+            (``spec.model is None``: Bi-Induct trains its own).
+        cfg: a ``spec.config`` (validated here, before anything else).
+        out: the run directory; holding a run of the same kind with the same parameters and model, its
+            finished pieces are loaded instead of computed again.
+        opts: :class:`~inductionlab.studies.spec.RunOptions` (overwrite, progress, on_checkpoint, dist, log).
+
+    Returns:
+        the study's result (a :class:`StudyResult`), ``record`` = results.json. Under torchrun every rank
+        returns the same result and rank 0 alone writes ``out``.
+
+    Raises:
+        TypeError: ``loaded`` not a loaded model, ``cfg`` not a ``spec.config`` (a dict included).
+        InductionLabError: a bad config, a bad ``out`` (a file, holding another run, inside an input), what
+            the study's ``prepare`` refuses for this model — all before anything is written.
+    """
+    t0 = time.perf_counter()
+    opts = RunOptions() if opts is None else opts
+    impl = spec.impl
+    if spec.model is not None:
+        check_loaded(loaded, spec.kind)
+    check_type(cfg, spec.config, f"{spec.kind}: cfg")
+    cfg.validate()
+    out = Path(out)
+    inputs = _inputs(spec, loaded, cfg)
+    StudyRun.check_out(out, opts.overwrite, inputs=inputs)
+    if loaded is not None:
+        agree_dtype(loaded, opts.dist)               # torchrun: every rank in rank 0's dtype
+    plan = impl.prepare(loaded, cfg)                 # model-dependent checks: nothing written yet
+    params = dict(plan.params)
+    if loaded is not None:
+        params["model"] = params_identity(ran_identity(loaded))   # a resume never mixes two models (nor dtypes)
+    run = StudyRun(out, spec.kind, params, overwrite=opts.overwrite, on_checkpoint=opts.on_checkpoint,
+                   inputs=inputs, dist=opts.dist, started=t0, owned=getattr(plan, "owned", ()))
+    run.open()
+    if loaded is not None:
+        announce_dtype(ran_identity(loaded), opts.log, run.is_main)
+    pieces = drive(impl.phases(plan), Context(run, loaded, opts))
+    res = impl.result(plan, pieces)
+    model = ran_identity(loaded) if loaded is not None else getattr(plan, "model", None)
+    res.record = {"kind": spec.kind, "model": model, "params": run.params, "versions": versions(),
+                  "distributed": (opts.dist or Dist()).record(), "resumed": run.resumed, "timings": run.timings,
+                  **res.record}
+    res.timings = run.timings
+    run.finish(res.record, lambda: impl.write(out, res))
+    return res
+
+
+__all__ = ["HEADER", "StudyResult", "Context", "Scores", "Phase", "PhaseRun", "Piece", "run_phases", "drive",
+           "run_study"]
