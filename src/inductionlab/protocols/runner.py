@@ -53,8 +53,8 @@ REFERENCE_TRIALS = 8   # trials in the mean-ablation reference batch (decision: 
 
 def check_method(method: str) -> None:
     """Raise :class:`InductionLabError` unless ``method`` is a registered ablation method that
-    works from a head list (:func:`inductionlab.core.instrument.ablation_methods`; knockout needs edges)."""
-    from ..core.instrument import ablation_methods
+    works from a head list (:func:`inductionlab.core.methods.ablation_methods`; knockout needs edges)."""
+    from ..core.methods import ablation_methods
 
     if method not in ablation_methods():
         raise InductionLabError(f"unknown ablation method {method!r}; use {', '.join(ablation_methods())}")
