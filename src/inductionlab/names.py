@@ -2,7 +2,7 @@
 ablation methods and the head scores. Plain data, no torch or transformers, so ``inductionlab
 --help`` and option parsing stay fast.
 
-These are the one list of names: :data:`inductionlab.core.instrument.ABLATION_METHODS` is checked
+These are the one list of names: :data:`inductionlab.core.methods.ABLATION_METHODS` is checked
 against :data:`ABLATION_METHOD_NEEDS` at import (add a method: its name here, its function and
 entry there), and :data:`inductionlab.core.scores.SCORE_NAMES` (the default scores) is this tuple.
 """

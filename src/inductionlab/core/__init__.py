@@ -2,8 +2,10 @@
 
 * ``models`` — :func:`~inductionlab.core.models.load_model` (embedded packages, GGUF, checkpoints) and
   :class:`~inductionlab.core.models.LoadedModel` with its identity.
-* ``instrument`` — the one place that hooks attention: per-head probabilities and outputs, the
-  ablation methods table (zero / mean / sink / knockout), :func:`~inductionlab.core.instrument.ablate`.
+* ``instrument`` — the contexts that hook attention (the one place that does): per-head
+  probabilities and outputs, :func:`~inductionlab.core.instrument.ablate`; built on
+  ``attention`` (the attention function registered in transformers and one context's state, its
+  call in four steps) and ``methods`` (the ablation methods table: zero / mean / sink / knockout).
 * ``ablation`` — head selection: :class:`~inductionlab.core.ablation.Condition`, top-k, per-layer top-p,
   matched random heads.
 * ``scores`` — head scores (induction, anti-induction, previous-token, duplicate-token, sink).
@@ -11,6 +13,6 @@
 * ``stimuli`` — word pools, seeds and random token sequences.
 
 Imports ``runtime``, ``data`` and the face. A new head score is a function and a ``SCORES`` entry in
-``scores``; a new ablation method a function and an ``ABLATION_METHODS`` entry in ``instrument``
+``scores``; a new ablation method a function and an ``ABLATION_METHODS`` entry in ``methods``
 (its name in :data:`inductionlab.names.ABLATION_METHOD_NEEDS`).
 """

@@ -80,7 +80,7 @@ class ResidualCache:
 
     def _key(self, args, kwargs):
         """Key of an eligible call (its arguments but ``_IGNORED``), else None."""
-        from .instrument import _ACTIVE, FUNCTION_NAME   # here: importing this module does not import transformers
+        from .attention import _ACTIVE, FUNCTION_NAME   # here: importing this module does not import transformers
 
         if args or self.model.config._attn_implementation != FUNCTION_NAME or kwargs.get("use_cache") \
                 or kwargs.get("output_hidden_states") or kwargs.get("output_attentions") \

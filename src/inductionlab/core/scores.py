@@ -43,7 +43,8 @@ import torch
 from ..errors import InductionLabError
 from ..names import SCORE_NAMES as _SCORE_NAMES
 from ..runtime import distributed as D
-from .instrument import gather_targets, instrument, unwrap_model
+from .attention import gather_targets
+from .instrument import instrument, unwrap_model
 from .models import attention_shape
 from .stimuli import ordinary_token_ids, random_sequences
 
