@@ -215,32 +215,40 @@ def coerce(value: Any, t: Any, where: str) -> Any:
     (``"LO,HI"``); other annotations (``dict``) are taken as they are.
 
     Raises:
-        InductionLabError: a value the annotation cannot hold, naming ``where`` (the key or flag)."""
+        InductionLabError: a value the annotation cannot hold, naming ``where`` (the key or flag) and what
+            it takes."""
     inner, optional = _optional(t)
     if value is None or optional and isinstance(value, str) and value.strip().lower() in ("none", "null"):
         if optional:
             return None
-        raise InductionLabError(f"{where} needs a {_name(t)} value, got none")
+        raise InductionLabError(f"{where} needs {_wants(inner)}, got none")
     try:
         origin = typing.get_origin(inner)
         if origin in (tuple, list):
             args = typing.get_args(inner)
             item = args[0] if args else str
-            if isinstance(value, str):
-                value = [x.strip() for x in value.split(",") if x.strip()]
-            if not isinstance(value, (list, tuple)):
+            items = [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else value
+            if not isinstance(items, (list, tuple)):
                 raise ValueError(value)
-            out = [_scalar(x, item, where) for x in value]
+            out = [_scalar(x, item, where) for x in items]
             if origin is tuple and len(args) == 2 and args[1] is not Ellipsis and len(out) != 2:
                 raise ValueError(value)
             return tuple(out) if origin is tuple else out
         return _scalar(value, inner, where)
     except (TypeError, ValueError):
-        raise InductionLabError(f"{where} needs a {_name(t)} value (got {value!r})") from None
+        raise InductionLabError(f"{where} {value!r} is not {_wants(inner)}") from None
 
 
-def _name(t) -> str:
-    return str(t).replace("typing.", "").replace("<class '", "").replace("'>", "")
+def _wants(t) -> str:
+    """What an annotation takes, in words (for messages)."""
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin is tuple and len(args) == 2 and args[1] is not Ellipsis:
+        return "LO,HI (two integers, e.g. 10,30)"
+    if origin in (tuple, list):
+        item = args[0] if args else str
+        return f"a comma-separated list of {_wants(item).removeprefix('an ').removeprefix('a ')}s" + \
+            (", e.g. 10,20,50" if item is int else "")
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a text"}.get(t, f"a {t}")
 
 
 # ---- files ----------------------------------------------------------------------------------------
@@ -277,9 +285,7 @@ def from_dict(cls_or_cfg: Any, d: dict, *, where: str = "") -> Any:
     for k, value in grouped.items():
         name = f"{where}{k}"
         if k not in fields:
-            close = difflib.get_close_matches(k, list(fields), n=1)
-            hint = f"did you mean '{where}{close[0]}'?" if close else f"use one of {', '.join(fields)}"
-            raise InductionLabError(f"unknown config key {name!r}; {hint}")
+            raise InductionLabError(f"unknown config key {name!r}; {_suggest(cfg, k, where)}")
         f = fields[k]
         if is_nested(f):
             sub = getattr(cfg, k)
@@ -295,6 +301,19 @@ def from_dict(cls_or_cfg: Any, d: dict, *, where: str = "") -> Any:
         else:
             setattr(cfg, k, coerce(value, h[k], f"config key {name!r}"))
     return cfg
+
+
+def _suggest(cfg: Any, key: str, where: str) -> str:
+    """The closest known key to ``key``: a field of this level, or a leaf of a sub-config under its dotted
+    name (``span_length`` -> ``curriculum.span_length``)."""
+    names = {f.name: f.name for f in dataclasses.fields(cfg)}
+    for leaf in leaves(cfg):
+        if len(leaf.path) > 1:
+            names.setdefault(leaf.path[-1], leaf.key)
+    close = difflib.get_close_matches(key, list(names), n=1)
+    if close:
+        return f"did you mean '{where}{names[close[0]]}'?"
+    return "see the config's fields (or the command's --help)"
 
 
 def read_mapping(path: str | Path) -> dict:
