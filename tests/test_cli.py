@@ -27,7 +27,8 @@ def test_analyze_end_to_end(tiny_dir, tmp_path):
             "head_scores.png", "lag_curve.png"} <= files
     res = json.loads((out / "results.json").read_text())
     assert res["model"]["source"] == "local" and res["model"]["sha256"]
-    assert res["params"]["seed"] == 0 and res["params"]["lag"]["n_permutations"] == 3
+    assert res["kind"] == "analyze" and res["params"]["config"]["seed"] == 0
+    assert res["params"]["config"]["lag"]["n_permutations"] == 3
     assert {"torch", "transformers", "python"} <= set(res["versions"])
     assert len(res["heads"]["induction"]) == 2 and len(res["heads"]["induction"][0]) == 8
     top = res["top_induction_heads"]

@@ -6,17 +6,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from inductionlab.studies.bi_induct import STUDY_PRESETS, BiInductStudyConfig, evaluation_config, plan_budgets, \
-    variants_table
+from dataclasses import replace
+
+from inductionlab.studies.bi_induct import cpu_natural, evaluation_config, plan_budgets, train_config, variants_table
 from test_train_helpers import make_corpus
 
 
 def test_cpu_natural_is_the_papers_mix_at_the_laws_batch(tmp_path):
     from inductionlab.train.telemetry import predicted_emergence
 
-    cfg = BiInductStudyConfig(preset="cpu-natural", shards=str(make_corpus(tmp_path)))
+    cfg = replace(cpu_natural(), shards=str(make_corpus(tmp_path)))
     cfg.validate()
-    tc = cfg.train_config("induction", 1, "x")
+    tc = train_config(cfg, "induction", 1, "run")
     assert (tc.global_batch, tc.seq_len, tc.steps, tc.tokens) == (4, 64, 46_875, 12_000_000)
     c = tc.curriculum
     assert (c.m0, c.anneal_tokens, c.span_source, c.span_length_range) == (0.5, 12_000_000, "natural", (6, 14))
@@ -24,11 +25,12 @@ def test_cpu_natural_is_the_papers_mix_at_the_laws_batch(tmp_path):
     assert tc.lr == 3e-3 and tc.min_lr_ratio == 1.0  # constant after warm-up, as in Aoyama et al.'s small runs
     law = predicted_emergence(tc.global_batch, tc.seq_len)
     assert law["tokens"] == pytest.approx(5e5 * np.sqrt(4 * 64)) and law["tokens"] < tc.tokens
-    budgets = plan_budgets(cfg)
+    budgets = plan_budgets(cfg, vocab_size=300)
     assert len(budgets) == 12 and len({str(b) for b in budgets.values()}) == 1       # 4 variants x 3 seeds, iso
-    ev = evaluation_config(cfg.eval_config())
-    assert ev.token_pool == "shards" and ev.recall.n_pairs == 8 and ev.induction.seq_len == 24
-    assert 2 * max(STUDY_PRESETS["cpu-natural"].eval["calibration_lengths"]) + 1 <= 64   # [BOS] S S fits C
+    ev = evaluation_config(cfg, seed=1)
+    assert ev.token_pool == "shards" and ev.recall.n_pairs == 8 and ev.induction.seq_len == 24 and ev.seed == 1
+    assert ev.shards == cfg.shards
+    assert 2 * max(cfg.calibration_lengths) + 1 <= 64   # [BOS] S S fits C
 
 
 def test_variants_table_by_hand():

@@ -15,6 +15,8 @@ from click.testing import CliRunner
 
 from inductionlab.cli import main
 from inductionlab.errors import InductionLabError
+from inductionlab.studies.configs import HeadScoreConfig
+from inductionlab.studies.spec import RunOptions
 from inductionlab.studies.evaluate import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LoadBearingConfig,
                                    PerplexityConfig, ProbeConfig, load_bearing_conditions, parse_variant, run_evaluate)
 from test_train_helpers import make_corpus, run_cli, tiny_flags
@@ -40,7 +42,7 @@ def small_config(**over) -> EvaluateConfig:
                          icl=ICLScoreConfig(n_sequences=3), induction=InductionLossConfig(seq_len=12, n_sequences=4),
                          perplexity=PerplexityConfig(max_tokens=1024),
                          load_bearing=LoadBearingConfig(ablate=("per-layer-2pct",), n_draws=2),
-                         score_seq_len=12, score_batch_size=4)
+                         scores=HeadScoreConfig(seq_len=12, batch_size=4))
     for k, v in over.items():
         setattr(cfg, k, v)
     return cfg
@@ -105,7 +107,7 @@ def test_resume_reuses_finished_pieces(trained, tmp_path):
     from inductionlab.core.models import load_model
     data, run = trained
     lm = load_model(str(run), dtype="float32")
-    cfg = small_config()
+    cfg = small_config(shards=str(data))
 
     class Stop(Exception):
         pass
@@ -115,18 +117,18 @@ def test_resume_reuses_finished_pieces(trained, tmp_path):
             raise Stop
 
     with pytest.raises(Stop):
-        run_evaluate(lm, cfg, tmp_path / "a", shards=data, progress=False, on_checkpoint=stop_after_probes)
+        run_evaluate(lm, cfg, tmp_path / "a", RunOptions(progress=False, on_checkpoint=stop_after_probes))
     assert (tmp_path / "a" / "checkpoints" / "hits" / "intact.npz").is_file()
     written = []
-    res = run_evaluate(lm, cfg, tmp_path / "a", shards=data, progress=False, on_checkpoint=written.append)
+    res = run_evaluate(lm, cfg, tmp_path / "a", RunOptions(progress=False, on_checkpoint=written.append))
     assert "scores" not in written and "hits/intact" not in written      # reused, not recomputed
     assert "icl/intact" in written and "hits_ablated/induction-per-layer-2pct" in written
-    fresh = run_evaluate(lm, cfg, tmp_path / "b", shards=data, progress=False)
+    fresh = run_evaluate(lm, cfg, tmp_path / "b", RunOptions(progress=False))
     pd.testing.assert_frame_equal(res.hits, fresh.hits)
     pd.testing.assert_frame_equal(res.drops, fresh.drops)
     # a third run recomputes nothing
     again = []
-    run_evaluate(lm, cfg, tmp_path / "a", shards=data, progress=False, on_checkpoint=again.append)
+    run_evaluate(lm, cfg, tmp_path / "a", RunOptions(progress=False, on_checkpoint=again.append))
     assert again == []
 
 
@@ -135,6 +137,8 @@ def _refused(args, tmp_path, msg):
     r = CliRunner().invoke(main, ["evaluate", *args, "--out", str(out)])
     assert r.exit_code == 2, r.output
     lines = [line for line in r.output.splitlines() if line.strip()]
+    if lines[0].startswith("Usage:"):                      # click's own check of a choice, before any work
+        lines = [lines[-1].replace("Error: ", "error: ", 1)]
     assert len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], r.output
     assert not out.exists()
 
@@ -145,7 +149,7 @@ def _refused(args, tmp_path, msg):
     (["--ablate", "per-layer-2"], "unknown ablation variant 'per-layer-2'"),
     (["--draws", "0"], "draws 0 must be >= 1"),
     (["--shots", "0,1", "--ablation-shots", "10"], "ablation shots 10 is not among --shots 0,1"),
-    (["--method", "nope"], "unknown ablation method 'nope'"),
+    (["--method", "nope"], "'nope' is not one of 'zero', 'mean', 'sink'"),    # a choice, as in every command
 ])
 def test_bad_options_refused_before_loading(trained, tmp_path, args, msg):
     _refused([str(trained[1]), *SMALL, *args], tmp_path, msg)
@@ -250,10 +254,10 @@ def _evaluate_sharded(run: str, data: str, base: str, dist) -> dict:
     rank = dist.rank if dist is not None else "one"
     lm = load_model(run, dtype="float32")
     cfg = small_config(load_bearing=LoadBearingConfig(ablate=("per-layer-2pct", "top-2"), n_draws=2, method="mean"),
-                       perplexity=PerplexityConfig(max_tokens=1000))       # 15 windows of 64 and a tail of 40
+                       perplexity=PerplexityConfig(max_tokens=1000), shards=str(data))  # 15 windows of 64, a tail of 40
     # recall: its 32 sequences in one batch, so rank 1 has none of it (and must not open the ablation)
     cfg.probes.batch_size, cfg.induction.batch_size, cfg.recall.batch_size = 5, 3, 32
-    res = run_evaluate(lm, cfg, f"{base}/rank{rank}", shards=data, progress=False, dist=dist)
+    res = run_evaluate(lm, cfg, f"{base}/rank{rank}", RunOptions(progress=False, dist=dist))
     return {"hits": res.hits, "drops": res.drops, "icl": res.icl_summary, "rows": res.probe_rows,
             "perplexity": res.perplexity, "scores": res.scores.scores}
 

@@ -15,9 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dataclasses import replace
+
 from inductionlab.errors import InductionLabError
-from inductionlab.studies.bi_induct import (ANTI_NEAR_ZERO, INDUCTION_EFFECT, seed_ci, BiInductStudyConfig, run_bi_induct_study,
-                                            decide)
+from inductionlab.studies.bi_induct import ANTI_NEAR_ZERO, INDUCTION_EFFECT, seed_ci, run_bi_induct_study, decide, tiny
+from inductionlab.studies.spec import RunOptions
 from test_train_helpers import make_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,11 +31,15 @@ def shards(tmp_path_factory):
     return make_corpus(tmp_path_factory.mktemp("corpus"))
 
 
+QUIET = RunOptions(progress=False)
+
+
 @pytest.fixture(scope="module")
 def study(shards, tmp_path_factory):
     """The uninterrupted reference: tiny preset, 4 variants x 2 seeds, 2 jobs."""
     out = tmp_path_factory.mktemp("study") / "s"
-    res = run_bi_induct_study(BiInductStudyConfig(preset="tiny", shards=str(shards), jobs=2), out, progress=False)
+    res = run_bi_induct_study(replace(tiny(), shards=str(shards), jobs=2), out, QUIET)
+    res.out = out                        # where the tests below look
     return res
 
 
@@ -93,15 +99,13 @@ def test_matched_compute_tokens_steps_flops_equal(study):
 def test_budget_mismatch_on_resume_is_refused(study, shards):
     before = (study.out / "study.json").read_text()
     with pytest.raises(InductionLabError, match="different parameters.*tokens"):
-        run_bi_induct_study(BiInductStudyConfig(preset="tiny", shards=str(shards), budget=8192), study.out,
-                            progress=False)
+        run_bi_induct_study(replace(tiny(), shards=str(shards), budget=8192), study.out, QUIET)
     assert (study.out / "study.json").read_text() == before
 
 
 def test_rerun_reuses_every_finished_run(study, shards):
     stamps = {p: p.stat().st_mtime_ns for p in (study.out / "runs").glob("*/run.json")}
-    res = run_bi_induct_study(BiInductStudyConfig(preset="tiny", shards=str(shards), jobs=2), study.out,
-                              progress=False)
+    res = run_bi_induct_study(replace(tiny(), shards=str(shards), jobs=2), study.out, QUIET)
     assert res.record["resumed"] and all(w == 0 for w in res.record["train_wall_s_this_call"].values())
     assert stamps == {p: p.stat().st_mtime_ns for p in (study.out / "runs").glob("*/run.json")}
 
@@ -112,7 +116,7 @@ def test_bad_options_fail_before_writing(tmp_path, shards):
                     (dict(shards=str(shards), budget=100), "less than one update"),
                     (dict(shards=str(shards), preset="huge"), "unknown study preset")):
         with pytest.raises(InductionLabError, match=msg):
-            run_bi_induct_study(BiInductStudyConfig(**{"preset": "tiny", **kw}), tmp_path / "o", progress=False)
+            run_bi_induct_study(replace(tiny(), **kw), tmp_path / "o", QUIET)
     assert not (tmp_path / "o").exists()
 
 
@@ -149,7 +153,7 @@ def test_sigkill_mid_study_then_rerun_equals_uninterrupted(study, shards, tmp_pa
     time.sleep(1.0)                      # the trainer child dies with its parent (PR_SET_PDEATHSIG)
     assert json.loads((second / "run.json").read_text())["status"] == "running"
     finished = (first / "run.json").read_text()
-    res = run_bi_induct_study(BiInductStudyConfig(preset="tiny", shards=str(shards), jobs=2), out, progress=False)
+    res = run_bi_induct_study(replace(tiny(), shards=str(shards), jobs=2), out, QUIET)
     assert (first / "run.json").read_text() == finished                        # reused, not retrained
     assert res.record["train_wall_s_this_call"]["none-s0"] == 0
     assert json.loads((second / "run.json").read_text())["resumed_from_step"] is not None

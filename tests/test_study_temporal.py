@@ -13,12 +13,15 @@ from inductionlab.core.ablation import Condition, ablation_conditions, top_k_hea
 from inductionlab.errors import InductionLabError
 from inductionlab.protocols.lag_probe import LagProbeConfig, LagProbeResult
 from inductionlab.protocols.serial_recall import SerialRecallConfig, SerialRecallResult
+from inductionlab.studies.configs import AblationConfig, HeadScoreConfig
+from inductionlab.studies.spec import RunOptions
 from inductionlab.studies.temporal import TemporalStudyConfig, default_ks, headline_table, run_temporal_study, decide
 
 SMALL = dict(lag=LagProbeConfig(n_permutations=6, list_length=30, cue_position=15),
              recall=SerialRecallConfig(n_trials=4, list_length=6, n_shots=2),
-             ks=[1, 2], n_draws=2, load_bearing_top=2, load_bearing_permutations=4, score_seq_len=20,
-             score_batch_size=4)
+             ablation=AblationConfig(ks=(1, 2), n_draws=2), load_bearing_top=2, load_bearing_permutations=4,
+             scores=HeadScoreConfig(seq_len=20, batch_size=4))
+QUIET = RunOptions(progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +160,7 @@ def test_load_bearing_table_and_concentration_hand_worked():
 
 def test_interrupt_and_resume_equals_uninterrupted(tiny, tmp_path):
     cfg = TemporalStudyConfig(**SMALL)
-    full = run_temporal_study(tiny, cfg, tmp_path / "full", progress=False)
+    full = run_temporal_study(tiny, cfg, tmp_path / "full", QUIET)
 
     seen = []
 
@@ -168,25 +171,28 @@ def test_interrupt_and_resume_equals_uninterrupted(tiny, tmp_path):
 
     out = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
-        run_temporal_study(tiny, cfg, out, progress=False, on_checkpoint=stop)
+        run_temporal_study(tiny, cfg, out, RunOptions(progress=False, on_checkpoint=stop))
     assert not (out / "results.json").exists()
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]   # nothing half-written
     done = sorted(p.relative_to(out / "checkpoints").as_posix() for p in (out / "checkpoints").rglob("*.*"))
     assert len(done) == 5
     again = []
-    run_temporal_study(tiny, cfg, out, progress=False, on_checkpoint=again.append)
+    run_temporal_study(tiny, cfg, out, RunOptions(progress=False, on_checkpoint=again.append))
     assert not set(again) & set(seen)                                  # finished pieces are not recomputed
-    n_conditions = 1 + len(SMALL["ks"]) * (1 + SMALL["n_draws"])
+    n_conditions = 1 + len(SMALL["ablation"].ks) * (1 + SMALL["ablation"].n_draws)
     assert len(seen) + len(again) == 1 + 2 * n_conditions + 2 * SMALL["load_bearing_top"]
-    assert (out / "results.json").read_bytes() == (tmp_path / "full" / "results.json").read_bytes()
-    rec = json.loads((out / "results.json").read_text())
+    rec, first = (json.loads((d / "results.json").read_text()) for d in (out, tmp_path / "full"))
+    assert (rec.pop("resumed"), first.pop("resumed")) == (True, False)
+    rec.pop("timings"), first.pop("timings")
+    assert rec == first
     assert [v["claim"] for v in rec["verdicts"]] == ["A", "B", "C", "D"]
     assert all(v["verdict"] in ("reproduced", "not reproduced") for v in rec["verdicts"])
     assert ["per_k" in v for v in rec["verdicts"]] == [False, True, True, True]
     assert full.lag.probs["intact"].shape == (6, 30)
     # a different configuration in the same directory is refused
     with pytest.raises(InductionLabError, match="different parameters"):
-        run_temporal_study(tiny, TemporalStudyConfig(**{**SMALL, "n_draws": 3}), out, progress=False)
+        run_temporal_study(tiny, TemporalStudyConfig(**{**SMALL, "ablation": AblationConfig(ks=(1, 2), n_draws=3)}), out,
+                           QUIET)
 
 
 def test_cli_end_to_end(tiny_dir, tmp_path):
@@ -195,7 +201,7 @@ def test_cli_end_to_end(tiny_dir, tmp_path):
     out = tmp_path / "run"
     args = ["study", "temporal", "--model", str(tiny_dir), "--out", str(out), "--permutations", "6",
             "--list-length", "30", "--cue-position", "15", "--recall-trials", "4", "--recall-list-length", "6",
-            "--shots", "2", "--n-draws", "2", "--load-bearing-top", "3", "--dtype", "float32", "--no-progress",
+            "--recall-shots", "2", "--n-draws", "2", "--load-bearing-top", "3", "--dtype", "float32", "--no-progress",
             "--method", "mean"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
@@ -205,7 +211,7 @@ def test_cli_end_to_end(tiny_dir, tmp_path):
         assert (out / f).stat().st_size > 0, f
     rec = json.loads((out / "results.json").read_text())
     assert rec["params"]["ks"] == [1, 2, 3, 6]               # 16 heads: default_ks(16)
-    assert rec["params"]["config"]["method"] == "mean"
+    assert rec["params"]["config"]["ablation"]["method"] == "mean"
     lb = rec["load_bearing"]
     assert len(lb["table"]) == 3 and set(lb["concentration"]) == {"lag_plus1", "recall_lag_plus1", "recall_accuracy"}
     assert {"lag_plus1_delta", "recall_lag_plus1_delta", "recall_accuracy_delta"} <= set(lb["table"][0])
@@ -215,10 +221,13 @@ def test_cli_end_to_end(tiny_dir, tmp_path):
     assert [x[:4] for x in lines] == ["(A) ", "(B) ", "(C) ", "(D) "]
     assert lines[0].startswith(f"(A) {rec['verdicts'][0]['verdict']}: the intact lag curve peaks at lag +1 — p(+1) = ")
     # a second invocation resumes: nothing left to compute, same results
-    before = (out / "results.json").read_bytes()
+    before = json.loads((out / "results.json").read_text())
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
-    assert (out / "results.json").read_bytes() == before
+    after = json.loads((out / "results.json").read_text())
+    assert (before.pop("resumed"), after.pop("resumed")) == (False, True)
+    before.pop("timings"), after.pop("timings")
+    assert after == before
     # user mistakes: one line, exit code 2
     r = CliRunner().invoke(main, args[:-2] + ["--ks", "9"])
     assert r.exit_code == 2 and "error:" in r.output and "k=9" in r.output
@@ -241,7 +250,7 @@ def test_cli_bad_input_one_line_nothing_written(tiny_dir, tmp_path, extra, messa
     out = tmp_path / "run"
     args = ["study", "temporal", "--model", str(tiny_dir), "--out", str(out), "--permutations", "6",
             "--list-length", "30", "--cue-position", "15", "--recall-trials", "4", "--recall-list-length", "6",
-            "--shots", "2", "--dtype", "float32", "--no-progress"]
+            "--recall-shots", "2", "--dtype", "float32", "--no-progress"]
     r = CliRunner().invoke(main, args + extra)
     assert r.exit_code == 2, r.output
     err = r.stderr.strip()
