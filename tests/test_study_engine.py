@@ -1,0 +1,151 @@
+"""The study engine: one results header for every study, batch sizes decided by the probe alone, studies
+found by their spec, and a study written as a spec and three functions (a toy, defined in this module)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pytest
+
+from conftest import make_tiny
+from inductionlab.config import opt
+from inductionlab.core.ablation import Condition, top_k_heads
+from inductionlab.core.models import LoadedModel, attention_shape
+from inductionlab.protocols import lag_probe
+from inductionlab.protocols.lag_probe import LagProbeConfig
+from inductionlab.protocols.serial_recall import SerialRecallConfig
+from inductionlab.studies.configs import AblationConfig, HeadScoreConfig
+from inductionlab.studies.engine import HEADER, Phase, Scores, StudyResult, run_study
+from inductionlab.studies.run import Verdict
+from inductionlab.studies.spec import RunOptions, StudySpec, specs
+
+QUIET = RunOptions(progress=False)
+LAG = LagProbeConfig(n_permutations=3, list_length=24, cue_position=12, cues="all:6")
+
+
+@pytest.fixture
+def tiny(word_tokenizer):
+    model = make_tiny("llama", ctx=64)
+    return LoadedModel(model, word_tokenizer, {"name": "tiny", "dtype": "float32", **attention_shape(model.config)})
+
+
+def test_every_study_is_found_by_its_spec():
+    found = {s.command: s for s in specs()}
+    assert set(found) == {"analyze", "evaluate", "study temporal", "study bi-induct"}
+    assert {s.kind for s in found.values()} == {"analyze", "evaluate", "study-temporal", "study-bi-induct"}
+    for s in found.values():                       # the folder is the command's last word, snake case
+        assert s.config.__module__ == f"inductionlab.studies.{s.command.split()[-1].replace('-', '_')}.config"
+        assert all(hasattr(s.impl, f) for f in ("prepare", "phases", "result", "write"))
+
+
+def test_the_four_results_headers_have_one_shape(tiny, tmp_path):
+    from inductionlab.studies.analyze import AnalyzeConfig, analyze
+    from inductionlab.studies.bi_induct import run_bi_induct_study, tiny as tiny_preset
+    from inductionlab.studies.evaluate import EvaluateConfig, InductionLossConfig, LoadBearingConfig, ProbeConfig, \
+        run_evaluate
+    from inductionlab.studies.temporal import TemporalStudyConfig, run_temporal_study
+    from inductionlab.core.models import load_model
+    from inductionlab.runtime.run_dir import final_checkpoint
+    from test_train_helpers import make_corpus
+
+    scores, ablation = HeadScoreConfig(seq_len=8, batch_size=2), AblationConfig(ks=(1,), n_draws=1)
+    recs = {}
+    analyze(tiny, AnalyzeConfig(top=2, scores=scores, ablation=ablation, lag=LAG), tmp_path / "a", QUIET)
+    run_temporal_study(tiny, TemporalStudyConfig(scores=scores, ablation=ablation, lag=LAG, load_bearing_top=0,
+                                                 recall=SerialRecallConfig(n_trials=2, list_length=4, n_shots=1)),
+                       tmp_path / "t", QUIET)
+    (tmp_path / "c").mkdir()
+    shards = make_corpus(tmp_path / "c")
+    run_bi_induct_study(replace(tiny_preset(), shards=str(shards), variants=("none",), seeds=1, evaluate=False),
+                        tmp_path / "b", QUIET)
+    trained = load_model(str(final_checkpoint(tmp_path / "b" / "runs" / "none-s0")), dtype="float32")  # BPE tokens
+    run_evaluate(trained, EvaluateConfig(scores=scores, probes=ProbeConfig(tasks=("copy",), shots=(1,), n_prompts=2),
+                                         induction=InductionLossConfig(seq_len=8, n_sequences=2),
+                                         load_bearing=LoadBearingConfig(ablate=("top-1",), n_draws=1, shots=1)),
+                 tmp_path / "e", QUIET)
+    for k in "ateb":
+        recs[k] = json.loads((tmp_path / k / "results.json").read_text())
+    shapes = {k: [(key, type(r[key]).__name__) for key in list(r)[:len(HEADER)]] for k, r in recs.items()}
+    assert shapes["a"] == shapes["t"] == shapes["e"] == shapes["b"]
+    assert [key for key, _ in shapes["a"]] == list(HEADER)
+    assert [r["kind"] for r in recs.values()] == ["analyze", "study-temporal", "evaluate", "study-bi-induct"]
+    assert recs["a"]["model"]["name"] == recs["t"]["model"]["name"] == "tiny"
+    assert recs["b"]["model"]["name"] == "cpu-micro" and recs["e"]["model"]["source"] == "checkpoint"
+
+
+def test_analyze_and_temporal_size_an_all_cue_lag_batch_the_same_way(tiny, tmp_path, monkeypatch):
+    """The probe alone decides its batch size: both studies ask the same question of free memory."""
+    from inductionlab.studies.analyze import AnalyzeConfig, analyze
+    from inductionlab.studies.temporal import TemporalStudyConfig, run_temporal_study
+
+    asked = []
+
+    def fake_auto(loaded, seq_len, logit_positions=1, cap=64):
+        asked.append((seq_len, logit_positions))
+        return 2
+    monkeypatch.setattr(lag_probe, "auto_batch_size", fake_auto)
+    scores, ablation = HeadScoreConfig(seq_len=8, batch_size=2), AblationConfig(ks=(1,), n_draws=1)
+    analyze(tiny, AnalyzeConfig(top=2, scores=scores, ablation=ablation, lag=LAG), tmp_path / "a", QUIET)
+    from_analyze, asked[:] = list(asked), []
+    run_temporal_study(tiny, TemporalStudyConfig(scores=scores, ablation=ablation, lag=LAG, load_bearing_top=0,
+                                                 recall=SerialRecallConfig(n_trials=2, list_length=4, n_shots=1)),
+                       tmp_path / "t", QUIET)
+    # word tokenizer: BOS + 24 one-token words, each cue one token; cues 1, 7, 13, 19 and the seed cue 12 in one chunk:
+    # the packed forward holds 25 + 5 tokens and reads 5 logit rows (the seed trial would be 26 tokens, 1 row)
+    assert from_analyze and set(from_analyze) == set(asked) == {(25 + 5, 5)}
+
+
+# ---- a toy study: a spec and three functions (no command-line code) -------------------------------
+
+@dataclass
+class ToyConfig:
+    seed: int = opt(0, "Seed of trials and scores.")
+    k: int = opt(2, "Induction heads ablated.")
+
+    def validate(self) -> None:
+        pass
+
+
+TOY = StudySpec("study toy", ToyConfig, "A toy: lag +1 intact and with the top-k induction heads ablated.",
+                module=__name__)
+
+
+@dataclass(kw_only=True)
+class ToyResult(StudyResult):
+    drop: float
+
+
+def prepare(loaded, cfg: ToyConfig):
+    return type("Plan", (), {"params": {"k": cfg.k, "seed": cfg.seed}, "cfg": cfg})()
+
+
+def phases(plan):
+    scores = yield Scores(seq_len=8, batch_size=2, seed=plan.cfg.seed)
+    top = Condition("induction-k", "induction", plan.cfg.k, top_k_heads(scores["induction"], plan.cfg.k))
+    lag = yield Phase("lag", lag_probe.probe(replace(LAG, seed=plan.cfg.seed)), [Condition("intact", "intact"), top],
+                      LAG.n_permutations)
+    return lag
+
+
+def result(plan, lag) -> ToyResult:
+    col = LAG.cue_position                               # lag +1
+    p = {name: float(np.mean(a["probs"][:, col])) for name, a in lag.arrays.items()}
+    drop = p["intact"] - p["induction-k"]
+    verdict = Verdict("A", "reproduced" if drop > 0 else "not reproduced", "drop > 0", f"drop {drop:+.4f}")
+    return ToyResult(drop=drop, verdicts=[verdict], record={"lag_plus1": p})
+
+
+def write(out, res) -> None:
+    (out / "report.md").write_text(f"drop {res.drop:+.4f}\n")
+
+
+def test_a_toy_study_is_a_spec_and_three_functions(tiny, tmp_path):
+    res = run_study(TOY, tiny, ToyConfig(), tmp_path / "toy", QUIET)
+    rec = json.loads((tmp_path / "toy" / "results.json").read_text())
+    assert list(rec)[:len(HEADER)] == list(HEADER) and rec["kind"] == "study-toy"
+    assert rec["params"]["k"] == 2 and rec["lag_plus1"]["intact"] - rec["lag_plus1"]["induction-k"] == res.drop
+    assert (tmp_path / "toy" / "report.md").read_text().startswith("drop ")
+    again = run_study(TOY, tiny, ToyConfig(), tmp_path / "toy", QUIET)          # resumed: pieces loaded
+    assert again.record["resumed"] and again.drop == res.drop
