@@ -14,8 +14,9 @@ from conftest import make_tiny
 from inductionlab.core.ablation import Condition
 from inductionlab.errors import InductionLabError
 from inductionlab.core.instrument import ablate
-from inductionlab.protocols.runner import (REFERENCE_TRIALS, Trials, check_method, forward_logits, last_token_logits,
-                                   model_inputs, needs_reference, pad_left, run_conditions, trim_padding)
+from inductionlab.checks import check_method
+from inductionlab.protocols.runner import (REFERENCE_TRIALS, Trials, forward_logits, last_token_logits, model_inputs,
+                                           needs_reference, pad_left, run_conditions, trim_padding)
 
 
 # -- a toy probe: one build_trials + one measure_batch, nothing else ------------------------------
