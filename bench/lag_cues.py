@@ -61,7 +61,8 @@ def _setup(args):
 def _peak_child(args) -> None:
     """One memory measurement in this (fresh) process: prints the extra peak RSS in bytes."""
     from inductionlab.core.instrument import ablate
-    from inductionlab.protocols.lag_probe import LagProbeConfig, build_trials, measure_batch, packed_cue_batch
+    from inductionlab.protocols.lag_probe import LagProbeConfig, build_trials, measure_batch
+    from inductionlab.protocols.packed import packed_cue_batch
 
     from inductionlab.core.models import load_model
 

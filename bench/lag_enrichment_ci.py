@@ -25,7 +25,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=32)
     ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--far-lag", type=int, default=20)
+    ap.add_argument("--far-lag", type=int, default=None, help="default: LagProbeConfig.far_lag")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -41,7 +41,8 @@ def main() -> None:
     hs = compute_head_scores(lm, names=("induction",), induction_loss=False)
     L, H = hs["induction"].shape
     conds = ablation_conditions(hs["induction"], [args.k], n_draws=1, exclude_top_n=default_exclude_top_n(L * H), seed=0)
-    cfg = LagProbeConfig(n_permutations=args.trials, batch_size=8, far_lag=args.far_lag)
+    cfg = LagProbeConfig(n_permutations=args.trials, batch_size=8,
+                         **({} if args.far_lag is None else {"far_lag": args.far_lag}))
     c0, w0 = time.process_time(), time.perf_counter()
     res = run_lag_probe(lm, conds, cfg)
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
@@ -78,7 +79,7 @@ def main() -> None:
         print(f"| {name} | " + " | ".join(cells) + " |")
     print("\nz ratio (corrected / raw): " + ", ".join(f"{r['measure']}: {r['z_ratio_corrected_over_raw']:.2f}" for r in rows))
     record = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-              "model": lm.identity.get("name"), "trials": args.trials, "k": args.k, "far_lag": args.far_lag,
+              "model": lm.identity.get("name"), "trials": args.trials, "k": args.k, "far_lag": cfg.far_lag,
               "conditions": [c.name for c in conds], "cpu_s": cpu, "wall_s": wall, "rows": rows}
     if args.out:
         with open(args.out, "w") as f:

@@ -65,7 +65,7 @@ def test_log_enrichment_by_hand():
     # word 11 (never far): baseline mean(0.2, 0.2) = 0.2; word 15: far both times, 0.6 → 0
     assert e[1, 0] == pytest.approx(0.0)
     with pytest.raises(ValueError):
-        log_enrichment(probs, ids[:, :5], lags)
+        log_enrichment(probs, ids[:, :5], lags, far_lag=2)
 
 
 def test_prior_model_corrected_curve(word_tokenizer):

@@ -15,8 +15,8 @@ from inductionlab.core.ablation import Condition
 from inductionlab.errors import InductionLabError
 from inductionlab.core.instrument import ablate
 from inductionlab.checks import check_method
-from inductionlab.protocols.runner import (REFERENCE_TRIALS, Trials, forward_logits, last_token_logits,
-                                   model_inputs, needs_reference, pad_left, run_conditions, trim_padding)
+from inductionlab.protocols.runner import (REFERENCE_TRIALS, Trials, forward_logits, last_token_logits, model_inputs,
+                                           needs_reference, pad_left, run_conditions, trim_padding)
 
 
 # -- a toy probe: one build_trials + one measure_batch, nothing else ------------------------------
@@ -146,3 +146,30 @@ def test_reference_batch_from_the_method_table():
     z = [run_conditions(loaded, cond, t, method="zero", batch_size=6, measure_batch=measure_repeat)["L0"]["p_next"]
          for t in (trials, Trials(trials.tensors, reference=other))]
     assert np.array_equal(*z)
+
+
+@pytest.mark.parametrize("takes_keep", [True, False])
+def test_forward_logits_keeps_the_last_positions_or_an_index(takes_keep):
+    """``keep``: an int (the last positions) or an index tensor, through ``logits_to_keep`` where the
+    model takes it and by indexing the full forward where it does not: the same logits."""
+    torch.manual_seed(0)
+    model = make_tiny("llama")
+    ids = torch.randint(10, 200, (2, 9))
+    full = model(input_ids=ids).logits.float()
+    if not takes_keep:
+        class NoKeep(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, input_ids, **kw):
+                if "logits_to_keep" in kw:
+                    raise TypeError("unexpected keyword argument 'logits_to_keep'")
+                return self.inner(input_ids=input_ids, **kw)
+        model = NoKeep(model)
+    with torch.no_grad():
+        last = forward_logits(model, ids, 3)
+        at = forward_logits(model, ids, torch.tensor([6, 2, 4]))
+    assert last.dtype == torch.float32 and last.shape == (2, 3, full.shape[-1])
+    assert torch.allclose(last, full[:, -3:], atol=1e-5)
+    assert at.shape == (2, 3, full.shape[-1]) and torch.allclose(at, full[:, [6, 2, 4]], atol=1e-5)

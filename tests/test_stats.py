@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from inductionlab.core.ablation import Condition
-from inductionlab.measures.stats import Z95, ci, draws_by_k, mean_ci, paired_diff, pooled, pooled_arms, put_ci
+from inductionlab.measures.stats import (Z95, arm_values, ci, draws_by_k, mean_ci, paired_by_k, paired_diff, pooled,
+                                        pooled_arms, put_ci)
 
 
 def test_mean_ci_hand_worked():
@@ -50,3 +51,24 @@ def test_pooling_of_random_draws():
     assert [a[0] for a in arms] == ["intact", "random-5-d0", "random-2-d0", "random-5-d1", "induction-2",
                                     "random-2", "random-5"]
     assert arms[-1] == ("random-5", "random", 5, "mean of 2", ["random-5-d0", "random-5-d1"])
+    assert pooled_arms(conds, draw="pooled")[-1][3] == "pooled"
+
+
+def test_arm_values_and_paired_by_k():
+    conds = [Condition("intact", "intact"), Condition("induction-5", "induction", 5), Condition("random-5-d0", "random", 5, 0),
+             Condition("random-5-d1", "random", 5, 1), Condition("induction-2", "induction", 2)]   # k = 2: no random draw
+    table = {"intact": np.array([9.0, 9.0]), "induction-5": np.array([1.0, 1.0]),
+             "random-5-d0": np.array([0.0, 2.0]), "random-5-d1": np.array([2.0, 6.0]), "induction-2": np.array([7.0, 7.0])}
+    calls = []
+
+    def values(name):
+        calls.append(name)
+        return table[name]
+    arms = arm_values(conds, values)
+    assert [key for key, _ in arms] == [("intact", "intact", 0, "0"), ("induction-5", "induction", 5, "0"),
+                                        ("random-5-d0", "random", 5, "0"), ("random-5-d1", "random", 5, "1"),
+                                        ("induction-2", "induction", 2, "0"), ("random-5", "random", 5, "mean of 2")]
+    assert arms[0][1] is table["intact"] and arms[-1][1].tolist() == [1.0, 4.0]     # per-trial mean over the draws
+    assert sorted(calls) == sorted(table)                                             # each condition computed once
+    (k, ind, rnd), = paired_by_k(conds, table)                                        # only k = 5 has both arms
+    assert k == 5 and ind.tolist() == [1.0, 1.0] and rnd.tolist() == [1.0, 4.0]

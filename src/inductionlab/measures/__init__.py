@@ -2,7 +2,8 @@
 in the style of psifr.
 
 * ``stats`` — 95% CIs over trials, the ``x`` / ``x_ci_low`` / ``x_ci_high`` column convention,
-  pooling of random draws, paired contrasts (SPEC §4).
+  pooling of random draws (``arm_values``), paired contrasts (``paired_by_k``) (SPEC §4).
+* ``lag`` — the lag probe's curve, headline, contrasts and word-prior correction (log-enrichment).
 * ``crp`` — lag-CRP of recall sequences (Kahana 1996).
 * ``serial_position`` — serial-position curves, temporal factor, lag enrichment.
 * ``load_bearing_eval`` — relative / absolute changes under ablation with paired CIs, score concentration.

@@ -20,7 +20,7 @@ Measures (per condition):
   lags −(L−1)…(L−1). Raw probability, and the **word-prior-corrected** curve on
   :func:`cue_log_enrichment` (``log p − log baseline(word)``, nats; a word's baseline is its mean
   probability over the (list, cue) pairs where it sits at ``|lag| > far_lag``, same condition —
-  :func:`inductionlab.protocols.lag_probe.log_enrichment` with the cue as a second trial axis).
+  :func:`inductionlab.measures.lag.log_baseline`, the seed cue's correction with the cue as a second trial axis).
 * :func:`serial_position_measures` — the **serial-position curve**: p(lag +1), p(lag −1),
   p(lag 0) and the list mass at each cue position (primacy / recency), CI over lists.
 * :func:`band_edges` + :func:`lag_crp_bands` — the **lag-CRP by cue-position band**: the
@@ -43,7 +43,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .stats import Z95, draws_by_k, mean_ci, pooled_arms, put_ci
+from .lag import FLOOR, log_baseline
+from .stats import Z95, arm_values, mean_ci, paired_by_k, put_ci
 
 N_BANDS = 10            # decision: cue-position bands of the lag-CRP heat map (10 = deciles of a full list)
 BAND_MAX_LAG = 50       # decision: lags kept in lag_crp_bands.csv (|lag| ≤ 50; the figure shows ±10)
@@ -112,14 +113,14 @@ def renormalise(c, v: np.ndarray) -> np.ndarray:
         return v / v.sum(1, keepdims=True)
 
 
-def cue_log_enrichment(cue_probs, list_ids, cue_positions, far_lag: int = 20,
-                       floor: float = 1e-30):
+def cue_log_enrichment(cue_probs, list_ids, cue_positions, far_lag: int, floor: float = FLOOR):
     """Word-prior correction of the all-cue probe, as a ``transform`` for :func:`by_lag`.
 
     A word's baseline is its mean probability over the (list, cue, position) triples where it
     sits at ``|lag| > far_lag`` from the cue (a word never that far: all its triples), within
-    the condition; the transform returns ``log max(p, floor) − log max(baseline(word), floor)``
-    (nats). Computed cue by cue, so memory stays at ``[n_trials, L]`` float64.
+    the condition (:func:`inductionlab.measures.lag.log_baseline`, the seed cue's correction with the
+    cue as a second trial axis); the transform returns ``log max(p, floor) − log max(baseline(word), floor)``
+    (nats). Memory stays at ``[n_trials, L]`` float64.
 
     Args:
         cue_probs: ``[n_trials, n_cues, L]`` one condition; list_ids: ``[n_trials, L]`` word ids.
@@ -130,20 +131,8 @@ def cue_log_enrichment(cue_probs, list_ids, cue_positions, far_lag: int = 20,
     ids = np.asarray(list_ids)
     if ids.shape != (p.shape[0], p.shape[2]):
         raise ValueError(f"list_ids {ids.shape} do not match cue_probs {p.shape} ([n_trials, list_length])")
-    uniq, inv = np.unique(ids, return_inverse=True)
-    inv = inv.reshape(ids.shape)
-    n, L = len(uniq), p.shape[2]
-    s_all = np.bincount(inv.ravel(), weights=p.sum(1, dtype=np.float64).ravel(), minlength=n)
-    c_all = np.bincount(inv.ravel(), minlength=n) * len(cp)
-    s_far, c_far = s_all.copy(), c_all.copy()       # far = all − near; near: the 2·far_lag + 1 columns round a cue
-    for c, i in enumerate(cp):
-        a, b = max(0, i - 1 - far_lag), min(L, i + far_lag)
-        near = inv[:, a:b].ravel()
-        s_far -= np.bincount(near, weights=p[:, c, a:b].astype(np.float64).ravel(), minlength=n)
-        c_far -= np.bincount(near, minlength=n)
-    s_far = np.maximum(s_far, 0.0)                  # rounding of the subtraction
-    base = np.where(c_far > 0, s_far / np.maximum(c_far, 1), s_all / np.maximum(c_all, 1))
-    log_base = np.log(np.maximum(base, floor))[inv]
+    lags = np.arange(1, p.shape[2] + 1)[None, :] - cp[:, None]             # [n_cues, L]
+    log_base = log_baseline(p, ids, lags, far_lag, floor)
 
     def transform(c, v):
         return np.log(np.maximum(v, floor)) - log_base
@@ -213,21 +202,6 @@ def band_edges(cue_positions, n_bands: int = N_BANDS) -> list[tuple[int, int]]:
 
 
 # -- tidy tables over a lag-probe result -----------------------------------------------------------
-def _per_arm(res, per_condition) -> list[tuple[tuple, np.ndarray]]:
-    """``[((name, kind, k, draw), per-list values), …]`` over every condition, then the pooled
-    random-k arms (:func:`inductionlab.measures.stats.pooled_arms`), which average their draws per list.
-    ``per_condition(name) -> [n_trials, ...]`` is called once per condition."""
-    cache = {}
-    out = []
-    for name, kind, k, draw, members in pooled_arms(res.conditions):
-        for m in members:
-            if m not in cache:
-                cache[m] = per_condition(m)
-        vals = [cache[m] for m in members]
-        out.append(((name, kind, k, draw), vals[0] if len(vals) == 1 else np.mean(vals, axis=0)))
-    return out
-
-
 def _frame(key, **cols) -> pd.DataFrame:
     name, kind, k, draw = key
     return pd.DataFrame({"condition": name, "kind": kind, "k": k, "draw": draw, **cols})
@@ -245,11 +219,10 @@ def lag_counts(cue_positions, list_length: int, cues=None) -> np.ndarray:
 def _curve_measures(res) -> dict:
     """measure -> ``f(condition name) -> [n_trials, 2L − 1]`` per-list pooled lag curve."""
     cp = np.asarray(res.cue_positions)
-    far = getattr(res.config, "far_lag", 20)
     out = {"prob": lambda n: by_lag(res.cue_probs[n], cp)[1]}
     if getattr(res, "list_ids", None) is not None:
         out["log_enrichment"] = lambda n: by_lag(
-            res.cue_probs[n], cp, transform=cue_log_enrichment(res.cue_probs[n], res.list_ids, cp, far))[1]
+            res.cue_probs[n], cp, transform=cue_log_enrichment(res.cue_probs[n], res.list_ids, cp, res.config.far_lag))[1]
     return out
 
 
@@ -265,7 +238,7 @@ def lag_cues_curve(res) -> pd.DataFrame:
     ok = counts > 0
     rows = []
     for measure, f in _curve_measures(res).items():
-        for key, v in _per_arm(res, f):
+        for key, v in arm_values(res.conditions, f):
             m, half = mean_ci(v)
             rows.append(_frame(key, measure=measure, lag=lags[ok], mean=m[ok], ci_low=(m - half)[ok],
                                ci_high=(m + half)[ok], n_lists=v.shape[0], n_cues=counts[ok]))
@@ -291,7 +264,7 @@ def serial_position(res) -> pd.DataFrame:
         return sp[n]
     rows = []
     for measure in (*SERIAL_MEASURES, "list_mass"):
-        for key, v in _per_arm(res, lambda n: measures(n)[measure]):
+        for key, v in arm_values(res.conditions, lambda n: measures(n)[measure]):
             m, half = mean_ci(v)
             ok = ~np.isnan(m)
             rows.append(_frame(key, measure=measure, cue_position=cp[ok], mean=m[ok], ci_low=(m - half)[ok],
@@ -316,8 +289,8 @@ def lag_crp_bands(res, n_bands: int = N_BANDS, max_lag: int | None = BAND_MAX_LA
         sel = np.flatnonzero((cp >= first) & (cp <= last))
         counts = lag_counts(cp, L, sel)
         ok = (counts > 0) & (np.abs(lags) <= (max_lag if max_lag is not None else L))
-        raw = _per_arm(res, lambda n: by_lag(res.cue_probs[n], cp, cues=sel)[1])
-        ren = _per_arm(res, lambda n: by_lag(res.cue_probs[n], cp, cues=sel, transform=renormalise)[1])
+        raw = arm_values(res.conditions, lambda n: by_lag(res.cue_probs[n], cp, cues=sel)[1])
+        ren = arm_values(res.conditions, lambda n: by_lag(res.cue_probs[n], cp, cues=sel, transform=renormalise)[1])
         for (key, v), (_, vr) in zip(raw, ren):
             (m, h), (mr, hr) = mean_ci(v), mean_ci(vr)
             rows.append(_frame(key, band=b, band_first=first, band_last=last, lag=lags[ok], mean=m[ok],
@@ -337,7 +310,7 @@ def temporal_factor(res) -> pd.DataFrame:
     with ``n_lists`` and ``n_cues`` (cues that have a lag +1). Pooled random-k rows included."""
     n_cues = int(np.sum(np.asarray(res.cue_positions) < res.config.list_length))
     rows = []
-    for (name, kind, k, draw), v in _per_arm(res, lambda n: _tf_per_list(res, n)):
+    for (name, kind, k, draw), v in arm_values(res.conditions, lambda n: _tf_per_list(res, n)):
         rows.append(put_ci({"condition": name, "kind": kind, "k": k, "draw": draw, "n_lists": len(v),
                             "n_cues": n_cues}, "temporal_factor", v))
     return pd.DataFrame(rows)
@@ -351,20 +324,9 @@ def cue_contrasts(res, lag: int = 1) -> pd.DataFrame:
     col = lag + res.config.list_length - 1
     measures = {m: (lambda n, f=f: f(n)[:, col]) for m, f in _curve_measures(res).items()}
     measures["temporal_factor"] = lambda n: _tf_per_list(res, n)
-    random = draws_by_k(res.conditions)
     rows = []
     for measure, f in measures.items():
-        cache = {}
-
-        def get(n, f=f):
-            if n not in cache:
-                cache[n] = f(n)
-            return cache[n]
-        for k, ind in draws_by_k(res.conditions, "induction").items():
-            if k not in random:
-                continue
-            pi = get(ind[0])
-            pr = np.mean([get(n) for n in random[k]], axis=0)
+        for k, pi, pr in paired_by_k(res.conditions, f):
             m, half = mean_ci(pr - pi)
             rows.append({"k": k, "measure": measure, "lag": lag if measure != "temporal_factor" else np.nan,
                          "induction": float(pi.mean()), "random": float(pr.mean()),
@@ -426,7 +388,7 @@ def cue_json(res, n_bands: int = N_BANDS) -> dict:
                 "clustering": "every measure is reduced per list (mean over its cues) first; mean and 95% CI over lists",
                 "pooled_lag_curve": "per list and lag, mean over the cues at which the lag exists",
                 "log_enrichment": f"log p − log baseline(word), nats; baseline = the word's mean probability over the "
-                                  f"(list, cue) pairs where it sits at |lag| > {getattr(res.config, 'far_lag', 20)}, "
+                                  f"(list, cue) pairs where it sits at |lag| > {res.config.far_lag}, "
                                   "within the condition",
                 "lag_crp_bands": "distribution renormalised over the list words, pooled by lag over a band's cues",
                 "temporal_factor": "percentile rank of the lag +1 word's probability among the list words other than "

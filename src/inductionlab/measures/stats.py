@@ -12,7 +12,7 @@ A measure ``x`` with its CI is written as three columns ``x``, ``x_ci_low``, ``x
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, MutableMapping
+from typing import Callable, Iterable, Mapping, MutableMapping
 
 import numpy as np
 
@@ -75,12 +75,52 @@ def pooled(table: Mapping[str, np.ndarray], names: list[str]) -> np.ndarray:
     return np.mean([table[n] for n in names], axis=0)
 
 
-def pooled_arms(conditions: Iterable, kind: str = "random") -> list[tuple[str, str, int, str, list[str]]]:
+def pooled_arms(conditions: Iterable, kind: str = "random",
+                draw: str | None = None) -> list[tuple[str, str, int, str, list[str]]]:
     """Every condition as its own arm, then one pooled arm per k of ``kind``:
     ``(name, kind, k, draw, member names)``; the pooled arm is named ``<kind>-<k>`` with
-    draw ``"mean of <n>"``."""
+    draw ``"mean of <n>"`` (``draw``: another label for it)."""
     conditions = list(conditions)
     rows = [(c.name, c.kind, c.k, str(c.draw), [c.name]) for c in conditions]
     for k, names in draws_by_k(conditions, kind).items():
-        rows.append((f"{kind}-{k}", kind, k, f"mean of {len(names)}", names))
+        rows.append((f"{kind}-{k}", kind, k, f"mean of {len(names)}" if draw is None else draw, names))
     return rows
+
+
+def _getter(values) -> Callable[[str], np.ndarray]:
+    """``values`` (name -> array, a mapping or a callable) as a callable that computes each name once."""
+    get = values if callable(values) else values.__getitem__
+    cache: dict[str, np.ndarray] = {}
+
+    def once(name: str) -> np.ndarray:
+        if name not in cache:
+            cache[name] = get(name)
+        return cache[name]
+    return once
+
+
+def arm_values(conditions: Iterable, values, kind: str = "random",
+               draw: str | None = None) -> list[tuple[tuple[str, str, int, str], np.ndarray]]:
+    """The arms of :func:`pooled_arms` with their per-trial values: ``[((name, kind, k, draw), values), …]``.
+
+    ``values``: condition name -> ``[n_trials, ...]``, a mapping or a callable (called once per
+    condition). An arm of one member holds that member's array (the same object); a pooled arm the
+    per-trial mean over its members (:func:`pooled`)."""
+    get = _getter(values)
+    out = []
+    for name, knd, k, d, members in pooled_arms(conditions, kind, draw):
+        v = get(members[0]) if len(members) == 1 else pooled({m: get(m) for m in members}, members)
+        out.append(((name, knd, k, d), v))
+    return out
+
+
+def paired_by_k(conditions: Iterable, values) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """``[(k, induction-k values, random-k values), …]`` for every k that has both an induction
+    condition and random draws, by k: the induction arm's ``[n_trials, ...]`` array and the random
+    draws' per-trial mean (:func:`pooled`), for a paired random − induction contrast.
+    ``values``: condition name -> ``[n_trials, ...]``, a mapping or a callable (called once per condition)."""
+    get = _getter(values)
+    conditions = list(conditions)
+    random = draws_by_k(conditions)
+    return [(k, get(ind[0]), pooled({n: get(n) for n in random[k]}, random[k]))
+            for k, ind in draws_by_k(conditions, "induction").items() if k in random]

@@ -3,7 +3,7 @@
 * ``runner`` — :func:`~inductionlab.protocols.runner.run_conditions`: every condition on the same
   :class:`~inductionlab.protocols.runner.Trials` (paired), references for methods that need one,
   residual reuse, torchrun sharding.
-* one module per protocol: ``lag_probe``, ``serial_recall``, ``function_probes`` (with its task
+* one module per protocol: ``lag_probe`` (its all-cue packed forward in ``packed``), ``serial_recall``, ``function_probes`` (with its task
   lists in ``icl_tasks``), ``icl_score`` (ICL score, induction loss, associative recall),
   ``perplexity``, ``load_bearing`` (single-head map), ``lm_eval_tasks`` (the lm-eval bridge).
 

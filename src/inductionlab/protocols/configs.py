@@ -105,7 +105,7 @@ class LagProbeConfig:
         if self.batch_size is not None and self.batch_size < 1:
             raise InductionLabError(f"batch size {self.batch_size} must be at least 1")
         if self.far_lag < 0:
-            raise InductionLabError(f"far lag {self.far_lag} must be at least 0 (the default is 20)")
+            raise InductionLabError(f"far lag {self.far_lag} must be at least 0 (the default is {LagProbeConfig.far_lag})")
         check_method(self.method)
         n_cues = len(self.cue_positions())
         if self.cue_chunk is not None and self.cue_chunk < 1:

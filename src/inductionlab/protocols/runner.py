@@ -177,17 +177,31 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return kw
 
 
-def forward_logits(model, ids: torch.Tensor, keep: int = 1, **inputs: torch.Tensor) -> torch.Tensor:
-    """Logits of the last ``keep`` positions, float32 ``[B, keep, V]``; ``inputs``: the
-    ``attention_mask`` / ``position_ids`` of left-padded trials (:func:`model_inputs`).
+def forward_logits(model, ids: torch.Tensor, keep: int | torch.Tensor = 1, **inputs) -> torch.Tensor:
+    """Float32 logits ``[B, n, V]`` at the kept positions of one forward pass.
 
-    Passes ``logits_to_keep`` so the LM head runs on ``keep`` positions only (transformers ≥ 4.45);
-    falls back to the full forward for architectures without it."""
+    Args:
+        ids: ``[B, T]`` input ids.
+        keep: an int: the last ``keep`` positions (``n = keep``); a LongTensor ``[n]``: those
+            positions, in that order.
+        inputs: the other keywords of the forward: the ``attention_mask`` / ``position_ids`` of
+            left-padded trials (:func:`model_inputs`), a packed forward's 4-D mask.
+
+    Passes ``keep`` as ``logits_to_keep`` (transformers ≥ 4.45 takes an int or an index tensor), so the
+    LM head runs on the kept positions only; an architecture without it (TypeError), or one that
+    returns another number of positions, gets the full forward and the kept positions read from it.
+    """
+    index = torch.is_tensor(keep)
+    n = len(keep) if index else keep
     try:
         out = model(input_ids=ids, logits_to_keep=keep, **inputs).logits
     except TypeError:  # architectures without logits_to_keep
-        out = model(input_ids=ids, **inputs).logits
-    return out[:, -keep:].float()
+        out = None
+    if out is None or out.shape[1] != n:
+        if out is None or out.shape[1] != ids.shape[1]:
+            out = model(input_ids=ids, **inputs).logits
+        out = out[:, keep] if index else out[:, -keep:]
+    return out.float()
 
 
 def auto_batch_size(loaded, seq_len: int, logit_positions: int = 1, cap: int = 64) -> int:

@@ -65,7 +65,7 @@ def corrected_lines(lag) -> list[str]:
     paired random − induction contrast; none when the result has no word ids."""
     if not lag.has_corrected:
         return []
-    far = getattr(lag.config, "far_lag", 20)
+    far = lag.config.far_lag
     hl = lag.headline()
     lines = ["", f"Word-prior-corrected lag +1: log-enrichment = log p(word at lag +1) − log baseline(word), "
              f"baseline = the word's mean probability over the trials where it sits at |lag| > {far} "
