@@ -49,7 +49,7 @@ ANALYZE_FAST = ["--n-permutations", "3", "--list-length", "30", "--cue-position"
                 "--score-seq-len", "8", "--score-batch-size", "2", "--top", "3", "--quiet", "--dtype", "float32"]
 TEMPORAL_FAST = ["--permutations", "3", "--list-length", "30", "--cue-position", "15", "--ks", "1,2", "--n-draws", "2",
                  "--score-seq-len", "8", "--score-batch-size", "2", "--recall-trials", "2", "--recall-list-length", "5",
-                 "--shots", "1", "--load-bearing-top", "2", "--dtype", "float32", "--no-progress"]
+                 "--recall-shots", "1", "--load-bearing-top", "2", "--dtype", "float32", "--no-progress"]
 
 # name -> callable(model, out) -> arguments. Hook: a new command that loads a model (`evaluate`) adds its tiny
 # fast run here and then shares every output-path, model-input and device case below; one built from the
@@ -122,7 +122,7 @@ ANALYZE_NUMERIC = [(["--top", "0"], "--top"), (["--top", "-1"], "--top"), (["--t
 TEMPORAL_NUMERIC = [
     (["--recall-trials", "0"], "recall"), (["--recall-trials", "-1"], "recall"),
     (["--recall-list-length", "1"], "recall"), (["--recall-list-length", "0"], "recall"),
-    (["--shots", "-1"], "shots"), (["--recall-list-length", "3000"], "word pool too small"),
+    (["--recall-shots", "-1"], "shots"), (["--recall-list-length", "3000"], "word pool too small"),
     (["--recall-list-length", "200"], "context"),
     (["--load-bearing-top", "-1"], "load.bearing.top"), (["--recall-trials", str(10 ** 12)], "--recall-trials .* GiB"),
     (["--load-bearing-permutations", "1"], "load.bearing.permutations"),
@@ -165,13 +165,15 @@ def test_huge_numbers(tmp_path, corpus, command, extra, pattern):
 
 @pytest.mark.parametrize("config", [AnalyzeConfig, TemporalStudyConfig])
 @pytest.mark.parametrize("kw, pattern", [
-    ({"score_seq_len": 0}, "score.seq.len"), ({"score_batch_size": 0}, "score.batch.size"),
-    ({"n_draws": -1}, "n.draws"), ({"ks": [0]}, "ks"), ({"ks": [5, 5]}, "repeats a k"), ({"seed": -1}, "seed"),
-    ({"exclude_top_n": -1}, "exclude.top.n"), ({"method": "bogus"}, "method"),
+    ({"scores.seq_len": 0}, "score.seq.len"), ({"scores.batch_size": 0}, "score.batch.size"),
+    ({"ablation.n_draws": -1}, "n.draws"), ({"ablation.ks": (0,)}, "ks"), ({"ablation.ks": (5, 5)}, "repeats a k"),
+    ({"seed": -1}, "seed"), ({"ablation.exclude_top_n": -1}, "exclude.top.n"), ({"ablation.method": "bogus"}, "method"),
 ])
 def test_configs_validate_themselves(config, kw, pattern):
+    from inductionlab.config import from_dict
+
     with pytest.raises(InductionLabError, match=re.compile(pattern, re.I)):
-        config(**kw).validate()
+        from_dict(config, kw).validate()
 
 
 # -- output paths: checked before anything is loaded, for every command that writes ---------------------
@@ -370,9 +372,12 @@ def test_analyze_records_the_dtype_that_ran(tmp_path, model_dir):
 
     loaded = load_model(str(model_dir), dtype="float32")
     loaded.model.to(torch.bfloat16)           # the identity still says float32
-    cfg = AnalyzeConfig(ks=(1,), n_draws=1, top=2, score_seq_len=8, score_batch_size=2,
+    from inductionlab.studies.configs import AblationConfig, HeadScoreConfig
+    from inductionlab.studies.spec import RunOptions
+
+    cfg = AnalyzeConfig(ablation=AblationConfig(ks=(1,), n_draws=1), top=2, scores=HeadScoreConfig(seq_len=8, batch_size=2),
                         lag=LagProbeConfig(n_permutations=2, list_length=20, cue_position=10))
-    res = analyze(loaded, cfg, tmp_path / "out", progress=False)
+    res = analyze(loaded, cfg, tmp_path / "out", RunOptions(progress=False))
     rec = json.loads((tmp_path / "out" / "results.json").read_text())
     assert rec["model"]["dtype"] == "bfloat16" and res.record["model"]["dtype"] == "bfloat16"
     assert "dtype" not in rec["params"] or rec["params"]["dtype"] == "bfloat16"

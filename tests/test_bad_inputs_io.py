@@ -25,6 +25,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from inductionlab.studies.configs import AblationConfig, HeadScoreConfig
+from inductionlab.studies.spec import RunOptions
 from click.testing import CliRunner
 
 from _tiny import tiny_llama_dir
@@ -163,20 +166,23 @@ def test_api_refuses_an_output_holding_an_input(tmp_path, model_dir, corpus):
     from inductionlab.studies.analyze import AnalyzeConfig, analyze
     from inductionlab.protocols.lag_probe import LagProbeConfig
     from inductionlab.core.models import load_model
-    from inductionlab.studies.bi_induct import BiInductStudyConfig, run_bi_induct_study
+    from dataclasses import replace
+
+    from inductionlab.studies.bi_induct import cpu_control, run_bi_induct_study
 
     model = _copy(model_dir, tmp_path / "work" / "m")
     loaded = load_model(str(model), dtype="float32")
-    cfg = AnalyzeConfig(ks=(1,), n_draws=1, top=2, score_seq_len=8, score_batch_size=2,
+    cfg = AnalyzeConfig(ablation=AblationConfig(ks=(1,), n_draws=1), top=2,
+                        scores=HeadScoreConfig(seq_len=8, batch_size=2),
                         lag=LagProbeConfig(n_permutations=2, list_length=20, cue_position=10))
     before = _snapshot(tmp_path)
     with pytest.raises(InductionLabError, match="contains the input"):
-        analyze(loaded, cfg, tmp_path / "work", overwrite=True, progress=False)
+        analyze(loaded, cfg, tmp_path / "work", RunOptions(overwrite=True, progress=False))
     corp = _copy(corpus, tmp_path / "c" / "corp")
     before = _snapshot(tmp_path)
     with pytest.raises(InductionLabError, match="is the input"):
-        run_bi_induct_study(BiInductStudyConfig(shards=str(corp), seeds=1, variants=("none", "induction")), corp,
-                            overwrite=True, progress=False)
+        run_bi_induct_study(replace(cpu_control(), shards=str(corp), seeds=1, variants=("none", "induction")), corp,
+                            RunOptions(overwrite=True, progress=False))
     assert _snapshot(tmp_path) == before
 
 
@@ -216,18 +222,19 @@ def test_api_resume_with_another_model_refused(tmp_path, model_dir, other_model_
     from inductionlab.protocols.lag_probe import LagProbeConfig
     from inductionlab.core.models import load_model
 
-    cfg = AnalyzeConfig(ks=(1,), n_draws=1, top=2, score_seq_len=8, score_batch_size=2,
+    cfg = AnalyzeConfig(ablation=AblationConfig(ks=(1,), n_draws=1), top=2,
+                        scores=HeadScoreConfig(seq_len=8, batch_size=2),
                         lag=LagProbeConfig(n_permutations=2, list_length=20, cue_position=10))
     a = load_model(str(model_dir), dtype="float32")
-    first = analyze(a, cfg, tmp_path / "out", progress=False)
+    first = analyze(a, cfg, tmp_path / "out", RunOptions(progress=False))
     assert first.record["params"]["model"]["sha256"] == a.identity["sha256"]
     with pytest.raises(InductionLabError, match=r"another model \(.*model\.sha256"):
-        analyze(load_model(str(other_model_dir), dtype="float32"), cfg, tmp_path / "out", progress=False)
+        analyze(load_model(str(other_model_dir), dtype="float32"), cfg, tmp_path / "out", RunOptions(progress=False))
     a.model.to(torch.bfloat16)                  # loaded as float32, cast after: the dtype that runs counts
     with pytest.raises(InductionLabError, match=r"another model \(model\.dtype\)"):
-        analyze(a, cfg, tmp_path / "out", progress=False)
+        analyze(a, cfg, tmp_path / "out", RunOptions(progress=False))
     a.model.to(torch.float32)
-    assert analyze(a, cfg, tmp_path / "out", progress=False).record["heads"] == first.record["heads"]   # resumes
+    assert analyze(a, cfg, tmp_path / "out", RunOptions(progress=False)).record["heads"] == first.record["heads"]   # resumes
 
 
 @pytest.mark.slow
@@ -384,10 +391,11 @@ def test_api_unreachable_output_is_a_clear_error(tmp_path, model_dir):
     from inductionlab.protocols.lag_probe import LagProbeConfig
     from inductionlab.core.models import load_model
 
-    cfg = AnalyzeConfig(ks=(1,), n_draws=1, top=2, score_seq_len=8, score_batch_size=2,
+    cfg = AnalyzeConfig(ablation=AblationConfig(ks=(1,), n_draws=1), top=2,
+                        scores=HeadScoreConfig(seq_len=8, batch_size=2),
                         lag=LagProbeConfig(n_permutations=2, list_length=20, cue_position=10))
     with pytest.raises(InductionLabError, match=r"ELOOP"):
-        analyze(load_model(str(model_dir), dtype="float32"), cfg, _loop(tmp_path) / "out", progress=False)
+        analyze(load_model(str(model_dir), dtype="float32"), cfg, _loop(tmp_path) / "out", RunOptions(progress=False))
 
 
 @pytest.fixture

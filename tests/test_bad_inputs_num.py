@@ -21,6 +21,7 @@ import torch
 
 from inductionlab.core.ablation import Condition
 from inductionlab.cli import main
+from inductionlab.cli.generate import LeafType
 from inductionlab.cli.options import _Number
 from inductionlab.errors import InductionLabError
 from test_bad_inputs import _args, corpus, model_dir, refused  # noqa: F401  (fixtures)
@@ -42,8 +43,9 @@ COMMANDS = dict(_commands())
 def _numeric(cmd) -> list[tuple[str, str]]:
     """(flag, "integer" | "float") of every numeric option of a command."""
     return [(p.opts[0], "float" if isinstance(p.type, click.types.FloatParamType) or getattr(p.type, "kind", None)
-             is float else "integer") for p in cmd.params
-            if isinstance(p.type, (click.types.IntParamType, click.types.FloatParamType, _Number))]
+             is float or p.type.name == "float" else "integer") for p in cmd.params
+            if isinstance(p.type, (click.types.IntParamType, click.types.FloatParamType, _Number))
+            or isinstance(p.type, LeafType) and p.type.name in ("integer", "float")]
 
 
 def _base(command: str, tmp_path, model, corpus) -> list:
@@ -99,7 +101,7 @@ RANGES = [
     ("analyze", ["--n-draws", "1000000000"], "--n-draws 1,000,000,000: at most 1,000"),
     ("study temporal", ["--n-draws", "1000000000"], "--n-draws 1,000,000,000: at most 1,000"),
     ("study temporal", ["--load-bearing-top", "1000000000"], "--load-bearing-top 1,000,000,000 exceeds the model's 8"),
-    ("study bi-induct", ["--budget", "nan"], "--budget must be a finite number"),
+    ("study bi-induct", ["--budget", "nan"], "'nan' is not a valid integer"),
     ("study bi-induct", ["--budget", "1e300"], "64-bit"),
     ("study bi-induct", ["--budget", "-5"], "--budget"),
     ("study bi-induct", ["--seeds", "1000000000"], "--seeds 1,000,000,000: at most 1000"),
@@ -126,23 +128,24 @@ def _configs():
     from inductionlab.studies.evaluate import EvaluateConfig, ICLScoreConfig, LoadBearingConfig, ProbeConfig
     from inductionlab.protocols.lag_probe import LagProbeConfig
     from inductionlab.protocols.serial_recall import SerialRecallConfig
+    from inductionlab.studies.configs import AblationConfig
     from inductionlab.studies.temporal import TemporalStudyConfig
 
     return [
         (LagProbeConfig(n_permutations=2 ** 70), InductionLabError, "--n-permutations .*64-bit"),
         (LagProbeConfig(n_permutations=3.5), TypeError, "--n-permutations must be an integer"),
         (LagProbeConfig(far_lag="20"), TypeError, "--far-lag must be an integer"),
-        (SerialRecallConfig(n_trials=True), TypeError, "--n-trials must be an integer"),
-        (AnalyzeConfig(n_draws=10 ** 9), InductionLabError, "at most 1,000"),
-        (AnalyzeConfig(ks=(5, 2 ** 64)), InductionLabError, "--ks .*64-bit"),
+        (SerialRecallConfig(n_trials=True), TypeError, "--recall-trials must be an integer"),
+        (AnalyzeConfig(ablation=AblationConfig(n_draws=10 ** 9)), InductionLabError, "at most 1,000"),
+        (AnalyzeConfig(ablation=AblationConfig(ks=(5, 2 ** 64))), InductionLabError, "--ks .*64-bit"),
         (AnalyzeConfig(lag={"n_permutations": 3}), TypeError, "AnalyzeConfig.lag must be a LagProbeConfig"),
-        (TemporalStudyConfig(n_draws=5000), InductionLabError, "at most 1,000"),
+        (TemporalStudyConfig(ablation=AblationConfig(n_draws=5000)), InductionLabError, "at most 1,000"),
         (TemporalStudyConfig(recall={}), TypeError, "TemporalStudyConfig.recall must be a SerialRecallConfig"),
         (EvaluateConfig(seed=-1), InductionLabError, "--seed -1"),
         (EvaluateConfig(seed=2 ** 63), InductionLabError, "--seed"),
         (EvaluateConfig(load_bearing=LoadBearingConfig(n_draws=10 ** 6)), InductionLabError, "--draws .* at most"),
         (EvaluateConfig(probes=ProbeConfig(n_prompts=10 ** 9)), InductionLabError, "--prompts .* GiB"),
-        (EvaluateConfig(icl=ICLScoreConfig(n_sequences=float("nan"))), TypeError, "--icl-n-sequences"),
+        (EvaluateConfig(icl=ICLScoreConfig(n_sequences=float("nan"))), TypeError, "--icl-sequences"),
         (EvaluateConfig(probes={"n_prompts": 3}), TypeError, "EvaluateConfig.probes must be a ProbeConfig"),
     ]
 
@@ -156,12 +159,14 @@ def test_configs_refuse_the_same_numbers(i):
 
 
 def test_bi_induct_config_refuses_numbers(corpus):
-    from inductionlab.studies.bi_induct import BiInductStudyConfig
+    from dataclasses import replace
+
+    from inductionlab.studies.bi_induct import tiny
 
     for kw, pattern in ((dict(budget=2 ** 70), "64-bit"), (dict(budget=-1), "--budget"),
                         (dict(seeds=10 ** 6), "at most 1000"), (dict(jobs=10 ** 6), "CPUs")):
         with pytest.raises(InductionLabError, match=pattern):
-            BiInductStudyConfig(preset="tiny", shards=str(corpus), **kw).validate()
+            replace(tiny(), shards=str(corpus), **kw).validate()
 
 
 # -- kind 8: conflicting options refused with one line -------------------------------------------
@@ -244,7 +249,8 @@ def test_run_lag_probe_types(loaded):
         run_lag_probe(None, intact, _small_lag())
     with pytest.raises(TypeError, match="bare model"):
         run_lag_probe(loaded.model, intact, _small_lag())
-    with pytest.raises(TypeError, match=r"cfg must be a LagProbeConfig, got dict; build one with LagProbeConfig\(\*\*"):
+    with pytest.raises(TypeError, match=r"cfg must be a LagProbeConfig, got dict; build one with "
+                                        r"inductionlab.config.from_dict\(LagProbeConfig, your_dict\)"):
         run_lag_probe(loaded, intact, dataclasses.asdict(_small_lag()))
     with pytest.raises(InductionLabError, match="conditions is empty"):
         run_lag_probe(loaded, [], _small_lag())
@@ -368,6 +374,7 @@ def test_training_entry_points_refuse_a_dict(tmp_path, corpus):
 
     with pytest.raises(TypeError, match=r"train: cfg must be a TrainConfig, got dict; build one with .*config_from_dict"):
         train(dataclasses.asdict(TrainConfig(data=str(corpus), out=str(tmp_path / "t"))))
-    with pytest.raises(TypeError, match="run_bi_induct_study: cfg must be a BiInductStudyConfig, got dict"):
+    with pytest.raises(TypeError, match="study-bi-induct: cfg must be a BiInductStudyConfig, got dict; build one with "
+                                        "inductionlab.config.from_dict"):
         run_bi_induct_study({"preset": "tiny", "shards": str(corpus)}, tmp_path / "s")
     assert list(tmp_path.iterdir()) == []

@@ -161,7 +161,8 @@ FAST = ["--n-permutations", "5", "--list-length", "24", "--cue-position", "12", 
 
 
 def _numbers(res: dict) -> dict:
-    return {k: v for k, v in res.items() if k not in ("timings", "versions", "distributed")}
+    """results.json less what differs between two equal runs: times, versions, the processes, a resume."""
+    return {k: v for k, v in res.items() if k not in ("timings", "versions", "distributed", "resumed")}
 
 
 @pytest.mark.slow
@@ -236,7 +237,7 @@ def test_study_temporal_under_torchrun_equals_one_process(tmp_path):
 
     model = tiny_llama_dir(tmp_path / "model", n_layers=2)
     args = ["--model", model, "--permutations", "5", "--list-length", "30", "--cue-position", "15",
-            "--recall-trials", "3", "--recall-list-length", "6", "--shots", "1", "--ks", "1,2", "--n-draws", "1",
+            "--recall-trials", "3", "--recall-list-length", "6", "--recall-shots", "1", "--ks", "1,2", "--n-draws", "1",
             "--load-bearing-top", "2", "--batch-size", "2", "--score-batch-size", "3", "--dtype", "float32",
             "--threads", "1", "--quiet", "--method", "mean"]
     one = CliRunner().invoke(main, ["study", "temporal", "--out", str(tmp_path / "one"), *map(str, args)])

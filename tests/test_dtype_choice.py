@@ -250,19 +250,22 @@ def test_study_temporal_resume_in_another_dtype_is_refused(cpu, tiny_dir, tmp_pa
     from inductionlab.protocols.lag_probe import LagProbeConfig
     from inductionlab.core.models import load_model
     from inductionlab.protocols.serial_recall import SerialRecallConfig
+    from inductionlab.studies.configs import AblationConfig, HeadScoreConfig
+    from inductionlab.studies.spec import RunOptions
     from inductionlab.studies.temporal import TemporalStudyConfig, run_temporal_study
 
     cfg = TemporalStudyConfig(lag=LagProbeConfig(n_permutations=2, list_length=20, cue_position=10),
-                              recall=SerialRecallConfig(n_trials=2, list_length=4, n_shots=1), ks=[1], n_draws=1,
-                              load_bearing_top=0, score_seq_len=8, score_batch_size=2)
+                              recall=SerialRecallConfig(n_trials=2, list_length=4, n_shots=1),
+                              ablation=AblationConfig(ks=(1,), n_draws=1), load_bearing_top=0,
+                              scores=HeadScoreConfig(seq_len=8, batch_size=2))
     cpu(AMD, 2.4)
     lines: list = []
-    first = run_temporal_study(load_model(str(tiny_dir)), cfg, tmp_path / "s", progress=False, log=lines.append)
+    first = run_temporal_study(load_model(str(tiny_dir)), cfg, tmp_path / "s", RunOptions(progress=False, log=lines.append))
     assert lines == ["dtype bfloat16 (auto: cpu avx512_bf16: bf16 matmul 2.4x fp32 (probe 0.05 s))"]
     assert first.record["model"]["dtype_choice"]["dtype"] == "bfloat16"
     assert first.record["params"]["model"]["dtype"] == "bfloat16"
     cpu(AMD, 2.9)                                                    # same dtype, other timings: resumes
-    again = run_temporal_study(load_model(str(tiny_dir)), cfg, tmp_path / "s", progress=False)
+    again = run_temporal_study(load_model(str(tiny_dir)), cfg, tmp_path / "s", RunOptions(progress=False))
     assert again.record["params"] == first.record["params"]
     with pytest.raises(InductionLabError, match=r"another model \(model\.dtype\)"):
-        run_temporal_study(load_model(str(tiny_dir), dtype="float32"), cfg, tmp_path / "s", progress=False)
+        run_temporal_study(load_model(str(tiny_dir), dtype="float32"), cfg, tmp_path / "s", RunOptions(progress=False))

@@ -238,14 +238,18 @@ def test_analyze_all_cues_keeps_the_seed_headline_and_stores_the_cues(word_token
 
     model = make_tiny("llama", ctx=64)
     lm = LoadedModel(model, word_tokenizer, {"name": "tiny", "dtype": "float32", **attention_shape(model.config)})
+    from inductionlab.studies.configs import AblationConfig, HeadScoreConfig
+    from inductionlab.studies.spec import RunOptions
+
     assert AnalyzeConfig().lag.cues == "all:10" and LagProbeConfig().cues == "seed"
 
     def cfg(cues):
-        return AnalyzeConfig(ks=(1,), n_draws=1, score_seq_len=8, score_batch_size=4, top=3, method="zero",
-                             lag=LagProbeConfig(n_permutations=3, list_length=24, cue_position=12, batch_size=2, cues=cues))
+        return AnalyzeConfig(ablation=AblationConfig(ks=(1,), n_draws=1), scores=HeadScoreConfig(seq_len=8, batch_size=4),
+                             top=3, lag=LagProbeConfig(n_permutations=3, list_length=24, cue_position=12, batch_size=2,
+                                                       cues=cues))
 
-    seed = analyze(lm, cfg("seed"), tmp_path / "seed", progress=False)
-    allc = analyze(lm, cfg("all"), tmp_path / "all", progress=False)
+    seed = analyze(lm, cfg("seed"), tmp_path / "seed", RunOptions(progress=False))
+    allc = analyze(lm, cfg("all"), tmp_path / "all", RunOptions(progress=False))
     a, b = seed.lag.headline(), allc.lag.headline()
     assert list(a["condition"]) == list(b["condition"])
     np.testing.assert_allclose(a["lag_plus1"], b["lag_plus1"], atol=TOL)
@@ -254,7 +258,7 @@ def test_analyze_all_cues_keeps_the_seed_headline_and_stores_the_cues(word_token
         assert z["cue_probs/intact"].shape == (3, 24, 24) and list(z["cue_positions"]) == list(range(1, 25))
         np.testing.assert_array_equal(z["cue_probs/intact"], allc.lag.cue_probs["intact"])
         assert z["cue_argmax_lag/intact"].shape == z["cue_list_mass/intact"].shape == (3, 24)
-    again = analyze(lm, cfg("all"), tmp_path / "all", progress=False)          # the same directory again
+    again = analyze(lm, cfg("all"), tmp_path / "all", RunOptions(progress=False))          # the same directory again
     for c in allc.lag.cue_probs:
         np.testing.assert_array_equal(again.lag.cue_probs[c], allc.lag.cue_probs[c])
     assert again.record["lag_probe"]["cues"]["n_cues"] == 24

@@ -31,8 +31,11 @@ def test_top_induction_head_and_main_job(smol, tmp_path):
     from inductionlab.studies.analyze import AnalyzeConfig, analyze
     from inductionlab.protocols.lag_probe import LagProbeConfig
 
-    cfg = AnalyzeConfig(ks=(5,), n_draws=1, lag=LagProbeConfig(n_permutations=2, batch_size=2))
-    res = analyze(smol, cfg, tmp_path / "run", progress=False)
+    from inductionlab.studies.configs import AblationConfig
+    from inductionlab.studies.spec import RunOptions
+
+    cfg = AnalyzeConfig(ablation=AblationConfig(ks=(5,), n_draws=1), lag=LagProbeConfig(n_permutations=2, batch_size=2))
+    res = analyze(smol, cfg, tmp_path / "run", RunOptions(progress=False))
     top = res.record["top_induction_heads"]
     assert top[0]["score"] > 0.5, top[:3]
     induction = res.scores["induction"]

@@ -81,7 +81,7 @@ def test_config_files_and_typos(tmp_path):
     (tmp_path / "c.yaml").write_text("warmup_fracc: 0.1\n")
     with pytest.raises(InductionLabError, match="unknown config key 'warmup_fracc'; did you mean 'warmup_frac'"):
         load_config(tmp_path / "c.yaml")
-    with pytest.raises(InductionLabError, match="config key .seq_len. .long. is not an integer"):
+    with pytest.raises(InductionLabError, match="config key .seq_len. .long. is not a valid integer"):
         config_from_dict({"seq_len": "long"})
 
 

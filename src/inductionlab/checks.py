@@ -133,12 +133,13 @@ def check_type(value, expected: type | tuple[type, ...], what: str, hint: str = 
 
     Raises:
         TypeError: naming ``what``, the expected type and what was given (a plain dict as a config
-            names the dataclass to build: ``LagProbeConfig(**d)``)."""
+            names the way to build one: ``inductionlab.config.from_dict(LagProbeConfig, d)``, nested tables and
+            presets included)."""
     if isinstance(value, expected):
         return
     names = " or ".join(t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,)))
     if not hint and isinstance(value, dict) and dataclasses.is_dataclass(expected):
-        hint = f"; build one with {expected.__name__}(**your_dict)"
+        hint = f"; build one with inductionlab.config.from_dict({expected.__name__}, your_dict)"
     raise TypeError(f"{what} must be a {names}, got {type(value).__name__}{hint}")
 
 

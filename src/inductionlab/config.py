@@ -221,7 +221,7 @@ def coerce(value: Any, t: Any, where: str) -> Any:
     if value is None or optional and isinstance(value, str) and value.strip().lower() in ("none", "null"):
         if optional:
             return None
-        raise InductionLabError(f"{where} needs {_wants(inner)}, got none")
+        raise InductionLabError(f"{where} needs {wants(inner)}, got none")
     try:
         origin = typing.get_origin(inner)
         if origin in (tuple, list):
@@ -236,19 +236,19 @@ def coerce(value: Any, t: Any, where: str) -> Any:
             return tuple(out) if origin is tuple else out
         return _scalar(value, inner, where)
     except (TypeError, ValueError):
-        raise InductionLabError(f"{where} {value!r} is not {_wants(inner)}") from None
+        raise InductionLabError(f"{where} {value!r} is not {wants(inner)}") from None
 
 
-def _wants(t) -> str:
+def wants(t) -> str:
     """What an annotation takes, in words (for messages)."""
     origin, args = typing.get_origin(t), typing.get_args(t)
     if origin is tuple and len(args) == 2 and args[1] is not Ellipsis:
         return "LO,HI (two integers, e.g. 10,30)"
     if origin in (tuple, list):
         item = args[0] if args else str
-        return f"a comma-separated list of {_wants(item).removeprefix('an ').removeprefix('a ')}s" + \
+        return f"a comma-separated list of {wants(item).removeprefix('a valid ').removeprefix('a ')}s" + \
             (", e.g. 10,20,50" if item is int else "")
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a text"}.get(t, f"a {t}")
+    return {bool: "true or false", int: "a valid integer", float: "a valid number", str: "a text"}.get(t, f"a {t}")
 
 
 # ---- files ----------------------------------------------------------------------------------------
@@ -369,4 +369,4 @@ def to_dict(cfg: Any) -> dict:
 
 
 __all__ = ["opt", "nested", "default", "Leaf", "leaves", "get", "with_leaf", "coerce", "from_dict", "read_mapping", "load",
-           "to_dict", "flag_of", "is_nested", "is_sequence", "hints"]
+           "to_dict", "wants", "flag_of", "is_nested", "is_sequence", "hints"]

@@ -43,7 +43,10 @@ class LeafType(click.ParamType):
             return value
         if self.escapes:
             value = value.replace("\\n", "\n")
-        v = C.coerce(value, self.annotation, flag)
+        try:
+            v = C.coerce(value, self.annotation, flag)
+        except InductionLabError:           # click's own usage message, as for every type it parses
+            self.fail(f"{value!r} is not {C.wants(C._optional(self.annotation)[0])}", param, ctx)
         for x in (v if isinstance(v, (tuple, list)) else (v,)):
             if isinstance(x, bool):
                 continue
