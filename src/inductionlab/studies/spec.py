@@ -86,13 +86,13 @@ def specs() -> list[StudySpec]:
     """Every study of the package: the ``SPEC`` of each ``studies/<name>/config.py`` (imported without torch),
     in folder order. A new study folder with a spec is found here, so it needs no command-line code."""
     import pkgutil
+    from pathlib import Path
 
-    from .. import studies
-
+    package = __name__.rpartition(".")[0]
     found = []
-    for m in pkgutil.iter_modules(studies.__path__):
+    for m in pkgutil.iter_modules([str(Path(__file__).parent)]):
         if m.ispkg:
-            spec = getattr(importlib.import_module(f"{studies.__name__}.{m.name}.config"), "SPEC", None)
+            spec = getattr(importlib.import_module(f"{package}.{m.name}.config"), "SPEC", None)
             if isinstance(spec, StudySpec):
                 found.append(spec)
     return found
