@@ -7,8 +7,11 @@
   lists in ``icl_tasks``), ``icl_score`` (ICL score, induction loss, associative recall),
   ``perplexity``, ``load_bearing`` (single-head map), ``lm_eval_tasks`` (the lm-eval bridge).
 
-A new protocol is a module here with a config (``validate()`` needing no model), a function that
-builds its :class:`~inductionlab.protocols.runner.Trials` and a ``measure_batch(model, batch) ->
-{name: Tensor [b, ...]}``; :func:`~inductionlab.protocols.runner.run_conditions` does the rest
-(the recipe: the runner's docstring). Imports ``core``, ``measures``, ``runtime``, ``data`` and the face.
+* ``configs`` — the protocols' configs (typed trees, no torch: the command line generates options from them).
+
+A new protocol is a config in ``configs`` (``validate()`` needing no model) and a module here with
+``build_trials(loaded, cfg) -> Trials``, ``measure_batch(model, batch, cfg) -> {name: Tensor [b, ...]}`` and
+``probe(cfg) -> Probe`` binding them with the batch size; a study's phase holds the probe and
+:func:`~inductionlab.protocols.runner.run_conditions` does the rest (the recipe: the runner's docstring).
+Imports ``core``, ``measures``, ``runtime``, ``data`` and the face.
 """

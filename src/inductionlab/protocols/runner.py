@@ -1,15 +1,16 @@
 """The protocol runner: conditions × batches × ablation, written once.
 
-A behavioural protocol (the lag probe, serial recall, your own probe) is three things:
+A behavioural protocol (the lag probe, serial recall, your own probe) is a :class:`Probe`: a small value
+bound to its config (``lag_probe.probe(cfg)``) that holds
 
-1. a config dataclass with a ``validate()`` that needs no model;
-2. ``build_trials(loaded, cfg)``: every trial as tensors with a leading trial axis —
+1. ``build_trials(loaded)``: every trial as tensors with a leading trial axis —
    a dict ``{"ids": LongTensor [n_trials, T], ...}`` (``ids`` is what the model reads; other
    entries, e.g. the target ids of each trial, travel with it batch by batch; trials of
    different lengths are left-padded by :meth:`Trials.padded`, which adds the
    ``attention_mask`` / ``position_ids`` of :func:`pad_left`);
-3. ``measure_batch(model, batch) -> {name: Tensor [b, ...]}``: per-trial measures of one batch
-   (``batch`` holds the same keys as the trials, sliced and on the model's device).
+2. ``measure_batch(model, batch) -> {name: Tensor [b, ...]}``: per-trial measures of one batch
+   (``batch`` holds the same keys as the trials, sliced and on the model's device);
+3. its batch size (trials per forward), decided there and nowhere else, and its ablation method.
 
 :func:`run_conditions` then does the rest, identically for every protocol: for each
 :class:`~inductionlab.core.ablation.Condition` in order it opens :func:`~inductionlab.core.instrument.ablate`

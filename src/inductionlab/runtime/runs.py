@@ -7,7 +7,8 @@ so a failed or interrupted run leaves nothing half-written (:func:`staged_run_di
 (:func:`atomic_write_bytes` / :func:`atomic_write_json`) as soon as it is done, and the same
 command run again continues from the finished pieces.
 
-The shape of a study that uses it is in :mod:`inductionlab.studies.pieces`.
+Every study's run directory is one (:class:`inductionlab.studies.run.StudyRun`, opened and closed by
+:func:`inductionlab.studies.engine.run_study`).
 """
 
 from __future__ import annotations

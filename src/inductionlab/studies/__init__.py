@@ -1,20 +1,31 @@
-"""Studies: one folder each (``analyze``, ``temporal``, ``evaluate``, ``bi_induct``), built on one skeleton.
+"""Studies: one folder each (``analyze``, ``temporal``, ``evaluate``, ``bi_induct``), each a spec that one
+engine runs.
 
-* ``run`` — :class:`~inductionlab.studies.run.StudyRun` (check out, resumable open, timed pieces,
-  results.json and timing.json, rank-0 writing) and :class:`~inductionlab.studies.run.Verdict`.
-* ``pieces`` — what several studies share: head scores as a piece, protocol phases over conditions.
+* ``spec`` — :class:`~inductionlab.studies.spec.StudySpec` (a study's command, kind and config type),
+  :class:`~inductionlab.studies.spec.RunOptions`, :func:`~inductionlab.studies.spec.specs` (every study
+  folder, found by the command line). No torch.
+* ``engine`` — :func:`~inductionlab.studies.engine.run_study` (the opening, each step, the one results header,
+  the closing) and the steps a study's phases yield: ``Scores``, ``Phase``, ``Piece``.
+* ``run`` — :class:`~inductionlab.studies.run.StudyRun` (the run directory) and :class:`~inductionlab.studies.run.Verdict`.
+* ``configs`` — the configs several studies nest (head scores, ablation conditions) and their shared checks.
 * ``report`` / ``plots`` — the shared formatting pieces and every figure.
 
-A new study is a new folder ``studies/<name>/`` with ``config.py`` (its config and ``validate()``),
-``study.py`` (phases through ``StudyRun``), ``verdicts.py`` (claims decided by rules stated before the
-data, when it has claims) and ``report.py`` (its tables and Markdown), its ``__init__`` naming the
-public API; then a command in ``cli/study.py``.
+A new study is a new folder ``studies/<name>/`` (``studies/analyze/`` is the smallest complete one):
 
-Conventions: the folder is the command in snake case (``study bi-induct`` -> ``bi_induct/``); the
-run's kind (``StudyRun(out, kind, ...)``, checked on resume) is the command with its spaces as
-hyphens (``"analyze"``, ``"evaluate"``, ``"study-temporal"``); claims are lettered A, B, ...
-(:class:`~inductionlab.studies.run.Verdict`). The package face (``inductionlab.__init__``) names
-only the most used entry points: a new study need not appear there. A study may import every layer
-below (``protocols``, ``train``, ``core``, ...) and another study through its ``__init__``
-(``bi_induct`` evaluates with ``evaluate``), never ``cli``; the shared modules here never import a study.
+* ``config.py`` — its config, a typed tree (:mod:`inductionlab.config`: ``opt`` leaves, ``nested`` protocol
+  configs) with ``validate()`` (no model needed), and ``SPEC = StudySpec("study <name>", Config, help=...)``;
+* ``study.py`` — ``prepare(loaded, cfg)`` (model-dependent checks, nothing written; a plan with ``params``),
+  ``phases(plan)`` (a generator: ``scores = yield Scores(...)``, ``runs = yield [Phase(key, probe, conditions,
+  n_trials), ...]``) and ``result(plan, pieces)`` (pure: the typed result, a ``StudyResult``, with its
+  ``verdicts`` and ``record``);
+* ``report.py`` — ``write(out, result)`` (tables, figures, report.md) and, optionally, ``summary(result)``
+  (the lines the command prints);
+* ``verdicts.py`` when it has claims (each a :class:`~inductionlab.studies.run.Verdict`, decided by rules
+  stated before the data).
+
+The command (``inductionlab study <name>``) and its options are generated from the spec and the config:
+no command-line code. Conventions: the folder is the command's last word in snake case (``study bi-induct``
+-> ``bi_induct/``); the run's kind is the command with hyphens (``"study-temporal"``); claims are lettered
+A, B, ...; a study may import every layer below and another study through its ``__init__`` (``bi_induct``
+evaluates with ``evaluate``), never ``cli``; the shared modules here never import a study.
 """

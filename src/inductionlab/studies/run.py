@@ -1,20 +1,7 @@
-"""The skeleton every study shares: :class:`StudyRun` (the run directory: check out, resumable
-open, timed pieces, results.json and timing.json) and :class:`Verdict` (one claim decided by a
-rule) with its one printer, :func:`format_verdicts`.
-
-``analyze``, ``study temporal``, ``evaluate`` and ``study bi-induct`` open and close the same way::
-
-    t_start = time.perf_counter()
-    cfg.validate(); ...                              # every check that can fail: nothing written yet
-    run = StudyRun(out, "study-mine", params, overwrite=overwrite, on_checkpoint=on_checkpoint,
-                   inputs=[loaded.identity.get("path")], dist=dist, started=t_start)
-    run.open()                                       # refuses another run; resumes this one
-    with run.timed("head_scores"):                   # timings["head_scores_s"] (accumulates)
-        hs = head_scores_piece(run, loaded, ...)     # a StudyRun is a ResumableRun
-    ppl = run.piece("perplexity", compute)           # a JSON piece, timed as timings["perplexity_s"]
-    record = {..., "verdicts": [v.to_dict() for v in verdicts]}
-    run.finish(record, write=lambda: report.write_mine(out, result))
-    # rank 0 only: tables / plots / report.md (timings["write_s"]), then results.json, then timing.json
+"""The run directory of a study: :class:`StudyRun` (check out, resumable open, timed pieces, results.json
+and timing.json, rank-0 writing) and :class:`Verdict` (one claim decided by a rule) with its one printer,
+:func:`format_verdicts`. :func:`inductionlab.studies.engine.run_study` opens and closes every study's run
+with them; a study's phases never touch the directory themselves.
 
 ``results.json`` is written last but one, atomically, once everything else is there: a run that
 fails (a piece, a table, a figure) leaves none. ``timing.json`` is ``{"resumed", "this_session_s":
