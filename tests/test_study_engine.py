@@ -17,7 +17,7 @@ from inductionlab.protocols import lag_probe
 from inductionlab.protocols.lag_probe import LagProbeConfig
 from inductionlab.protocols.serial_recall import SerialRecallConfig
 from inductionlab.studies.configs import AblationConfig, HeadScoreConfig
-from inductionlab.studies.engine import HEADER, Phase, Scores, StudyResult, run_study
+from inductionlab.studies.engine import HEADER, Phase, StudyResult, run_study
 from inductionlab.studies.run import Verdict
 from inductionlab.studies.spec import RunOptions, StudySpec, specs
 
@@ -121,12 +121,11 @@ def prepare(loaded, cfg: ToyConfig):
     return type("Plan", (), {"params": {"k": cfg.k, "seed": cfg.seed}, "cfg": cfg})()
 
 
-def phases(plan):
-    scores = yield Scores(seq_len=8, batch_size=2, seed=plan.cfg.seed)
+def phases(plan, ctx):
+    scores = ctx.head_scores(HeadScoreConfig(seq_len=8, batch_size=2), seed=plan.cfg.seed)
     top = Condition("induction-k", "induction", plan.cfg.k, top_k_heads(scores["induction"], plan.cfg.k))
-    lag = yield Phase("lag", lag_probe.probe(replace(LAG, seed=plan.cfg.seed)), [Condition("intact", "intact"), top],
-                      LAG.n_permutations)
-    return lag
+    probe = lag_probe.probe(replace(LAG, seed=plan.cfg.seed))
+    return ctx.measure(Phase("lag", probe, [Condition("intact", "intact"), top], LAG.n_permutations))["lag"]
 
 
 def result(plan, lag) -> ToyResult:

@@ -5,7 +5,8 @@ engine runs.
   :class:`~inductionlab.studies.spec.RunOptions`, :func:`~inductionlab.studies.spec.specs` (every study
   folder, found by the command line). No torch.
 * ``engine`` — :func:`~inductionlab.studies.engine.run_study` (the opening, each step, the one results header,
-  the closing) and the steps a study's phases yield: ``Scores``, ``Phase``, ``Piece``.
+  the closing), the :class:`~inductionlab.studies.engine.Context` a study's phases call (``head_scores``,
+  ``measure`` of :class:`~inductionlab.studies.engine.Phase` values, ``piece``).
 * ``run`` — :class:`~inductionlab.studies.run.StudyRun` (the run directory) and :class:`~inductionlab.studies.run.Verdict`.
 * ``configs`` — the configs several studies nest (head scores, ablation conditions) and their shared checks.
 * ``report`` / ``plots`` — the shared formatting pieces and every figure.
@@ -15,8 +16,8 @@ A new study is a new folder ``studies/<name>/`` (``studies/analyze/`` is the sma
 * ``config.py`` — its config, a typed tree (:mod:`inductionlab.config`: ``opt`` leaves, ``nested`` protocol
   configs) with ``validate()`` (no model needed), and ``SPEC = StudySpec("study <name>", Config, help=...)``;
 * ``study.py`` — ``prepare(loaded, cfg)`` (model-dependent checks, nothing written; a plan with ``params``),
-  ``phases(plan)`` (a generator: ``scores = yield Scores(...)``, ``runs = yield [Phase(key, probe, conditions,
-  n_trials), ...]``) and ``result(plan, pieces)`` (pure: the typed result, a ``StudyResult``, with its
+  ``phases(plan, ctx)`` (``scores = ctx.head_scores(...)``, ``runs = ctx.measure(Phase(key, probe, conditions,
+  n_trials), ...)``) and ``result(plan, pieces)`` (pure: the typed result, a ``StudyResult``, with its
   ``verdicts`` and ``record``);
 * ``report.py`` — ``write(out, result)`` (tables, figures, report.md) and, optionally, ``summary(result)``
   (the lines the command prints);

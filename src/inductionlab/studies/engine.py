@@ -1,13 +1,13 @@
-"""The one engine every study runs on: :func:`run_study` and the steps a study's phases yield.
+"""The one engine every study runs on: :func:`run_study`, and the :class:`Context` a study's phases work
+through.
 
-A study's ``phases(plan)`` is a generator that reads as the study's script; each ``yield`` hands the
-engine one step and gets its value back::
+A study's ``phases(plan, ctx)`` reads as the study's script; each call on ``ctx`` is one checkpointed step::
 
-    def phases(plan):
-        scores = yield Scores(seq_len=50, batch_size=16, seed=plan.cfg.seed)      # piece "scores"
+    def phases(plan, ctx):
+        scores = ctx.head_scores(plan.cfg.scores, seed=plan.cfg.seed)          # piece "scores"
         conditions = ablation_conditions(scores["induction"], plan.ks, ...)
-        lag = yield Phase("lag", lag_probe.probe(plan.lag), conditions, plan.lag.n_permutations)
-        return {"scores": scores, "conditions": conditions, "lag": lag}       # -> result(plan, pieces)
+        runs = ctx.measure(Phase("lag", lag_probe.probe(plan.lag), conditions, plan.lag.n_permutations))
+        return {"scores": scores, "conditions": conditions, "lag": runs["lag"]}   # -> result(plan, pieces)
 
 The engine owns everything around the science, once for every study:
 
@@ -15,20 +15,17 @@ The engine owns everything around the science, once for every study:
    dtype agreed (torchrun), ``prepare(loaded, cfg)`` (model-dependent checks: nothing is written
    before they pass), the run directory opened or resumed (:class:`~inductionlab.studies.run.StudyRun`:
    a run with other ``params`` is refused), the dtype line logged;
-2. each step: timed (``timings["<name>_s"]``), checkpointed where it is a piece (a resumed run loads it),
-   sharded over torchrun's ranks where it runs the model;
+2. each step: timed (``timings["<name>_s"]``), checkpointed as a piece (a resumed run loads it), sharded
+   over torchrun's ranks where it runs the model — :meth:`Context.head_scores`, :meth:`Context.measure`
+   (probe phases over conditions: :class:`Phase`, one progress bar, a probe's trials and residual cache
+   shared by its phases), :meth:`Context.piece` (any JSON-able computation);
 3. the closing: ``result(plan, pieces)``, the **one results header** (:data:`HEADER`: kind, model, params,
    versions, distributed, resumed, timings) before the study's own record, ``write(out, result)``
    (rank 0), then results.json and timing.json (:meth:`~inductionlab.studies.run.StudyRun.finish`).
-
-Steps: :class:`Scores` (head scores), :class:`Phase` (a probe over conditions; a list of phases runs as one
-step with one progress bar, sharing trials and residual caches), :class:`Piece` (any JSON-able
-computation). A study may define its own: anything with ``run(ctx) -> value`` (``bi_induct``'s training jobs).
 """
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +41,7 @@ from ..core.scores import HeadScores, compute_head_scores
 from ..protocols.runner import Probe, Trials, residual_cache
 from ..runtime.distributed import Dist
 from ..runtime.runs import timed, versions
+from .configs import HeadScoreConfig
 from .run import StudyRun, Verdict
 from .spec import RunOptions, StudySpec
 
@@ -86,38 +84,39 @@ class Context:
         return self.opts.progress and self.run.is_main
 
     def log(self, line: str) -> None:
+        """``line`` to the user (``RunOptions.log``, rank 0)."""
         if self.opts.log is not None and self.run.is_main:
             self.opts.log(line)
 
+    def head_scores(self, cfg: HeadScoreConfig, seed: int, pool=None) -> HeadScores:
+        """The head scores (SPEC §3) of ``cfg`` as the piece ``scores``: computed once, then loaded; sharded
+        over the ranks; timed as ``head_scores``. ``pool``: ids the random tokens are drawn from (None: the
+        tokenizer's ordinary ids)."""
+        run, model = self.run, self.loaded
 
-# ---- steps --------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Scores:
-    """Step: the head scores (SPEC §3) as the piece ``scores``, computed once, then loaded; sharded over
-    the ranks. Its value is a :class:`~inductionlab.core.scores.HeadScores`.
-
-    Attributes:
-        seq_len, batch_size, n_batches, seed: as :func:`~inductionlab.core.scores.compute_head_scores`.
-        pool: ids the random tokens are drawn from (None: the tokenizer's ordinary ids)."""
-    seq_len: int = 50
-    batch_size: int = 16
-    n_batches: int = 1
-    seed: int = 0
-    pool: Any = None
-
-    def run(self, ctx: Context) -> HeadScores:
         def compute():
-            with tqdm(total=self.batch_size * self.n_batches, desc="head scores", unit="seq",
-                      disable=not ctx.bar) as bar:
-                hs = compute_head_scores(ctx.loaded.model, tokenizer=ctx.loaded.tokenizer, seq_len=self.seq_len,
-                                         batch_size=self.batch_size, n_batches=self.n_batches, seed=self.seed,
-                                         progress=bar.update, dist=ctx.run.dist, pool=self.pool)
+            with tqdm(total=cfg.batch_size * cfg.n_batches, desc="head scores", unit="seq", disable=not self.bar) as bar:
+                hs = compute_head_scores(model.model, tokenizer=model.tokenizer, seq_len=cfg.seq_len,
+                                         batch_size=cfg.batch_size, n_batches=cfg.n_batches, seed=seed,
+                                         progress=bar.update, dist=run.dist, pool=pool)
             return {"scores": hs.scores, "induction_loss": hs.induction_loss, "params": hs.params}
-        with ctx.run.timed("head_scores"):
-            raw = ctx.run.json("scores", compute)
+        with run.timed("head_scores"):
+            raw = run.json("scores", compute)
         return HeadScores({k: np.asarray(v) for k, v in raw["scores"].items()}, raw["induction_loss"], raw["params"])
 
+    def measure(self, *phases: "Phase") -> dict[str, "PhaseRun"]:
+        """Every phase's pieces ``<key>/<condition>`` (:func:`run_phases`). Returns phase key -> :class:`PhaseRun`."""
+        return run_phases(self, phases)
+
+    def piece(self, key: str, compute: Callable[[], Any], *, timing: str | None = None, save: bool = True) -> Any:
+        """``compute()`` (JSON-able) as the piece ``key`` (``.json``): computed once, then loaded; ``save=False``:
+        computed on every call, not checkpointed (a self-check). Timed as ``timing`` (default: the key with
+        ``/`` as ``_``)."""
+        with self.run.timed(timing or key.replace("/", "_")):
+            return self.run.json(key, compute) if save else compute()
+
+
+# ---- phases -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class PhaseRun:
@@ -132,7 +131,7 @@ class Phase:
     """Step: one probe under a list of conditions, on the first ``n_trials`` trials; pieces
     ``<key>/<condition>`` (``.npz``), each computed once, then loaded. Its value is a :class:`PhaseRun`.
 
-    Yield a list of phases to run them as one step (one progress bar; a probe's trials built once).
+    :meth:`Context.measure` runs phases; several in one call share one progress bar, and a probe's trials.
 
     Attributes:
         key: the piece folder (``"lag"``); ``timing``: the name of its time (default: ``key``).
@@ -145,25 +144,6 @@ class Phase:
     n_trials: int | None = None
     timing: str | None = None
 
-    def run(self, ctx: Context) -> PhaseRun:
-        return run_phases(ctx, [self])[self.key]
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Step: ``compute(ctx)`` (JSON-able) as the piece ``key`` (``.json``): computed once, then loaded;
-    ``save=False``: computed on every call, not checkpointed (a self-check). Timed as ``timing`` (default:
-    the key with ``/`` as ``_``)."""
-    key: str
-    compute: Callable[[Context], Any]
-    timing: str | None = None
-    save: bool = True
-
-    def run(self, ctx: Context) -> Any:
-        with ctx.run.timed(self.timing or self.key.replace("/", "_")):
-            if not self.save:
-                return self.compute(ctx)
-            return ctx.run.json(self.key, lambda: self.compute(ctx))
 
 
 def run_phases(ctx: Context, phases: Sequence[Phase]) -> dict[str, PhaseRun]:
@@ -211,21 +191,6 @@ def run_phases(ctx: Context, phases: Sequence[Phase]) -> dict[str, PhaseRun]:
             words[ph.key] = [str(w) for w in got.pop("words")]
             arrays[ph.key][c.name] = got
     return {ph.key: PhaseRun(arrays[ph.key], words.get(ph.key, [])) for ph in phases}
-
-
-def drive(phases, ctx: Context) -> Any:
-    """Run a study's ``phases(plan)`` generator: each yielded step (or list of :class:`Phase`) is run and its
-    value sent back; the generator's return value (the pieces) is returned. A plain return value (a study
-    without steps) is returned as it is."""
-    if not inspect.isgenerator(phases):
-        return phases
-    value = None
-    while True:
-        try:
-            step = phases.send(value)
-        except StopIteration as stop:
-            return stop.value
-        value = run_phases(ctx, step) if isinstance(step, (list, tuple)) else step.run(ctx)
 
 
 # ---- the engine ---------------------------------------------------------------------------------
@@ -280,7 +245,7 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
     run.open()
     if loaded is not None:
         announce_dtype(ran_identity(loaded), opts.log, run.is_main)
-    pieces = drive(impl.phases(plan), Context(run, loaded, opts))
+    pieces = impl.phases(plan, Context(run, loaded, opts))
     res = impl.result(plan, pieces)
     model = ran_identity(loaded) if loaded is not None else getattr(plan, "model", None)
     res.record = {"kind": spec.kind, "model": model, "params": run.params, "versions": versions(),
@@ -291,5 +256,4 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
     return res
 
 
-__all__ = ["HEADER", "StudyResult", "Context", "Scores", "Phase", "PhaseRun", "Piece", "run_phases", "drive",
-           "run_study"]
+__all__ = ["HEADER", "StudyResult", "Context", "Phase", "PhaseRun", "run_phases", "run_study"]

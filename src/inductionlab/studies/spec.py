@@ -6,11 +6,11 @@ A study is a folder ``studies/<name>/``:
 * ``config.py`` — its config (a typed tree: :mod:`inductionlab.config`) and ``SPEC = StudySpec(...)``.
   Light (no torch): the command line reads it to generate the command and its options;
 * ``study.py`` — ``prepare(loaded, cfg)`` (the model-dependent checks, nothing written: a plan with
-  the run's ``params``), ``phases(plan)`` (a generator: each ``yield`` hands the engine one step and
-  gets its value back — head scores, probe phases, a JSON piece, training jobs, a nested study) and
-  ``result(plan, pieces)`` (a pure function to the typed result, with verdicts), optionally
-  ``summary(result)`` (the lines the command prints) and ``estimate(cfg)``;
-* ``report.py`` — ``write(out, result)``: tables, figures and report.md;
+  the run's ``params``), ``phases(plan, ctx)`` (the study's script: each step a call on the engine's
+  :class:`~inductionlab.studies.engine.Context` — head scores, probe phases, a JSON piece — returning the
+  pieces) and ``result(plan, pieces)`` (a pure function to the typed result, with verdicts);
+* ``report.py`` — ``write(out, result)``: tables, figures and report.md; optionally ``summary(result)`` (the
+  lines the command prints) and ``estimate(cfg)``;
 * ``__init__.py`` — names the public API, lazily (:func:`lazy_exports`).
 
 :func:`inductionlab.studies.engine.run_study` runs any spec: the opening (checks, the run directory,

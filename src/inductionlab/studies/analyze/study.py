@@ -25,7 +25,7 @@ from ...measures import serial_position
 from ...protocols import lag_probe
 from ...protocols.lag_probe import LagProbeConfig, LagProbeResult
 from ..configs import check_ks, check_trial_ids, default_ks
-from ..engine import Phase, Piece, Scores, StudyResult, run_study
+from ..engine import Context, Phase, StudyResult, run_study
 from ..spec import RunOptions
 from .config import SPEC, AnalyzeConfig
 from .report import summary, write  # noqa: F401  (the engine reads write and summary here)
@@ -74,14 +74,15 @@ def prepare(loaded: LoadedModel, cfg: AnalyzeConfig) -> Plan:
     return Plan(loaded, cfg, ks, N, lag, {"config": to_dict(cfg), "ks": ks, "exclude_top_n": N})
 
 
-def phases(plan: Plan):
+def phases(plan: Plan, ctx: Context) -> dict:
+    """Self-check, head scores, then the lag probe under every condition (each a piece of the run)."""
     cfg = plan.cfg
-    check = yield Piece("self_check", lambda ctx: _self_check(ctx.loaded, cfg.seed), save=False)
-    scores = yield Scores(cfg.scores.seq_len, cfg.scores.batch_size, cfg.scores.n_batches, cfg.seed)
+    check = ctx.piece("self_check", lambda: _self_check(plan.loaded, cfg.seed), save=False)
+    scores = ctx.head_scores(cfg.scores, seed=cfg.seed)
     conditions = ablation_conditions(scores["induction"], plan.ks, n_draws=cfg.ablation.n_draws,
                                      exclude_top_n=plan.exclude_top_n, seed=cfg.seed)
-    lag = yield Phase("lag", lag_probe.probe(plan.lag), conditions, plan.lag.n_permutations, timing="lag_probe")
-    return {"self_check": check, "scores": scores, "conditions": conditions, "lag": lag}
+    runs = ctx.measure(Phase("lag", lag_probe.probe(plan.lag), conditions, plan.lag.n_permutations, timing="lag_probe"))
+    return {"self_check": check, "scores": scores, "conditions": conditions, "lag": runs["lag"]}
 
 
 def _self_check(loaded: LoadedModel, seed: int) -> dict:

@@ -133,7 +133,7 @@ def _final_scores(run_dir: Path) -> dict:
 
 @dataclass(frozen=True)
 class TrainJobs:
-    """Step of the study's phases: train every run not finished yet (:func:`train_runs`; with ``cfg.partial``,
+    """The study's training step (:meth:`run` in its phases): train every run not finished yet (:func:`train_runs`; with ``cfg.partial``,
     none: the finished ones are taken as they are), then check that every finished run was trained with the
     budget the study planned (iso-FLOPs, :func:`~inductionlab.train.flops.check_iso_flops`). Timed as ``train``.
 

@@ -42,7 +42,7 @@ from ...config import to_dict
 from ...runtime.run_dir import final_checkpoint
 from ...runtime.runs import versions
 from ...train.config import PRESETS as MODEL_PRESETS
-from ..engine import Piece, StudyResult, run_study
+from ..engine import Context, StudyResult, run_study
 from ..spec import RunOptions
 from .config import SPEC, BiInductStudyConfig, evaluation_config, plan_budgets
 from .evaluation import evaluate_checkpoint
@@ -85,21 +85,20 @@ def prepare(loaded, cfg: BiInductStudyConfig) -> Plan:
     return Plan(cfg, sh.vocab_size, cfg.params(sh.manifest.get("corpus_sha256")), model)
 
 
-def phases(plan: Plan):
+def phases(plan: Plan, ctx: Context) -> dict:
+    """The plan (every run's budget, asserted iso-FLOPs), the training jobs, each finished run's summary,
+    then each final checkpoint evaluated (a nested evaluation study per checkpoint)."""
     cfg = plan.cfg
-    budgets = (yield Piece("plan", lambda ctx: {"budgets": plan_budgets(cfg, plan.vocab_size),
-                                                "versions": versions()}))["budgets"]
-    runs, walls, missing = yield TrainJobs(cfg, budgets)
-    pieces = {}
-    for n, _, _ in runs:
-        pieces[n] = yield Piece(f"train/{n}", lambda ctx, n=n: run_piece(ctx.out / "runs" / n), timing="train_pieces")
-    evals: dict[str, dict] = {}
-    for n, _, s in runs if cfg.evaluate else ():
-        evals[n] = yield Piece(f"{cfg.eval_key()}/{n}", partial(_evaluate, cfg=cfg, name=n, seed=s), timing="evaluate")
-    return {"budgets": budgets, "runs": runs, "walls": walls, "missing": missing, "pieces": pieces, "evals": evals}
+    budgets = ctx.piece("plan", lambda: {"budgets": plan_budgets(cfg, plan.vocab_size), "versions": versions()})
+    runs, walls, missing = TrainJobs(cfg, budgets["budgets"]).run(ctx)
+    pieces = {n: ctx.piece(f"train/{n}", partial(run_piece, ctx.out / "runs" / n), timing="train_pieces")
+              for n, _, _ in runs}
+    evals = {n: ctx.piece(f"{cfg.eval_key()}/{n}", partial(_evaluate, ctx, cfg, n, s), timing="evaluate")
+             for n, _, s in (runs if cfg.evaluate else ())}
+    return {"budgets": budgets["budgets"], "runs": runs, "walls": walls, "missing": missing, "pieces": pieces, "evals": evals}
 
 
-def _evaluate(ctx, cfg: BiInductStudyConfig, name: str, seed: int) -> dict:
+def _evaluate(ctx: Context, cfg: BiInductStudyConfig, name: str, seed: int) -> dict:
     if ctx.opts.progress:
         ctx.log(f"evaluate {name}")
     return evaluate_checkpoint(final_checkpoint(ctx.out / "runs" / name), evaluation_config(cfg, seed),

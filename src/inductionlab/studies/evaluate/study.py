@@ -71,7 +71,7 @@ from ...protocols.icl_score import (heldout_windows, icl_positions, icl_summary,
                                     recall_sequences, recall_summary, scaled_positions)
 from ...protocols.icl_tasks import Prompt, build_tasks, make_all_prompts
 from ...protocols.runner import REFERENCE_TRIALS, Probe, Trials
-from ..engine import Phase, Piece, Scores, StudyResult, run_study
+from ..engine import Context, Phase, StudyResult, run_study
 from ..spec import RunOptions
 from .config import SPEC, EvaluateConfig
 from .report import summary, write  # noqa: F401  (the engine reads write and summary here)
@@ -260,19 +260,21 @@ def _check_lm_eval(cfg: EvaluateConfig, tokenizer) -> None:
 
 
 # -- phases ------------------------------------------------------------------------------------------
-def phases(plan: Plan):
+def phases(plan: Plan, ctx: Context) -> dict:
+    """Head scores and from them the load-bearing conditions; the perplexity guard (with shards); the probes
+    intact and, at ``load_bearing.shots``, under every ablation; the ICL score (with shards), induction loss
+    and associative recall intact and under every ablation; lm-eval (rank 0 alone)."""
     cfg = plan.cfg
-    scores = yield Scores(cfg.scores.seq_len, cfg.scores.batch_size, cfg.scores.n_batches, cfg.seed,
-                          pool=None if cfg.token_pool == "vocab" else plan.pool)
+    scores = ctx.head_scores(cfg.scores, seed=cfg.seed, pool=None if cfg.token_pool == "vocab" else plan.pool)
     pairs = load_bearing_conditions(scores["induction"], cfg.load_bearing, cfg.seed)
     conditions, variants = [c for _, c in pairs], {c.name: v for v, c in pairs}
-    ppl = (yield Piece("perplexity", partial(_perplexity, plan=plan))) if plan.shards is not None else None
+    ppl = ctx.piece("perplexity", partial(_perplexity, plan, ctx)) if plan.shards is not None else None
     probes = _probes(plan)
     every = [INTACT, *conditions]
-    runs = yield [Phase("hits", probes["probes"], [INTACT], len(plan.prompts)),
-                  *(Phase(k, probes[k], every) for k in ("icl", "induction", "recall") if k in probes),
-                  Phase("hits_ablated", probes["probes_ablated"], conditions, len(plan.ablation_prompts))]
-    lm = (yield Piece("lm_eval", partial(_lm_eval, plan=plan))) if cfg.lm_eval.tasks else None
+    runs = ctx.measure(Phase("hits", probes["probes"], [INTACT], len(plan.prompts)),
+                       *(Phase(k, probes[k], every) for k in ("icl", "induction", "recall") if k in probes),
+                       Phase("hits_ablated", probes["probes_ablated"], conditions, len(plan.ablation_prompts)))
+    lm = ctx.piece("lm_eval", partial(_lm_eval, plan, ctx)) if cfg.lm_eval.tasks else None
     return {"scores": scores, "conditions": conditions, "variants": variants, "perplexity": ppl, "lm_eval": lm,
             **runs}
 
@@ -341,7 +343,7 @@ def _probes(plan: Plan) -> dict[str, Probe]:
     return out
 
 
-def _perplexity(ctx, plan: Plan) -> dict:
+def _perplexity(plan: Plan, ctx: Context) -> dict:
     """The perplexity guard on the held-out split (piece ``perplexity``)."""
     from ...protocols.perplexity import heldout_perplexity
 
@@ -352,7 +354,7 @@ def _perplexity(ctx, plan: Plan) -> dict:
                               max_tokens=cfg.perplexity.tokens, batch_size=bs, dist=ctx.run.dist)
 
 
-def _lm_eval(ctx, plan: Plan) -> dict | None:
+def _lm_eval(plan: Plan, ctx: Context) -> dict | None:
     """lm-evaluation-harness (piece ``lm_eval``): rank 0 alone runs it (not sharded); the others read its piece."""
     if not ctx.run.is_main:
         return None

@@ -52,7 +52,7 @@ from ...protocols.lag_probe import LagProbeResult
 from ...protocols.load_bearing import concentration, load_bearing_table, single_head_conditions
 from ...protocols.serial_recall import SerialRecallResult
 from ..configs import check_ks, check_trial_ids, default_ks
-from ..engine import Phase, Scores, StudyResult, run_study
+from ..engine import Context, Phase, StudyResult, run_study
 from ..spec import RunOptions
 from .config import SPEC, TemporalStudyConfig
 from .report import summary, write  # noqa: F401  (the engine reads write and summary here)
@@ -114,18 +114,20 @@ def prepare(loaded: LoadedModel, cfg: TemporalStudyConfig) -> Plan:
     return Plan(loaded, cfg, ks, N, lag, rec, params)
 
 
-def phases(plan: Plan):
+def phases(plan: Plan, ctx: Context) -> dict:
+    """Head scores, then the lag probe and serial recall under every condition and the per-head map (each
+    head ablated alone), as one step over four phases (one progress bar)."""
     cfg = plan.cfg
-    scores = yield Scores(cfg.scores.seq_len, cfg.scores.batch_size, cfg.scores.n_batches, cfg.seed)
+    scores = ctx.head_scores(cfg.scores, seed=cfg.seed)
     conditions = ablation_conditions(scores["induction"], plan.ks, n_draws=cfg.ablation.n_draws,
                                      exclude_top_n=plan.exclude_top_n, seed=cfg.seed)
     singles = single_head_conditions(scores["induction"], cfg.load_bearing_top) if cfg.load_bearing_top > 0 else []
     lag, recall = lag_probe.probe(plan.lag), serial_recall.probe(plan.recall)
     n_rec = plan.recall.n_trials
-    runs = yield [Phase("lag", lag, conditions, plan.lag.n_permutations),
-                  Phase("recall", recall, conditions, n_rec),
-                  Phase("single", lag_probe.probe(replace(plan.lag, cues="seed")), singles, cfg.load_bearing_n),
-                  Phase("single_recall", recall, singles, n_rec)]
+    runs = ctx.measure(Phase("lag", lag, conditions, plan.lag.n_permutations),
+                       Phase("recall", recall, conditions, n_rec),
+                       Phase("single", lag_probe.probe(replace(plan.lag, cues="seed")), singles, cfg.load_bearing_n),
+                       Phase("single_recall", recall, singles, n_rec))
     return {"scores": scores, "conditions": conditions, "singles": singles, **runs}
 
 
