@@ -20,7 +20,7 @@ from .options import FLOAT, INT, given, run_dir_options
 
 @click.group()
 def corpus() -> None:
-    """Prepare and inspect tokenised pretraining corpora."""
+    """Prepare and inspect tokenised pretraining corpora. Guide: docs/data.md."""
 
 
 @corpus.command("prepare")
@@ -139,7 +139,7 @@ def _print_info(s: "TokenShards") -> None:
 
 @click.group()
 def curriculum() -> None:
-    """The Bi-Induct curriculum (SPEC §6)."""
+    """The Bi-Induct curriculum (SPEC §6). Guide: docs/data.md."""
 
 
 def _render_row(batch: Batch, row: int, decode, color: bool) -> str:

@@ -34,7 +34,7 @@ def train_cmd(config_file, print_config, out, overwrite, **flags):
 
     Resumes automatically when --out holds the same run (e.g. after a crash); refuses an --out
     that holds a different one. Every TrainConfig field is an option; options given override the
-    keys of --config FILE.
+    keys of --config FILE. Guide: docs/train.md.
     """
     refuse_conflicts(("--overwrite", "--print-config", print_config and overwrite))
     from ..train import train
@@ -92,7 +92,7 @@ def telemetry_cmd(runs, out, overwrite, threshold):
     """Plot head telemetry over training: score heat maps, max / top-2% mean / heads-above-threshold
     curves, held-out perplexity and the emergence step. Several RUNS must be matched-compute.
 
-    --out defaults to RUN/telemetry for one run (required for several)."""
+    --out defaults to RUN/telemetry for one run (required for several). Guide: docs/train.md."""
     import math
 
     from ..runtime.outputs import check_output_dir

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -131,36 +130,37 @@ def _final_scores(run_dir: Path) -> dict:
     return json.loads(TrainRun(run_dir).telemetry_files()[-1].read_text())["scores"]
 
 
-@dataclass(frozen=True)
-class TrainJobs:
-    """The study's training step (:meth:`run` in its phases): train every run not finished yet (:func:`train_runs`; with ``cfg.partial``,
+def train_and_check(ctx, cfg: BiInductStudyConfig, budgets: dict) -> tuple[list[tuple[str, str, int]], dict[str, float],
+                                                                           list[str]]:
+    """The study's training step: train every run not finished yet (:func:`train_runs`; with ``cfg.partial``,
     none: the finished ones are taken as they are), then check that every finished run was trained with the
-    budget the study planned (iso-FLOPs, :func:`~inductionlab.train.flops.check_iso_flops`). Timed as ``train``.
+    budget the study planned (``budgets``: run name -> budget; iso-FLOPs, :func:`~inductionlab.train.flops.check_iso_flops`).
+    Timed as ``train``.
 
-    Its value: ``(runs, walls, missing)``: the finished runs ``(name, variant, seed)``, run name -> wall
-    seconds of this call's subprocess, the names of the runs not finished (``partial``)."""
-    cfg: BiInductStudyConfig
-    budgets: dict
+    Returns:
+        ``(runs, walls, missing)``: the finished runs ``(name, variant, seed)``, run name -> wall seconds of
+        this call's subprocess, the names of the runs not finished (``partial``).
 
-    def run(self, ctx) -> tuple[list[tuple[str, str, int]], dict[str, float], list[str]]:
-        from ...train.flops import check_iso_flops, read_budgets
+    Raises:
+        InductionLabError: a run that fails, no finished natural-only run (``partial``), a run trained with
+            another budget."""
+    from ...train.flops import check_iso_flops, read_budgets
 
-        cfg, out = self.cfg, ctx.out
-        (out / "runs").mkdir(parents=True, exist_ok=True)
-        with ctx.run.timed("train"):
-            if cfg.partial:
-                walls = {}
-                runs = [r for r in cfg.runs() if run_finished(out / "runs" / r[0])]
-                if not any(v == "none" for _, v, _ in runs):
-                    raise InductionLabError(f"{out} holds no finished natural-only run yet; wait, or run without "
-                                            "--partial")
-            else:
-                walls = train_runs(cfg, out, progress=ctx.opts.progress, log=ctx.log)
-                runs = cfg.runs()
-        actual = read_budgets([out / "runs" / n for n, _, _ in runs])
-        check_iso_flops(actual)
-        for n in actual:
-            if actual[n] != self.budgets[n]:
-                raise InductionLabError(f"run {n} was trained with budget {actual[n]} but the study planned "
-                                        f"{self.budgets[n]}; use a new --out")
-        return runs, walls, [n for n, _, _ in cfg.runs() if n not in {r[0] for r in runs}]
+    out = ctx.out
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    with ctx.run.timed("train"):
+        if cfg.partial:
+            walls = {}
+            runs = [r for r in cfg.runs() if run_finished(out / "runs" / r[0])]
+            if not any(v == "none" for _, v, _ in runs):
+                raise InductionLabError(f"{out} holds no finished natural-only run yet; wait, or run without --partial")
+        else:
+            walls = train_runs(cfg, out, progress=ctx.opts.progress, log=ctx.log)
+            runs = cfg.runs()
+    actual = read_budgets([out / "runs" / n for n, _, _ in runs])
+    check_iso_flops(actual)
+    for n in actual:
+        if actual[n] != budgets[n]:
+            raise InductionLabError(f"run {n} was trained with budget {actual[n]} but the study planned {budgets[n]}; "
+                                    "use a new --out")
+    return runs, walls, [n for n, _, _ in cfg.runs() if n not in {r[0] for r in runs}]

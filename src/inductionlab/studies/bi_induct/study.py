@@ -17,7 +17,7 @@ in :mod:`~inductionlab.studies.bi_induct.report`):
 
 1. ``plan``: the budget of every run (:class:`~inductionlab.train.flops.Budget`), asserted equal,
    written as the first piece — a later call with another budget on the same ``--out`` is refused.
-2. ``train`` (:class:`~inductionlab.studies.bi_induct.jobs.TrainJobs`): one ``inductionlab train`` subprocess per (variant, seed) under
+2. ``train`` (:func:`~inductionlab.studies.bi_induct.jobs.train_and_check`): one ``inductionlab train`` subprocess per (variant, seed) under
    ``<out>/runs/<variant>-s<seed>`` (``jobs`` at a time, one torch thread each; under a GPU
    launcher ``torchrun --nproc_per_node=N``). A finished run is reused; an interrupted one is
    resumed by the trainer itself from its last checkpoint. Piece ``train/<run>`` = its summary.
@@ -46,7 +46,7 @@ from ..engine import Context, StudyResult, run_study
 from ..spec import RunOptions
 from .config import SPEC, BiInductStudyConfig, evaluation_config, plan_budgets
 from .evaluation import evaluate_checkpoint
-from .jobs import TrainJobs, run_piece
+from .jobs import run_piece, train_and_check
 from .report import estimate, summary, write  # noqa: F401  (the engine reads write, summary and estimate here)
 from .tables import runs_table, variants_table
 from .verdicts import (ANTI_NEAR_ZERO, C_MEASURE, D_MEASURE, ICL_FLOOR, INDUCTION_EFFECT, MIN_SEEDS_FOR_CI, PROBE_FLOOR,
@@ -90,7 +90,7 @@ def phases(plan: Plan, ctx: Context) -> dict:
     then each final checkpoint evaluated (a nested evaluation study per checkpoint)."""
     cfg = plan.cfg
     budgets = ctx.piece("plan", lambda: {"budgets": plan_budgets(cfg, plan.vocab_size), "versions": versions()})
-    runs, walls, missing = TrainJobs(cfg, budgets["budgets"]).run(ctx)
+    runs, walls, missing = train_and_check(ctx, cfg, budgets["budgets"])
     pieces = {n: ctx.piece(f"train/{n}", partial(run_piece, ctx.out / "runs" / n), timing="train_pieces")
               for n, _, _ in runs}
     evals = {n: ctx.piece(f"{cfg.eval_key()}/{n}", partial(_evaluate, ctx, cfg, n, s), timing="evaluate")
