@@ -176,18 +176,24 @@ def _evaluation(*, tasks=_CPU_TASKS, shots=(1, 10), n_prompts=32, icl_windows=32
         scores=HeadScoreConfig(seq_len=score_seq_len, batch_size=16), token_pool=token_pool)
 
 
+def _cpu_train(**kw) -> TrainConfig:
+    """The CPU recipe the CPU presets share (docs/positive_control.md): cpu-micro, constant lr 3e-3 after a 1%
+    warm-up, no weight decay, 8 log-spaced checkpoints, telemetry on 16 sequences of |S| = 16, a head at
+    induction score 0.3; ``kw``: the preset's own fields."""
+    base = dict(preset="cpu-micro", lr=3e-3, warmup_frac=0.01, min_lr_ratio=1.0, weight_decay=0.0, log_checkpoints=8,
+                telemetry_seq_len=16, telemetry_batch=16, induction_threshold=0.3, eval_tokens=16384)
+    return TrainConfig(**{**base, **kw})
+
+
 def cpu_control() -> BiInductStudyConfig:
     """CPU positive control: cpu-micro, BPE 512, random-token spans 8-24, m0 = 1 held, constant lr 3e-3,
     2048 tokens/update, 4000 updates (docs/positive_control.md: the one CPU recipe measured to form an
     induction head)."""
     return BiInductStudyConfig(
         preset="cpu-control", shards="data/demo-512", budget=8_192_000, seeds=2, anneal_frac=1000.0,
-        train=TrainConfig(preset="cpu-micro", seq_len=128, tokens_per_update=2048, micro_batch_size=16, lr=3e-3,
-                          warmup_frac=0.01, min_lr_ratio=1.0, weight_decay=0.0, log_checkpoints=8, dense_start=0,
-                          dense_end=4000, dense_every=250, telemetry_seq_len=16, telemetry_batch=16,
-                          induction_threshold=0.3, eval_tokens=16384, log_every=10,
-                          curriculum=CurriculumConfig(span_source="random", span_length=16, span_length_range=(8, 24),
-                                                      m0=1.0)),
+        train=_cpu_train(seq_len=128, tokens_per_update=2048, micro_batch_size=16, dense_end=4000, dense_every=250,
+                         log_every=10, curriculum=CurriculumConfig(span_source="random", span_length=16,
+                                                                   span_length_range=(8, 24), m0=1.0)),
         # tasks whose 10-shot prompts fit 128 tokens of the BPE-512 tokenizer (longer ones are skipped)
         evaluation=_evaluation(tasks=("first_letter", "last_letter", "next_letter", "prev_letter"), icl_windows=64,
                                ppl_tokens=32768, score_seq_len=16),
@@ -204,12 +210,9 @@ def cpu_natural() -> BiInductStudyConfig:
     the model's own tokens."""
     return BiInductStudyConfig(
         preset="cpu-natural", shards="data/synth90", budget=12_000_000, seeds=3, anneal_frac=1.0,
-        train=TrainConfig(preset="cpu-micro", seq_len=64, tokens_per_update=256, micro_batch_size=4, lr=3e-3,
-                          warmup_frac=0.01, min_lr_ratio=1.0, weight_decay=0.0, log_checkpoints=8, dense_start=0,
-                          dense_end=46_875, dense_every=1250, telemetry_seq_len=16, telemetry_batch=16,
-                          induction_threshold=0.3, eval_tokens=16384, log_every=500,
-                          curriculum=CurriculumConfig(span_source="natural", span_length=10, span_length_range=(6, 14),
-                                                      m0=0.5)),
+        train=_cpu_train(seq_len=64, tokens_per_update=256, micro_batch_size=4, dense_end=46_875, dense_every=1250,
+                         log_every=500, curriculum=CurriculumConfig(span_source="natural", span_length=10,
+                                                                    span_length_range=(6, 14), m0=0.5)),
         # synth documents are 63 tokens + EOS: the ICL score compares token 62 with token 6 (50 · 62 / 500)
         evaluation=_evaluation(tasks=("first_letter", "next_letter"), shots=(0, 1), n_prompts=16, icl_late=62,
                                icl_early=6, icl_windows=128, ppl_tokens=32768, score_seq_len=16, induction_seq_len=24,
@@ -226,11 +229,10 @@ def tiny() -> BiInductStudyConfig:
     The whole study in about a minute on one thread."""
     return BiInductStudyConfig(
         preset="tiny", shards="", budget=4096, seeds=2, anneal_frac=1000.0,
-        train=TrainConfig(preset="cpu-micro", seq_len=64, tokens_per_update=512, micro_batch_size=8, lr=3e-3,
-                          warmup_frac=0.0, min_lr_ratio=1.0, weight_decay=0.0, log_checkpoints=2, telemetry_seq_len=8,
-                          telemetry_batch=4, induction_threshold=0.3, eval_tokens=512, deterministic=True,
-                          curriculum=CurriculumConfig(span_source="random", span_length=8, span_length_range=(4, 12),
-                                                      m0=1.0)),
+        train=_cpu_train(seq_len=64, tokens_per_update=512, micro_batch_size=8, warmup_frac=0.0, log_checkpoints=2,
+                         telemetry_seq_len=8, telemetry_batch=4, eval_tokens=512, deterministic=True,
+                         curriculum=CurriculumConfig(span_source="random", span_length=8, span_length_range=(4, 12),
+                                                     m0=1.0)),
         evaluation=_evaluation(tasks=("copy", "first_letter"), n_prompts=4, icl_windows=8, ppl_tokens=2048, draws=2,
                                batch_size=8, score_seq_len=8),
         data_hint="any prepared corpus (tests build one)")
