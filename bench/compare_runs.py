@@ -23,6 +23,12 @@ see the report of issue 8), CSV columns and results.json keys of measured second
 ``step_time_s``, ``tokens_per_s``, ``train_wall_s_this_call``; ``--seconds`` compares them too), and where the two runs lie: a string that names a path under
 either run's parent directory is compared relative to it (``evaluate RUN_DIR`` records its model's path).
 
+Issue 24 (one engine, one results header): runs from before it lack some header keys (``kind`` in analyze,
+``resumed`` in analyze and study temporal, ``model`` in bi-induct, ``model.device`` in temporal and evaluate)
+and name their evaluation folder by another hash (``eval-<hash>`` of the recipe, now a typed config).
+``--header`` compares such runs: a header key (or a ``model`` key) found on one side only is listed as a
+note, not a difference, and ``eval-<hash>`` is compared as ``eval-<key>`` in paths and file names.
+
 Issue 16's before/after runs (every job above plus `evaluate` with zero and mean ablation of a tiny
 trained checkpoint, a fixed-seed `train`, `study bi-induct --preset tiny`) are the jobs of one script
 run once per code version, each into its own OUT; then this script per job directory.
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -71,6 +78,34 @@ def relative_paths(obj, root: str):
     return obj
 
 
+HEADER = ("kind", "model", "params", "versions", "distributed", "resumed", "timings")
+EVAL_KEY = re.compile(r"eval-[0-9a-f]{10}")
+
+
+def header_notes(a: dict, b: dict) -> list[str]:
+    """Header keys (and ``model`` keys) on one side only, removed from both (``--header``)."""
+    notes = []
+    for k in HEADER:
+        if (k in a) != (k in b):
+            notes.append(f"/{k}: only in {'before' if k in a else 'after'}")
+            a.pop(k, None), b.pop(k, None)
+    ma, mb = a.get("model"), b.get("model")
+    if isinstance(ma, dict) and isinstance(mb, dict):
+        for k in sorted(set(ma) ^ set(mb)):
+            notes.append(f"/model/{k}: only in {'before' if k in ma else 'after'}")
+            ma.pop(k, None), mb.pop(k, None)
+    return notes
+
+
+def eval_keys(obj):
+    """``obj`` with every ``eval-<hash>`` in its strings written ``eval-<key>``."""
+    if isinstance(obj, dict):
+        return {k: eval_keys(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [eval_keys(v) for v in obj]
+    return EVAL_KEY.sub("eval-<key>", obj) if isinstance(obj, str) else obj
+
+
 def csv_differences(a: Path, b: Path, skip_seconds: bool = True) -> list[str]:
     """Columns that differ between two CSV files (columns of seconds skipped unless asked)."""
     if a.read_bytes() == b.read_bytes():
@@ -92,20 +127,29 @@ def main() -> int:
                     help="top-level keys of results.json to skip")
     ap.add_argument("--seconds", action="store_true",
                     help="also compare measured times (CSV columns and results.json keys such as step_time_s)")
+    ap.add_argument("--header", action="store_true",
+                    help="a run from before the one results header: header keys on one side only are notes, and "
+                         "eval-<hash> folders are compared by position")
     args = ap.parse_args()
     a = relative_paths(json.loads((args.before / "results.json").read_text()), str(args.before.resolve().parent))
     b = relative_paths(json.loads((args.after / "results.json").read_text()), str(args.after.resolve().parent))
     for k in args.ignore:
         a.pop(k, None), b.pop(k, None)
+    notes = header_notes(a, b) if args.header else []
+    if args.header:
+        a, b = eval_keys(a), eval_keys(b)
     problems = diff(a, b, skip_seconds=not args.seconds)
+    after_by = {EVAL_KEY.sub("eval-<key>", str(p.relative_to(args.after))): p for p in args.after.rglob("*.csv")}
     csvs = sorted(p.relative_to(args.before) for p in args.before.rglob("*.csv") if "checkpoints" not in p.parts)
     for rel in csvs:
-        other = args.after / rel
+        other = after_by.get(EVAL_KEY.sub("eval-<key>", str(rel)), args.after / rel) if args.header else args.after / rel
         if not other.exists():
             problems.append(f"{rel}: missing after")
         else:
             problems += [f"{rel}: {d}" for d in csv_differences(args.before / rel, other, not args.seconds)]
     n_leaves = len(json.dumps(a))
+    for n in notes:
+        print(f"note (header): {n}")
     for p in problems:
         print(p)
     print(f"{'DIFFERENT' if problems else 'IDENTICAL'}: results.json ({n_leaves} characters compared, "

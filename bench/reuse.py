@@ -62,10 +62,10 @@ def main():
     torch.set_num_threads(1)
     loaded = load_model("smollm2-135m", dtype="bfloat16")
     cfg = AnalyzeConfig()
-    hs = compute_head_scores(loaded.model, tokenizer=loaded.tokenizer, seq_len=cfg.score_seq_len,
-                             batch_size=cfg.score_batch_size, n_batches=cfg.score_batches, seed=cfg.seed)
+    hs = compute_head_scores(loaded.model, tokenizer=loaded.tokenizer, seq_len=cfg.scores.seq_len,
+                             batch_size=cfg.scores.batch_size, n_batches=cfg.scores.n_batches, seed=cfg.seed)
     L = loaded.identity["n_layers"]
-    conds = ablation_conditions(hs["induction"], cfg.ks, n_draws=cfg.n_draws,
+    conds = ablation_conditions(hs["induction"], cfg.ablation.ks, n_draws=cfg.ablation.n_draws,
                                 exclude_top_n=default_exclude_top_n(hs["induction"].size), seed=cfg.seed)
     rows, share = estimate(conds, L)
     ideal = sum(r["ideal_skip"] for r in rows) / len(rows)
@@ -90,7 +90,7 @@ def main():
         cache = residual_cache(loaded.model, conds) if reuse else False
         t = time.perf_counter()
         out = run_conditions(loaded, conds, trials, method=lag_cfg.method, batch_size=bs,
-                             measure_batch=lambda m, b: lag_probe.measure_batch(m, b, lag_cfg), reuse=cache)
+                             measure_batch=lag_probe.probe(lag_cfg).measure_batch, reuse=cache)
         dt = time.perf_counter() - t
         info = {"s": dt, "loadavg": load, "skipped": cache.skipped if cache else 0,
                 "cache_MB": cache.nbytes / 1e6 if cache else 0.0}
