@@ -58,6 +58,7 @@ from typing import Iterable, Iterator, Mapping
 import torch
 
 from ..errors import InductionLabError
+from ..names import DEFAULT_METHOD
 from .attention import (CACHE_TAG, FUNCTION_NAME, AlreadyInstrumented, Instrumentation, NoOpIntervention,
                         StaleKVCache, UnsupportedArchitecture, gather_targets)
 from .methods import (ABLATION_METHODS, METHODS, AblationMethod, HeadIntervention, Positions, ablation_method,
@@ -175,7 +176,7 @@ def head_output_means(model, input_ids: torch.Tensor, attention_mask: torch.Tens
 
 
 @contextlib.contextmanager
-def ablate(model, heads: Iterable[tuple[int, int]], method: str = "zero", *,
+def ablate(model, heads: Iterable[tuple[int, int]], method: str = DEFAULT_METHOD, *,
            reference_ids: torch.Tensor | None = None, reference_mask: torch.Tensor | None = None,
            strict: bool = True) -> Iterator[Instrumentation]:
     """Ablate a set of query heads while the block runs.

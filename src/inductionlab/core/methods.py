@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import InductionLabError
-from ..names import ABLATION_METHOD_NEEDS, check_registry
+from ..names import ABLATION_METHOD_NEEDS, DEFAULT_METHOD, check_registry
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class HeadIntervention:
     """
     layer: int
     head: int
-    method: str = "zero"
+    method: str = DEFAULT_METHOD
     value: torch.Tensor | None = None
     edges: object = None
 
