@@ -14,8 +14,10 @@ import numpy as np
 from ..data.curriculum import SPAN_SOURCES, VARIANTS, BiInductStream, Batch, CurriculumConfig
 from ..errors import InductionLabError
 from ..runtime.outputs import check_output_file
-from .generate import build_config, config_options, with_options as _with
-from .options import FLOAT, INT, given, run_dir_options
+from ..data.shards import CorpusConfig
+from ..data.synth_bigram import SynthBigramConfig
+from .generate import build_config, config_options, given_flags, with_options as _with
+from .options import INT, run_dir_options
 
 
 @click.group()
@@ -23,80 +25,50 @@ def corpus() -> None:
     """Prepare and inspect tokenised pretraining corpora. Guide: docs/data.md."""
 
 
+_CORPUS = config_options(CorpusConfig)
+_SYNTH = [o for o in config_options(SynthBigramConfig) if o.opts[0] != "--seed"]   # one --seed, both configs'
+
+
 @corpus.command("prepare")
 @click.argument("source")
-@click.option("--tokenizer", default="bpe", show_default=True,
-              help="'bpe' (train a byte-level BPE on the training split), a tokenizer.json, a "
-                   "directory holding one, or a model spec such as smollm2-135m.")
-@click.option("--vocab-size", type=INT, default=4096, show_default=True, help="BPE vocabulary size.")
-@click.option("--heldout-fraction", type=FLOAT, default=None,
-              help="Fraction of documents held out by MD5 [default: auto, 0.2%..5%].")
-@click.option("--seed", type=INT, default=0, show_default=True, help="Seed of the document order.")
-@click.option("--text-field", default="text", show_default=True, help="JSONL/Parquet/dataset field.")
-@click.option("--max-documents", type=INT, default=None, help="Use only the first N documents.")
-@click.option("--chunk-chars", type=INT, default=4000, show_default=True,
-              help="Plain text: group paragraphs into documents of at least this many characters.")
-@click.option("--no-shuffle", is_flag=True, help="Keep source document order.")
-@click.option("--from", "synth_from", type=click.Path(path_type=Path), default=None,
-              help="synth-bigram: the prepared corpus whose bigram statistics and tokenizer to use.")
-@click.option("--repetition", type=FLOAT, default=None, help="synth-bigram: P(A B ... A), in [0, 1].")
-@click.option("--reliability", type=FLOAT, default=None, help="synth-bigram: P(B | A B ... A), in [0, 1].")
-@click.option("--tokens", type=INT, default=None, help="synth-bigram: training tokens to sample.")
-@click.option("--seq-len", type=INT, default=64, show_default=True,
-              help="synth-bigram: tokens per sequence, EOS included (train with the same --seq-len).")
-@click.option("--alpha", type=FLOAT, default=1e-6, show_default=True,
-              help="synth-bigram: additive smoothing of the bigram probabilities.")
-@click.option("--heldout-tokens", type=INT, default=65536, show_default=True,
-              help="synth-bigram: held-out tokens (sequences of an independent stream).")
+@_with(_CORPUS + _SYNTH)
 @run_dir_options("corpus", required=True)
-@click.pass_context
-def corpus_prepare(ctx, source, out, tokenizer, vocab_size, heldout_fraction, seed, text_field,
-                   max_documents, chunk_chars, no_shuffle, overwrite, synth_from, repetition,
-                   reliability, tokens, seq_len, alpha, heldout_tokens) -> None:
+def corpus_prepare(source, out, overwrite, **options) -> None:
     """Tokenise SOURCE ('demo', a .txt/.jsonl/.parquet file or directory, or a saved Hugging
     Face dataset) into memory-mapped shards with an MD5 held-out split.
 
     SOURCE 'synth-bigram' samples a semi-synthetic corpus instead (Aoyama et al. 2025): sequences
     from the bigram statistics of the prepared corpus --from, with repetition P(A B ... A) and
     reliability P(B | A B ... A), e.g. ``corpus prepare synth-bigram --from data/demo-512
-    --repetition 0.9 --reliability 0.9 --tokens 12000000 --out data/synth``."""
-    from ..data.shards import TokenShards, prepare_corpus   # lazy: tokenizers, numpy
+    --repetition 0.9 --reliability 0.9 --tokens 12000000 --out data/synth``. Guide: docs/data.md."""
+    from ..data.shards import prepare_corpus   # lazy: tokenizers
 
-    synth_opts = ("synth_from", "repetition", "reliability", "tokens", "seq_len", "alpha", "heldout_tokens")
-    text_opts = ("tokenizer", "vocab_size", "heldout_fraction", "text_field", "max_documents",
-                 "chunk_chars", "no_shuffle")
-    passed = {k for k in synth_opts + text_opts
-              if ctx.get_parameter_source(k) not in (click.core.ParameterSource.DEFAULT, None)}
-    flag = {k: "--" + ("from" if k == "synth_from" else k.replace("_", "-")) for k in synth_opts + text_opts}
+    text, synth = given_flags(CorpusConfig) - {"--seed"}, given_flags(SynthBigramConfig) - {"--seed"}
+    cfg, scfg = build_config(CorpusConfig, dict(options)), build_config(SynthBigramConfig, dict(options))
     if source == "synth-bigram":
-        wrong = [flag[k] for k in text_opts if k in passed]
-        if wrong:
-            raise InductionLabError(f"{', '.join(wrong)}: not used by synth-bigram (it keeps the --from "
+        if text:
+            raise InductionLabError(f"{', '.join(sorted(text))}: not used by synth-bigram (it keeps the --from "
                                     "corpus's tokenizer); drop them")
-        missing = [flag[k] for k in ("synth_from", "repetition", "reliability", "tokens") if k not in passed]
+        missing = [f for f in ("--from", "--repetition", "--reliability", "--tokens") if f not in synth]
         if missing:
             raise InductionLabError(f"synth-bigram needs {', '.join(missing)}; e.g. --from data/demo-512 "
                                     "--repetition 0.9 --reliability 0.9 --tokens 12000000")
         from ..data.synth_bigram import prepare_synth_bigram
-        shards = prepare_synth_bigram(synth_from, out, repetition=repetition, reliability=reliability,
-                                      tokens=tokens, seq_len=seq_len, alpha=alpha,
-                                      heldout_tokens=heldout_tokens, seed=seed, overwrite=overwrite)
+        shards = prepare_synth_bigram(Path(scfg.source), out, repetition=scfg.repetition, reliability=scfg.reliability,
+                                      tokens=scfg.tokens, seq_len=scfg.seq_len, alpha=scfg.alpha,
+                                      heldout_tokens=scfg.heldout_tokens, seed=scfg.seed, overwrite=overwrite)
         _print_info(shards)
         return
-    wrong = [flag[k] for k in synth_opts if k in passed]
-    if wrong:
-        raise InductionLabError(f"{', '.join(wrong)}: only for SOURCE synth-bigram; drop them or pass "
+    if synth:
+        raise InductionLabError(f"{', '.join(sorted(synth))}: only for SOURCE synth-bigram; drop them or pass "
                                 "synth-bigram as SOURCE")
-    if no_shuffle and given("seed"):
+    if not cfg.shuffle and "--seed" in given_flags(CorpusConfig):
         raise InductionLabError("--seed orders the shuffled documents; with --no-shuffle it has no effect: drop one "
                                 "of them")
-    if tokenizer != "bpe" and given("vocab_size"):
-        raise InductionLabError(f"--vocab-size sizes the BPE trained by --tokenizer bpe; --tokenizer {tokenizer} brings "
-                                "its own vocabulary: drop --vocab-size (or use --tokenizer bpe)")
-    shards = prepare_corpus(source, out, tokenizer=tokenizer, vocab_size=vocab_size,
-                            heldout_fraction=heldout_fraction, seed=seed, text_field=text_field,
-                            max_documents=max_documents, chunk_chars=chunk_chars,
-                            shuffle=not no_shuffle, overwrite=overwrite)
+    if cfg.tokenizer != "bpe" and "--vocab-size" in text:
+        raise InductionLabError(f"--vocab-size sizes the BPE trained by --tokenizer bpe; --tokenizer {cfg.tokenizer} "
+                                "brings its own vocabulary: drop --vocab-size (or use --tokenizer bpe)")
+    shards = prepare_corpus(source, out, cfg, overwrite=overwrite)
     _print_info(shards)
 
 

@@ -136,6 +136,21 @@ def given(ctx: click.Context, param: str) -> bool:
     return ctx.get_parameter_source(param) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
 
 
+def _groups(cfg) -> dict[str, list[C.Leaf]]:
+    """flag -> the leaves it sets (an option is its first leaf's)."""
+    groups: dict[str, list[C.Leaf]] = {}
+    for leaf in C.leaves(cfg, cli_only=True):
+        groups.setdefault(leaf.flag, []).append(leaf)
+    return groups
+
+
+def given_flags(cls_or_cfg) -> set[str]:
+    """The flags of the config's options given on the current command line (or through the environment)."""
+    ctx = click.get_current_context()
+    base = C.default(cls_or_cfg) if isinstance(cls_or_cfg, type) else cls_or_cfg
+    return {flag for flag, g in _groups(base).items() if given(ctx, _param(g[0].key))}
+
+
 def build_config(cls_or_cfg, kw: dict, config_file: str | None = None) -> Any:
     """The config of a command's parsed options ``kw`` (their ``c__`` keys are popped): the ``--config``
     file over the default config (a class's default, a preset-built config's preset named by the file or
@@ -157,9 +172,7 @@ def build_config(cls_or_cfg, kw: dict, config_file: str | None = None) -> Any:
         cfg = cls_or_cfg
     if file_values:
         cfg = C.from_dict(cfg, file_values)
-    groups: dict[str, list[C.Leaf]] = {}                       # flag -> its leaves (the option is the first's)
-    for leaf in C.leaves(cfg, cli_only=True):
-        groups.setdefault(leaf.flag, []).append(leaf)
+    groups = _groups(cfg)
     flags = {flag for flag, g in groups.items() if given(ctx, _param(g[0].key))}
     for flag in flags:
         for leaf in groups[flag]:
@@ -269,4 +282,4 @@ def _run(spec, kw: dict) -> None:
         shutdown()
 
 
-__all__ = ["LeafType", "config_options", "build_config", "with_options", "given", "study_command"]
+__all__ = ["LeafType", "config_options", "build_config", "given_flags", "with_options", "given", "study_command"]

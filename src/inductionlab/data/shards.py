@@ -19,12 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
+from ..config import opt
 from ..errors import InductionLabError
 from ..runtime.outputs import check_output_dir
 from ..runtime.runs import atomic_write_json, own_entries, sha256_file, staged_run_dir, versions
@@ -197,12 +198,24 @@ def _limited(docs: Iterator[str], max_documents: int | None) -> Iterator[str]:
         yield d
 
 
-def prepare_corpus(source: str | os.PathLike, out_dir: str | os.PathLike, *,
-                   tokenizer: str = "bpe", vocab_size: int = 4096,
-                   heldout_fraction: float | None = None, seed: int = 0,
-                   text_field: str = "text", max_documents: int | None = None,
-                   chunk_chars: int = 4000, shuffle: bool = True,
-                   overwrite: bool = False) -> TokenShards:
+@dataclass
+class CorpusConfig:
+    """How :func:`prepare_corpus` tokenises a corpus (``inductionlab corpus prepare SOURCE``): the options of
+    the command, generated from these fields."""
+    tokenizer: str = opt("bpe", "'bpe' (train a byte-level BPE on the training split), a tokenizer.json, a directory "
+                                "holding one, or a model spec such as smollm2-135m.")
+    vocab_size: int = opt(4096, "BPE vocabulary size.")
+    heldout_fraction: float | None = opt(None, "Fraction of documents held out by MD5.",
+                                         none="auto, 0.2%..5%: clip(200,000 / characters, 0.002, 0.05)")
+    seed: int = opt(0, "Seed of the document order.")
+    text_field: str = opt("text", "JSONL/Parquet/dataset field.")
+    max_documents: int | None = opt(None, "Use only the first N documents.")
+    chunk_chars: int = opt(4000, "Plain text: group paragraphs into documents of at least this many characters.")
+    shuffle: bool = opt(True, "Keep source document order (the flag sets shuffle false).", flag="--no-shuffle")
+
+
+def prepare_corpus(source: str | os.PathLike, out_dir: str | os.PathLike, cfg: CorpusConfig | None = None, *,
+                   overwrite: bool = False, **options) -> TokenShards:
     """Tokenise a corpus once into memory-mappable shards with a manifest.
 
     Args:
@@ -210,6 +223,8 @@ def prepare_corpus(source: str | os.PathLike, out_dir: str | os.PathLike, *,
             on-disk Hugging Face dataset, or a directory of such files
             (:func:`inductionlab.data.corpus.resolve_source`).
         out_dir: directory to create (must be new or empty unless ``overwrite``).
+        cfg: :class:`CorpusConfig` (default: its defaults); ``options``: its fields by name, over ``cfg``
+            (``prepare_corpus(src, out, vocab_size=512)``):
         tokenizer: ``"bpe"`` to train a byte-level BPE of ``vocab_size`` on the training split,
             or an existing tokenizer (tokenizer.json, a directory holding one, a model spec).
         heldout_fraction: expected fraction of documents held out by the MD5 rule; ``None`` =
@@ -226,7 +241,11 @@ def prepare_corpus(source: str | os.PathLike, out_dir: str | os.PathLike, *,
 
     Raises:
         InductionLabError: empty corpus, bad fraction, empty split, bad source or tokenizer.
+        TypeError: an option that is no field of :class:`CorpusConfig`.
     """
+    c = replace(cfg or CorpusConfig(), **options)
+    tokenizer, vocab_size, heldout_fraction, seed = c.tokenizer, c.vocab_size, c.heldout_fraction, c.seed
+    text_field, max_documents, chunk_chars, shuffle = c.text_field, c.max_documents, c.chunk_chars, c.shuffle
     if heldout_fraction is not None and not 0.0 <= heldout_fraction < 1.0:
         raise InductionLabError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
     if max_documents is not None and max_documents < 1:

@@ -42,10 +42,12 @@ import json
 import math
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..config import opt
 from ..errors import InductionLabError
 from ..runtime.outputs import check_output_dir
 from ..runtime.runs import atomic_write_json, own_entries, sha256_file, staged_run_dir, versions
@@ -258,10 +260,28 @@ def _sample_split(table: BigramTable, n_seq: int, length: int, p: float, q: floa
     return (np.concatenate(parts) if parts else np.zeros((0, length), np.int64)), fb
 
 
+@dataclass
+class SynthBigramConfig:
+    """How :func:`prepare_synth_bigram` samples a corpus (``inductionlab corpus prepare synth-bigram``): the
+    command's synth-bigram options, generated from these fields. ``repetition``, ``reliability`` and
+    ``tokens`` have no default: the study they serve chooses them."""
+    source: str | None = opt(None, "synth-bigram: the prepared corpus whose bigram statistics and tokenizer to use.",
+                             flag="--from", metavar="DIR")
+    repetition: float | None = opt(None, "synth-bigram: P(A B ... A), in [0, 1].")
+    reliability: float | None = opt(None, "synth-bigram: P(B | A B ... A), in [0, 1].")
+    tokens: int | None = opt(None, "synth-bigram: training tokens to sample.")
+    seq_len: int = opt(64, "synth-bigram: tokens per sequence, EOS included (train with the same --seq-len).")
+    alpha: float = opt(1e-6, "synth-bigram: additive smoothing of the bigram probabilities.",
+                       source="Aoyama et al. 2025")
+    heldout_tokens: int = opt(DEFAULT_HELDOUT_TOKENS, "synth-bigram: held-out tokens (sequences of an independent "
+                                                      "stream).")
+    seed: int = opt(0, "Seed of every draw.")
+
+
 def prepare_synth_bigram(source: str | os.PathLike, out_dir: str | os.PathLike, *, repetition: float,
-                         reliability: float, tokens: int, seq_len: int = 64, alpha: float = 1e-6,
-                         heldout_tokens: int = DEFAULT_HELDOUT_TOKENS, seed: int = 0,
-                         overwrite: bool = False) -> TokenShards:
+                         reliability: float, tokens: int, seq_len: int = SynthBigramConfig.seq_len,
+                         alpha: float = SynthBigramConfig.alpha, heldout_tokens: int = DEFAULT_HELDOUT_TOKENS,
+                         seed: int = 0, overwrite: bool = False) -> TokenShards:
     """Write a semi-synthetic prepared corpus sampled from the bigram statistics of ``source``.
 
     Args:
