@@ -4,7 +4,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test test-all corpus
+.PHONY: setup run test corpus
 setup: $(VENV)/.setup-done
 
 # re-run set-up only when what it installs from has changed

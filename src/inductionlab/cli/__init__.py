@@ -1,10 +1,11 @@
 """The command line, a thin layer over the Python API: ``inductionlab`` (the entry point) and
 ``python -m inductionlab.cli`` both run :func:`main`.
 
-``main.py`` holds the group and ``analyze``; one module per command family (``data``: corpus and
-curriculum, ``train``, ``evaluate``, ``study``); ``options.py`` the option groups they share.
-A new command: a ``@main.command()`` in the family's module (or a new module registered in
-``main._register``) that parses options into the API's config and calls the API.
+``main.py`` holds the group and registers the commands; ``generate.py`` makes every study's command from its
+spec and config (``analyze``, ``evaluate``, ``study temporal``, ``study bi-induct``: a new study folder is a
+new command, with no code here) and the options of any config; ``data.py`` (corpus, curriculum) and
+``train.py`` (train, telemetry) hold the hand-written families, their configs' options generated too;
+``options.py`` the options that are no config's (model, device, run directory, ``--quiet``).
 """
 
 from .main import main

@@ -76,7 +76,7 @@ def corpus_prepare(source, out, overwrite, **options) -> None:
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--verify", is_flag=True, help="Also check the token files' sha256.")
 def corpus_info(path, verify) -> None:
-    """Summarise a prepared corpus directory."""
+    """Summarise a prepared corpus directory. Guide: docs/data.md."""
     from ..data.shards import TokenShards, prepare_corpus   # lazy: tokenizers, numpy
 
     shards = TokenShards.open(path)
@@ -163,7 +163,7 @@ _PREVIEW = CurriculumConfig(variant="balanced")      # preview shows snippets un
 def curriculum_preview(corpus_dir, seed, batch_size, seq_len, total_tokens, step, windows, plot, color,
                        **cur) -> None:
     """Print decoded training windows with Bi-Induct snippets marked ⟦→ S ⟨SEP⟩ copy⟧
-    (→ induction copy, ← reversed copy) and optionally plot the realised synthetic fraction."""
+    (→ induction copy, ← reversed copy) and optionally plot the realised synthetic fraction. Guide: docs/data.md."""
     cfg = dataclasses.replace(build_config(_PREVIEW, cur), seed=seed)
     cfg.validate()
     for name, v, lo in (("--batch-size", batch_size, 1), ("--seq-len", seq_len, 2), ("--total-tokens", total_tokens, 1),

@@ -60,7 +60,7 @@ model_options = _stack(
     click.option("--dtype", default="auto", show_default=True,
                  type=click.Choice(["auto", "bfloat16", "float32", "float16"]),
                  help="auto: bfloat16 where the device runs it fast (CUDA with bf16; a CPU with AMX or "
-                      "avx512_bf16, confirmed by a 0.2 s matmul probe), else float32 (README: dtype)."),
+                      "avx512_bf16, confirmed by a 0.2 s matmul probe), else float32 (docs/analyze.md: dtype)."),
     click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N"),
 )
 

@@ -25,7 +25,7 @@ from .options import FLOAT, refuse_conflicts, run_dir_options
 
 @click.command("train", context_settings={"max_content_width": 120})
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
-              help="YAML or TOML run config; flags override its keys.")
+              help="YAML, JSON or TOML run config; flags override its keys.")
 @click.option("--print-config", is_flag=True, help="Print the resolved config and budget, then exit.")
 @run_dir_options("train")
 @_with(config_options(TrainConfig))
