@@ -5,6 +5,8 @@
 # random Llama (tests/_tiny.py) and a prepared corpus. Run it once per code version, e.g. main before a
 # change from a `git worktree add /tmp/before <rev>`, then compare job by job:
 #   for d in analyze study eval-zero eval-mean bi; do python bench/compare_runs.py BEFORE/$d AFTER/$d; done
+# (a BEFORE from before the one results header, issue 24: add --header, and for bi also
+#  --ignore timings versions params preset: its recipe block is the typed config now)
 # and the fixed-seed training run by its weights: sha256sum {BEFORE,AFTER}/train/checkpoints/*/model.safetensors
 # (~2 min on 2 cores; fp32, one thread, fixed seeds).
 set -euo pipefail
