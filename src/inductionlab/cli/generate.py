@@ -220,6 +220,8 @@ def study_command(spec, name: str) -> click.Command:
 
 
 class _Placeholder:
+    """Stands for the config in ``--out``'s help: ``{cfg.preset}`` reads ``<preset>``."""
+
     def __getattr__(self, name):
         return f"<{name}>"
 
@@ -249,12 +251,13 @@ def _run(spec, kw: dict) -> None:
             kw["model"] = arg
     cfg = build_config(spec.config, kw, kw.pop("config_file"))
     out, overwrite, quiet = kw.pop("out"), kw.pop("overwrite"), kw.pop("quiet")
+    partial = getattr(cfg, "partial", False)             # study bi-induct: report the runs finished in --out
     if kw.pop("estimate", False):
-        refuse_conflicts(("--overwrite", "--estimate", overwrite), ("--partial", "--estimate", getattr(cfg, "partial", False)))
+        refuse_conflicts(("--overwrite", "--estimate", overwrite), ("--partial", "--estimate", partial))
         cfg.validate()
         click.echo(spec.impl.estimate(cfg))
         return
-    if overwrite and getattr(cfg, "partial", False):
+    if overwrite and partial:
         raise InductionLabError("--partial and --overwrite conflict: --partial reports the runs finished in --out, "
                                 "--overwrite deletes them first; drop one of them")
     cfg.validate()                                      # fail before the slow part
