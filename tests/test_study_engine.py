@@ -11,7 +11,7 @@ import pytest
 
 from conftest import make_tiny
 from inductionlab.config import opt
-from inductionlab.core.ablation import Condition, top_k_heads
+from inductionlab.core.ablation import Condition, ablation_conditions
 from inductionlab.core.models import LoadedModel, attention_shape
 from inductionlab.protocols import lag_probe
 from inductionlab.protocols.lag_probe import LagProbeConfig
@@ -33,7 +33,7 @@ def tiny(word_tokenizer):
 
 def test_every_study_is_found_by_its_spec():
     found = {s.command: s for s in specs()}
-    assert set(found) == {"analyze", "evaluate", "study temporal", "study bi-induct"}
+    assert {"analyze", "evaluate", "study temporal", "study bi-induct"} <= set(found)   # and any study added since
     assert {s.kind for s in found.values()} == {"analyze", "evaluate", "study-temporal", "study-bi-induct"}
     for s in found.values():                       # the folder is the command's last word, snake case
         assert s.config.__module__ == f"inductionlab.studies.{s.command.split()[-1].replace('-', '_')}.config"
@@ -123,15 +123,15 @@ def prepare(loaded, cfg: ToyConfig):
 
 def phases(plan, ctx):
     scores = ctx.head_scores(HeadScoreConfig(seq_len=8, batch_size=2), seed=plan.cfg.seed)
-    top = Condition("induction-k", "induction", plan.cfg.k, top_k_heads(scores["induction"], plan.cfg.k))
+    conditions = ablation_conditions(scores["induction"], [plan.cfg.k], n_draws=0)     # intact, induction-k
     probe = lag_probe.probe(replace(LAG, seed=plan.cfg.seed))
-    return ctx.measure(Phase("lag", probe, [Condition("intact", "intact"), top], LAG.n_permutations))["lag"]
+    return ctx.measure(Phase("lag", probe, conditions, LAG.n_permutations))["lag"]
 
 
 def result(plan, lag) -> ToyResult:
     col = LAG.cue_position                               # lag +1
     p = {name: float(np.mean(a["probs"][:, col])) for name, a in lag.arrays.items()}
-    drop = p["intact"] - p["induction-k"]
+    drop = p["intact"] - p[f"induction-{plan.cfg.k}"]
     verdict = Verdict("A", "reproduced" if drop > 0 else "not reproduced", "drop > 0", f"drop {drop:+.4f}")
     return ToyResult(drop=drop, verdicts=[verdict], record={"lag_plus1": p})
 
@@ -144,7 +144,18 @@ def test_a_toy_study_is_a_spec_and_three_functions(tiny, tmp_path):
     res = run_study(TOY, tiny, ToyConfig(), tmp_path / "toy", QUIET)
     rec = json.loads((tmp_path / "toy" / "results.json").read_text())
     assert list(rec)[:len(HEADER)] == list(HEADER) and rec["kind"] == "study-toy"
-    assert rec["params"]["k"] == 2 and rec["lag_plus1"]["intact"] - rec["lag_plus1"]["induction-k"] == res.drop
+    assert rec["params"]["k"] == 2 and rec["lag_plus1"]["intact"] - rec["lag_plus1"]["induction-2"] == res.drop
+    assert res.drop != 0                                   # the ablation reached the model
     assert (tmp_path / "toy" / "report.md").read_text().startswith("drop ")
     again = run_study(TOY, tiny, ToyConfig(), tmp_path / "toy", QUIET)          # resumed: pieces loaded
     assert again.record["resumed"] and again.drop == res.drop
+
+
+def test_a_condition_without_heads_is_refused_before_any_forward(tiny, tmp_path):
+    """The trap of a positional head list: Condition(name, kind, k, heads) puts the heads in ``draw``."""
+    with pytest.raises(TypeError, match="draw must be an integer.*heads by keyword"):
+        Condition("induction-1", "induction", 1, [(0, 1)])
+    from inductionlab.errors import InductionLabError
+
+    with pytest.raises(InductionLabError, match="'induction-1' .induction. ablates no head"):
+        lag_probe.probe(LAG).run(tiny, [Condition("intact", "intact"), Condition("induction-1", "induction", 1)])

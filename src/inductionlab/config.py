@@ -352,8 +352,9 @@ def read_mapping(path: str | Path) -> dict:
     return d
 
 
-def load(path: str | Path, cls_or_cfg: Any) -> Any:
-    """The config of the file ``path`` (:func:`read_mapping`) over ``cls_or_cfg``'s defaults (:func:`from_dict`)."""
+def load(cls_or_cfg: Any, path: str | Path) -> Any:
+    """A config of type ``cls_or_cfg`` (or over that instance) with the entries of the file ``path``:
+    :func:`from_dict` of :func:`read_mapping` (``load(AnalyzeConfig, "analyze.yaml")``)."""
     return from_dict(cls_or_cfg, read_mapping(path))
 
 

@@ -275,7 +275,9 @@ def _run(spec, kw: dict) -> None:
     res = run_study(spec, loaded, cfg, out, RunOptions(overwrite=overwrite, progress=not quiet, dist=dist,
                                                        log=click.echo))
     if dist is None or dist.is_main:
-        lines = spec.impl.summary(res) if hasattr(spec.impl, "summary") else []
+        from ..studies.run import format_verdicts
+
+        lines = spec.impl.summary(res) if hasattr(spec.impl, "summary") else format_verdicts(res.verdicts)
         if lines:
             click.echo("")
             click.echo("\n".join(lines))

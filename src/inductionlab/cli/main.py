@@ -46,6 +46,10 @@ class _Group(click.Group):
         except InductionLabError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
+        except click.UsageError as e:     # a sub-command's option click refused (a choice, a type): one line too
+            where = e.ctx.command_path if e.ctx is not None else "inductionlab"
+            click.echo(f"error: {e.format_message()} (see: {where} --help)", err=True)
+            sys.exit(2)
         except OSError as e:              # full disk, link loop, name too long, ...: one line, path + cause
             click.echo(f"error: {os_error(e)}", err=True)
             sys.exit(2)

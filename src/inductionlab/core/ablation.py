@@ -143,12 +143,28 @@ def matched_random_heads(shape: tuple[int, int], chosen, *, exclude=(), seed: in
 
 @dataclass
 class Condition:
-    """One ablation condition of a protocol."""
+    """One ablation condition of a protocol: ``name`` (the pieces' and tables' key), ``kind`` (``intact`` |
+    ``induction`` | ``random`` | ``single``), ``k`` (heads ablated), ``draw`` (the random draw's index) and
+    ``heads`` (``(layer, head)`` pairs, query-head indexing; empty only for ``intact``).
+
+    Raises:
+        TypeError: ``k`` or ``draw`` not an integer (a head list given in ``draw``'s place: pass it as
+            ``heads=``), ``heads`` not a list of pairs."""
     name: str
-    kind: str                # intact | induction | random
+    kind: str                # intact | induction | random | single
     k: int = 0
     draw: int = 0
     heads: list[Head] = field(default_factory=list)
+
+    def __post_init__(self):
+        for f in ("k", "draw"):
+            v = getattr(self, f)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"Condition {self.name!r}: {f} must be an integer, got {type(v).__name__} {v!r}; "
+                                "pass the heads by keyword: Condition(name, kind, k, heads=[(layer, head), ...])")
+        if isinstance(self.heads, (str, bytes)) or not hasattr(self.heads, "__iter__"):
+            raise TypeError(f"Condition {self.name!r}: heads must be a list of (layer, head) pairs, got "
+                            f"{type(self.heads).__name__}")
 
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "k": self.k, "draw": self.draw,
@@ -209,3 +225,7 @@ def check_conditions(conditions, what: str) -> None:
                                 "[Condition('intact', 'intact', 0, 0, [])] or ablation_conditions(scores, ks)")
     for c in conditions:
         check_type(c, Condition, f"{what}: each condition")
+        if c.kind != "intact" and not len(c.heads):
+            raise InductionLabError(f"{what}: condition {c.name!r} ({c.kind}) ablates no head, so it would equal the "
+                                    "intact model; give its heads (Condition(name, kind, k, heads=[...]) or "
+                                    "ablation_conditions(scores, ks))")

@@ -101,7 +101,7 @@ class LagProbeConfig:
         if not 1 <= self.cue_position <= self.list_length:
             raise InductionLabError(f"cue position {self.cue_position} is outside a list of {self.list_length} words")
         if self.n_permutations < 2:
-            raise InductionLabError(f"n_permutations={self.n_permutations}: at least 2 trials are needed for a CI")
+            raise InductionLabError(f"--n-permutations {self.n_permutations}: at least 2 trials are needed for a CI")
         if self.batch_size is not None and self.batch_size < 1:
             raise InductionLabError(f"batch size {self.batch_size} must be at least 1")
         if self.far_lag < 0:

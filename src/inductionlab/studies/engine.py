@@ -57,7 +57,9 @@ class StudyResult:
         record: results.json: :data:`HEADER`, then the study's own entries (``result()`` fills those;
             the engine adds the header in front).
         timings: ``<part>_s`` -> wall seconds of this call (the same dict as ``record["timings"]``).
-        verdicts: the claims decided on this run (empty for a study without claims).
+        verdicts: the claims decided on this run (empty for a study without claims); the engine adds them to
+            the record as ``verdicts`` when the study's record has none, and the command prints them when the
+            study has no ``summary``.
     """
     record: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
@@ -175,7 +177,7 @@ def run_phases(ctx: Context, phases: Sequence[Phase]) -> dict[str, PhaseRun]:
     for ph in phases:                                  # a resumed phase's time is 0 s, not missing
         run.timings.setdefault(f"{ph.timing or ph.key}_s", 0.0)
     total = sum(len(trials(ph)) if ph.n_trials is None else ph.n_trials for ph, _ in pending)
-    with tqdm(total=total, desc="conditions", unit="trial", disable=not ctx.bar) as bar:
+    with tqdm(total=total, desc="conditions", unit="trial", disable=not (ctx.bar and pending)) as bar:
         for ph, c in todo:
             key = f"{ph.key}/{c.name}"
 
@@ -242,11 +244,14 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
         params["model"] = params_identity(ran_identity(loaded))   # a resume never mixes two models (nor dtypes)
     run = StudyRun(out, spec.kind, params, overwrite=opts.overwrite, on_checkpoint=opts.on_checkpoint,
                    inputs=inputs, dist=opts.dist, started=t0, owned=getattr(plan, "owned", ()))
-    run.open()
+    if run.open() and opts.log is not None and run.is_main:
+        opts.log(f"resuming {out}: finished pieces are loaded, the rest computed")
     if loaded is not None:
         announce_dtype(ran_identity(loaded), opts.log, run.is_main)
     pieces = impl.phases(plan, Context(run, loaded, opts))
     res = impl.result(plan, pieces)
+    if res.verdicts and "verdicts" not in res.record:
+        res.record["verdicts"] = [v.to_dict() for v in res.verdicts]
     model = ran_identity(loaded) if loaded is not None else getattr(plan, "model", None)
     res.record = {"kind": spec.kind, "model": model, "params": run.params, "versions": versions(),
                   "distributed": (opts.dist or Dist()).record(), "resumed": run.resumed, "timings": run.timings,
