@@ -244,10 +244,11 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
         params["model"] = params_identity(ran_identity(loaded))   # a resume never mixes two models (nor dtypes)
     run = StudyRun(out, spec.kind, params, overwrite=opts.overwrite, on_checkpoint=opts.on_checkpoint,
                    inputs=inputs, dist=opts.dist, started=t0, owned=getattr(plan, "owned", ()))
-    if run.open() and opts.log is not None and run.is_main:
-        opts.log(f"resuming {out}: finished pieces are loaded, the rest computed")
-    if loaded is not None:
+    run.open()
+    if loaded is not None:                           # the first line a user sees: the dtype and why
         announce_dtype(ran_identity(loaded), opts.log, run.is_main)
+    if run.resumed and opts.log is not None and run.is_main:
+        opts.log(f"resuming {out}: finished pieces are loaded, the rest computed")
     pieces = impl.phases(plan, Context(run, loaded, opts))
     res = impl.result(plan, pieces)
     if res.verdicts and "verdicts" not in res.record:
