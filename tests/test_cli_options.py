@@ -17,10 +17,13 @@ BEFORE = Path(__file__).parent / "data" / "cli_options_7389233.json"
 NEW = {("analyze", ("--config",)), ("evaluate", ("--config",)), ("study temporal", ("--config",)),
        ("study bi-induct", ("--config",)),                        # the config trees load from YAML / JSON / TOML
        ("study bi-induct", ("--job-threads",)),                   # was the undocumented STUDY_THREADS variable
-       ("study temporal", ("--recall-shots",))}                   # was --shots, which evaluate uses for its probes
+       ("study temporal", ("--recall-shots",)),                   # was --shots, which evaluate uses for its probes
+       ("analyze", ("--positions",)), ("study temporal", ("--positions",)),  # issue 25: position-restricted
+       ("evaluate", ("--positions",))}                                        # ablation (all | last)
 GONE = {("study temporal", ("--shots",))}
 CHANGED = {
     ("evaluate", ("--method",), "type"),                          # free text -> a choice, as in every command
+    ("analyze", ("--method",), "type"), ("study temporal", ("--method",), "type"),   # issue 25: + resample
     ("study bi-induct", ("--budget",), "type"),                   # float -> integer (1e6 still reads as 1000000)
 }
 FILE_OVERRIDES = ("train", "curriculum preview")   # defaults were None ("not given"), now the config's values

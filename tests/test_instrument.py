@@ -196,13 +196,14 @@ def test_unsupported_architecture_raises():
 
 
 def test_registry_lists_methods_for_ablate_and_instrument():
-    assert ablation_methods() == ("zero", "mean", "sink")
-    assert ablation_methods(with_edges=True) == ("zero", "mean", "sink", "knockout")
+    assert ablation_methods() == ("zero", "mean", "sink", "resample")
+    assert ablation_methods(with_edges=True) == ("zero", "mean", "sink", "resample", "patch", "knockout")
     kinds = {n: "mask" if m.cut else "output" for n, m in ABLATION_METHODS.items()}
-    assert kinds == {"zero": "output", "mean": "output", "sink": "mask", "knockout": "mask"}
+    assert kinds == {"zero": "output", "mean": "output", "sink": "mask", "resample": "output", "patch": "output",
+                     "knockout": "mask"}
 
 
-def _negate(iv, out):
+def _negate(iv, out, where):
     """Toy output edit: the head writes minus its output."""
     return -out
 
@@ -268,7 +269,7 @@ def test_integer_like_heads_and_loaded_bundles_are_accepted(tiny_loaded):
 
 def test_method_misuse_is_one_line():
     model = make_tiny("llama")
-    with pytest.raises(InductionLabError, match="unknown ablation method 'scramble'; use one of zero, mean, sink, knockout"):
+    with pytest.raises(InductionLabError, match="unknown ablation method 'scramble'; use one of zero, mean, sink, resample, patch, knockout"):
         with ablate(model, [(0, 0)], "scramble"):
             pass
     with pytest.raises(InductionLabError, match="knockout needs edges; use instrument"):

@@ -128,6 +128,20 @@ def check_method(method: str) -> None:
         raise InductionLabError(f"unknown ablation method {method!r}; use {', '.join(ablation_method_names())}")
 
 
+#: Where an output-edit ablation applies, as the configs name it (per-position lists: the Python API).
+ABLATION_POSITIONS = ("all", "last")
+
+
+def check_ablation_positions(positions: str) -> None:
+    """``positions`` is one of :data:`ABLATION_POSITIONS`: ``all`` (every query) or ``last`` (the last query
+    of each forward call: a prompt's last token; under cached generation, every generated token too).
+
+    Raises:
+        InductionLabError: anything else."""
+    if positions not in ABLATION_POSITIONS:
+        raise InductionLabError(f"--positions {positions!r}: use all or last (the last token of each forward)")
+
+
 def check_type(value, expected: type | tuple[type, ...], what: str, hint: str = "") -> None:
     """``value`` is an instance of ``expected`` (a loaded model, a config, ...).
 

@@ -15,9 +15,12 @@ DEFAULT_MODEL = "smollm2-135m"
 #: (Olsson et al. 2022; the temporal-dependencies paper's attention scores set to −∞).
 DEFAULT_METHOD = "zero"
 
-#: Ablation method name -> what it needs beyond a head list (None, ``"value"``: the head's mean
-#: output, ``"edges"``: knockout edges, only through ``instrument()``).
-ABLATION_METHOD_NEEDS: dict[str, str | None] = {"zero": None, "mean": "value", "sink": None, "knockout": "edges"}
+#: Ablation method name -> what it needs beyond a head list (None; ``"value"``: the head's mean output
+#: over a reference batch; ``"random"``: its output on random tokens, drawn per batch; ``"source"``: its
+#: output in a source run of another prompt, which the protocol supplies; ``"edges"``: knockout edges,
+#: only through ``instrument()``).
+ABLATION_METHOD_NEEDS: dict[str, str | None] = {"zero": None, "mean": "value", "sink": None, "resample": "random",
+                                                "patch": "source", "knockout": "edges"}
 
 #: The function-style ICL probe tasks (:mod:`inductionlab.protocols.icl_tasks` checks its table against this).
 TASK_NAMES: tuple[str, ...] = ("capitalize", "uppercase", "first_letter", "last_letter", "next_letter", "prev_letter",
@@ -29,8 +32,9 @@ SCORE_NAMES: tuple[str, ...] = ("induction", "anti_induction", "previous_token",
 
 
 def ablation_method_names(*, with_edges: bool = False) -> tuple[str, ...]:
-    """Ablation methods usable with a head list alone; ``with_edges=True`` adds knockout-style ones."""
-    return tuple(n for n, need in ABLATION_METHOD_NEEDS.items() if with_edges or need != "edges")
+    """Ablation methods every protocol can run from a head list alone (``zero``, ``mean``, ``sink``,
+    ``resample``); ``with_edges=True`` adds those that need knockout edges or a protocol's own source run."""
+    return tuple(n for n, need in ABLATION_METHOD_NEEDS.items() if with_edges or need not in ("edges", "source"))
 
 
 def check_registry(kind: str, registry: dict, names) -> None:

@@ -43,7 +43,8 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..errors import InductionLabError
-from .methods import AblationMethod, HeadIntervention, Positions, checked_intervention
+from .methods import (AblationMethod, HeadIntervention, Positions, check_positions, checked_intervention, query_mask,
+                      selected)
 from .models import attention_shape
 
 
@@ -218,14 +219,17 @@ class Instrumentation:
         patterns: list (per layer) of float32 ``[B, n_heads, Q, K]`` if ``keep_patterns``
             (slots of the last call, not absolute positions).
         head_output_sum / head_output_count: running sums of per-head outputs
-            ``[n_layers, n_heads, head_dim]`` over real (non-padding) query tokens, and the
-            number of those tokens, if ``capture_head_means`` (see
+            ``[n_layers, n_heads, head_dim]`` over real (non-padding) query tokens at ``mean_positions``,
+            and the number of those tokens, if ``capture_head_means`` (see
             :func:`~inductionlab.core.instrument.head_output_means`).
+        captured: ``(layer, head)`` -> the head's output ``[B, Q, head_dim]`` (model dtype) in the last
+            call, for each head of ``capture_heads`` (see :func:`~inductionlab.core.instrument.head_outputs`).
         calls: number of attention calls seen (per forward: one per layer).
     """
 
     def __init__(self, model, interventions: Sequence[HeadIntervention], reductions: Mapping[str, torch.Tensor],
-                 keep_patterns: bool, capture_head_means: bool, need_probs: bool | None):
+                 keep_patterns: bool, capture_head_means: bool, need_probs: bool | None, capture_heads=(),
+                 mean_positions="all"):
         self.model = model
         self.shape = attention_shape(model.config)
         L, H = self.shape["n_layers"], self.shape["n_heads"]
@@ -246,8 +250,11 @@ class Instrumentation:
         self.keep_patterns = keep_patterns
         self.patterns: list[torch.Tensor | None] = [None] * L
         self.capture_head_means = capture_head_means
+        self.mean_positions = check_positions(mean_positions, "head output means")
         self.head_output_sum: torch.Tensor | None = None
         self.head_output_count = 0
+        self.capture_heads = {(int(l), int(h)) for l, h in capture_heads}
+        self.captured: dict[tuple[int, int], torch.Tensor] = {}
         self.need_probs = bool(reductions) or keep_patterns if need_probs is None else need_probs
         # reductions alone: the attention from the fused kernel (SDPA's CPU flash attention) and the
         # target probability from its log-sum-exp; no [B, H, Q, K] pattern is built
@@ -316,14 +323,34 @@ class Instrumentation:
                 _ACTIVE[mid] = _Slot(self, layer)
 
     # -- KV caches ----------------------------------------------------------------------------
-    def _check_cache(self, cache) -> None:
+    def _after_cache(self, cached: torch.Tensor | None) -> bool:
+        """Whether every intervention of this context edits only queries the cache does not hold: output
+        edits at explicit absolute positions at or past each row's ``cached`` real tokens (``[B]``). Then a
+        cache computed without interventions is what this context would have computed (activation
+        patching at the last position: the prefix is the corrupted run's)."""
+        if cached is None:
+            return False
+        for iv in self.interventions:
+            p = iv.positions
+            if iv.method == "knockout" or iv.method == "sink" or isinstance(p, str):
+                return False
+            p = torch.as_tensor(p, dtype=torch.long, device=cached.device)
+            first = p.masked_fill(p < 0, torch.iinfo(torch.long).max).min(-1).values if p.dim() == 2 else \
+                (p.min() if (p >= 0).all() else torch.tensor(-1, device=cached.device))
+            if bool((first < cached).any()):
+                return False
+        return True
+
+    def _check_cache(self, cache, cached: torch.Tensor | None = None) -> None:
         """Refuse a KV cache with cached positions computed under other interventions than this
-        context's (a plain forward's cache inside ablate(), or another ablation's); tag an empty one."""
+        context's (a plain forward's cache inside ablate(), or another ablation's), unless it was computed
+        without interventions and they all edit positions past it (:meth:`_after_cache`; ``cached``: real
+        tokens per row in the cache); tag an empty one."""
         if cache is None:
             return
         past = int(cache.get_seq_length()) if hasattr(cache, "get_seq_length") else 0
         tag = getattr(cache, CACHE_TAG, ())
-        if past > 0 and tag != self.cache_tag:
+        if past > 0 and tag != self.cache_tag and not (tag == () and self._after_cache(cached)):
             now = _describe_key(self.cache_tag)
             was = _describe_key(tag)
             raise StaleKVCache(f"the KV cache passed in holds {past} positions computed {was}, but this context "
@@ -376,13 +403,13 @@ class Instrumentation:
         mask = get("attention_mask")
         cache = get("cache")
         cache = get("past_key_values") if cache is None else cache
-        self._check_cache(cache)
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[0] == B and mask.shape[1] >= T:
             past = mask.shape[1] - T
             real = mask.to(torch.bool)
         else:
             past = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
             real = torch.ones(B, past + T, dtype=torch.bool, device=x.device)
+        self._check_cache(cache, real[:, :past].sum(1))
         abs_pos = torch.where(real, real.long().cumsum(1) - 1, torch.full_like(real, -1, dtype=torch.long))
         self._forward_pos = (abs_pos, past, T)
         if past == 0:
@@ -519,7 +546,7 @@ class Instrumentation:
         kernel = None if self._fused_ok(module, query, kwargs) else self._base(module, kwargs)   # None: fused
         mask, row_dead = self._edit_mask(cuts, attention_mask, pos, query, K, kernel)             # 1.
         out, weights, fused = self._kernel(kernel, module, query, key, value, mask, kwargs, bool(cuts))  # 2.
-        out, weights, zeroed = self._edit_output(replaces, out, weights, row_dead)                # 3.
+        out, weights, zeroed = self._edit_output(replaces, out, weights, row_dead, pos)           # 3.
         self._reductions(layer, pos, out, weights, fused, row_dead, zeroed)                       # 4.
         return out, weights
 
@@ -564,13 +591,15 @@ class Instrumentation:
         out, weights = kernel(module, query, key, value, mask, **kwargs)
         return out, weights, None
 
-    def _edit_output(self, replaces, out, weights, row_dead):
+    def _edit_output(self, replaces, out, weights, row_dead, pos: Positions):
         """Step 3, output edits: ``(out, weights, zeroed)`` with each ``replace`` (``(index,
         intervention, method)`` of an output-edit method) written on its query head's slice of
-        ``out`` ``[B, Q, H, D]``, and the ``row_dead`` rows (every key cut) written as 0 in ``out``
-        and ``weights``. ``zeroed``: the heads whose probabilities now read as 0 (zero ablation;
-        their ``weights`` are zeroed too). An intervention whose head already held its new output
-        changed nothing. ``out`` and ``weights`` are copied before the first edit."""
+        ``out`` ``[B, Q, H, D]`` at the queries it selects (:func:`~inductionlab.core.methods.selected`:
+        its positions and rows), and the ``row_dead`` rows (every key cut) written as 0 in ``out``
+        and ``weights``. ``zeroed``: ``(head, queries)`` whose probabilities now read as 0 (zero
+        ablation; their ``weights`` are zeroed too; queries None: all). An intervention whose head
+        already held its new output changed nothing. ``out`` and ``weights`` are copied before the
+        first edit."""
         zeroed = []
         dead = row_dead is not None and row_dead.any()
         if not (replaces or dead):
@@ -583,14 +612,18 @@ class Instrumentation:
             if weights is not None:
                 weights = weights.masked_fill(row_dead[..., None], 0.0)
         for i, iv, m in replaces:
-            new_val = m.replace(iv, out[:, :, iv.head]).to(out.dtype).expand_as(out[:, :, iv.head])
-            if not torch.equal(out[:, :, iv.head], new_val):
+            where = selected(iv, pos)                                        # [B, Q] or None: every query
+            cur = out[:, :, iv.head]
+            new_val = m.replace(iv, cur, where).to(out.dtype).expand_as(cur)
+            if where is not None:
+                new_val = torch.where(where[..., None], new_val, cur)
+            if not torch.equal(cur, new_val):
                 self.effect[i] = True
             out[:, :, iv.head] = new_val
             if m.zero_pattern:
-                zeroed.append(iv.head)
+                zeroed.append((iv.head, where))
                 if weights is not None:
-                    weights[:, iv.head] = 0.0
+                    weights[:, iv.head] = 0.0 if where is None else weights[:, iv.head].masked_fill(where[..., None], 0.0)
         return out, weights, zeroed
 
     def _reductions(self, layer, pos: Positions, out, weights, fused, row_dead, zeroed) -> None:
@@ -599,6 +632,9 @@ class Instrumentation:
         the fused kernel's log-sum-exp) and the pattern (``keep_patterns``)."""
         if self.capture_head_means:
             self._add_head_outputs(layer, pos, out)
+        for l, h in self.capture_heads:
+            if l == layer:
+                self.captured[(l, h)] = out[:, :, h].detach().clone()
         if self.reduction_targets:
             if weights is None and fused is None:
                 raise UnsupportedArchitecture("the attention function returned no probabilities")
@@ -612,15 +648,18 @@ class Instrumentation:
             self.patterns[layer] = weights.detach().float().cpu()
 
     def _add_head_outputs(self, layer, pos: Positions, out) -> None:
-        """Add this call's per-head outputs ``out`` ``[B, Q, H, D]`` over real queries to
-        ``head_output_sum[layer]``; count the real queries once per forward (at layer 0)."""
-        real = (pos.query >= 0).to(out.dtype)                     # [B, Q]: padding queries excluded
+        """Add this call's per-head outputs ``out`` ``[B, Q, H, D]`` over real queries at ``mean_positions``
+        to ``head_output_sum[layer]``; count those queries once per forward (at layer 0)."""
+        named = query_mask(self.mean_positions, pos)
+        real = (pos.query >= 0) if named is None else named
+        count = int(real.sum().item())
+        real = real.to(out.dtype)                                  # [B, Q]: padding queries excluded
         s = (out.detach() * real[:, :, None, None]).float().sum(dim=(0, 1))  # [H, D]
         if self.head_output_sum is None:
             self.head_output_sum = torch.zeros(self.shape["n_layers"], *s.shape)
         self.head_output_sum[layer] += s.cpu()
         if layer == 0:
-            self.head_output_count += int((pos.query >= 0).sum().item())
+            self.head_output_count += count
 
     def _fused_target_mass(self, targets, pos: Positions, fused: _Fused, row_dead, zeroed):
         """:meth:`_reduce` for the fused kernel: ``([B, H, Q] mass, [B, Q] absolute query index or
@@ -631,8 +670,8 @@ class Instrumentation:
             mass = self._mass_from_lse(fused, slot)
         if row_dead is not None:
             mass = mass.masked_fill(row_dead, 0.0)
-        if zeroed:
-            mass[:, zeroed] = 0.0
+        for head, where in zeroed:
+            mass[:, head] = 0.0 if where is None else mass[:, head].masked_fill(where, 0.0)
         return mass, qa
 
     def _store_reduced(self, name: str, layer: int, mass, qa, Qt: int) -> None:

@@ -10,8 +10,10 @@ attention call we
 2. delegate to the model's own attention math (its module's ``eager_attention_forward`` when
    probabilities are needed, else transformers' SDPA kernel), so numbers come from the native
    forward, not a re-implementation,
-3. apply ``zero`` / ``mean`` interventions on the per-head attention output (the input of
-   ``o_proj``, split with ``config.head_dim``), so only the named query head changes,
+3. apply ``zero`` / ``mean`` / ``resample`` / ``patch`` interventions on the per-head attention output
+   (the input of ``o_proj``, split with ``config.head_dim``), so only the named query head changes —
+   at every query, or only at chosen positions and rows (activation patching: the last position,
+   named positions; :attr:`HeadIntervention.positions`),
 4. reduce the attention probabilities of the edited call to the statistics an analysis asked
    for (``reductions``: the probability on one target key per query, shape ``[B, H, Q]``; a
    zero-ablated head's reads 0), never keeping ``[B, H, T, T]`` patterns unless
@@ -62,11 +64,12 @@ from ..names import DEFAULT_METHOD
 from .attention import (CACHE_TAG, FUNCTION_NAME, AlreadyInstrumented, Instrumentation, NoOpIntervention,
                         StaleKVCache, UnsupportedArchitecture, gather_targets)
 from .methods import (ABLATION_METHODS, METHODS, AblationMethod, HeadIntervention, Positions, ablation_method,
-                      ablation_methods, check_head)
+                      ablation_methods, check_head, query_mask)
 from .models import attention_shape
 
 __all__ = [  # the contexts, and the names callers import from here
-    "instrument", "ablate", "head_output_means", "self_check", "eval_mode", "unwrap_model",
+    "instrument", "ablate", "head_output_means", "head_outputs", "source_values", "self_check", "eval_mode",
+    "unwrap_model",
     "HeadIntervention", "Positions", "AblationMethod", "ABLATION_METHODS", "METHODS", "ablation_methods",
     "ablation_method", "check_head", "Instrumentation", "gather_targets", "FUNCTION_NAME", "CACHE_TAG",
     "UnsupportedArchitecture", "NoOpIntervention", "AlreadyInstrumented", "StaleKVCache",
@@ -106,7 +109,8 @@ def unwrap_model(model):
 def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
                reductions: Mapping[str, torch.Tensor] | None = None, keep_patterns: bool = False,
                capture_head_means: bool = False, need_probs: bool | None = None,
-               strict: bool = True) -> Iterator[Instrumentation]:
+               strict: bool = True, capture_heads: Iterable[tuple[int, int]] = (),
+               mean_positions="all") -> Iterator[Instrumentation]:
     """Point ``model`` at the inductionlab attention function for the duration of the block.
 
     Args:
@@ -117,7 +121,10 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
             absolute query position and giving an absolute key position (``-1`` = none); after
             a forward, ``inst.reduced[name]`` is float32 ``[n_layers, B, n_heads, Qt]``.
         keep_patterns: also keep full ``[B, H, Q, K]`` probabilities per layer (memory heavy).
-        capture_head_means: accumulate per-head outputs over real tokens for mean ablation.
+        capture_head_means: accumulate per-head outputs over real tokens for mean ablation (at
+            ``mean_positions``: ``"all"``, ``"last"`` or positions, as :attr:`HeadIntervention.positions`).
+        capture_heads: ``(layer, head)`` pairs whose output ``[B, Q, head_dim]`` each call keeps in
+            ``inst.captured`` (the source run of activation patching; :func:`head_outputs`).
         need_probs: force (True) or forbid (False) the eager path; default: eager only when
             probabilities are needed or the model was loaded with eager attention.
         strict: on exit, raise :class:`NoOpIntervention` if an intervention changed nothing.
@@ -141,7 +148,7 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
     """
     model = unwrap_model(model)
     inst = Instrumentation(model, list(interventions), reductions or {}, keep_patterns,
-                           capture_head_means, need_probs)
+                           capture_head_means, need_probs, capture_heads, mean_positions)
     with inst.attach(), eval_mode(model):
         yield inst
     if inst.calls == 0 and (inst.interventions or inst.reduction_targets):
@@ -151,44 +158,101 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
         inst.check_effects()
 
 
-def head_output_means(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+def head_output_means(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                      positions="all") -> torch.Tensor:
     """Mean per-head attention output over a reference batch (for ``mean`` ablation).
 
     Args:
         input_ids: ``[B, T]`` token ids of the reference batch.
         attention_mask: optional ``[B, T]`` (1 = real token, 0 = padding); padding slots are
             left out of the mean.
+        positions: the token class averaged over (:attr:`HeadIntervention.positions`): ``"all"`` real
+            tokens, ``"last"`` (each prompt's last token: Todd et al. 2024's mean at the query-predictive
+            position), absolute or from-the-end positions.
 
     Returns:
-        float32 ``[n_layers, n_heads, head_dim]``: mean over the batch's real tokens of each
-        query head's output (the input of ``o_proj``). Convention: position-independent mean, as
-        in mean ablation of Wang et al. 2022 / Todd et al. 2024 (mean over a reference set).
+        float32 ``[n_layers, n_heads, head_dim]``: mean over the batch's tokens at ``positions`` of each
+        query head's output (the input of ``o_proj``). Convention: position-independent mean, as in mean
+        ablation of Wang et al. 2022 / Todd et al. 2024 (mean over a reference set).
 
     Raises:
-        InductionLabError: the batch holds no real token.
+        InductionLabError: the batch holds no real token at ``positions``.
     """
     model = unwrap_model(model)
-    with torch.inference_mode(), instrument(model, capture_head_means=True) as inst:
+    with torch.inference_mode(), instrument(model, capture_head_means=True, mean_positions=positions) as inst:
         model(input_ids=input_ids, attention_mask=attention_mask)
     if inst.head_output_count == 0:
         raise InductionLabError("the mean-ablation reference batch holds no real token; pass a non-empty batch")
     return inst.head_output_sum / inst.head_output_count
 
 
+def head_outputs(model, input_ids: torch.Tensor, heads: Iterable[tuple[int, int]],
+                 attention_mask: torch.Tensor | None = None) -> dict[tuple[int, int], torch.Tensor]:
+    """The outputs of ``heads`` in one forward over ``input_ids`` (the source run of activation patching).
+
+    Args:
+        input_ids: ``[B, T]`` token ids; attention_mask: optional ``[B, T]`` (left padding).
+        heads: ``(layer, head)`` pairs, query-head indexing.
+
+    Returns:
+        ``(layer, head)`` -> the head's output (the input of ``o_proj``) ``[B, T, head_dim]`` in the model's
+        dtype: patched back unchanged, it reproduces the forward bit for bit.
+
+    Raises:
+        InductionLabError: a head out of range or not an integer."""
+    model = unwrap_model(model)
+    shape = attention_shape(model.config)
+    heads = [check_head(*lh, shape["n_layers"], shape["n_heads"]) for lh in heads]
+    with torch.inference_mode(), instrument(model, capture_heads=heads) as inst:
+        model(input_ids=input_ids, attention_mask=attention_mask)
+    return {h: inst.captured[h] for h in heads}
+
+
+def source_values(outputs: torch.Tensor, positions, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """A head's source-run outputs ``[B, T, head_dim]`` (:func:`head_outputs`) at ``positions``, as the
+    ``value`` of a ``patch`` / ``resample`` intervention: ``[B, P, head_dim]``, row by row the outputs at the
+    positions ``positions`` names in the source (``"all"``: every real token; ``"last"``: the last token;
+    ints: absolute positions, negative ones from the end), in position order.
+
+    Raises:
+        InductionLabError: rows of the source that name different numbers of positions."""
+    B, T, _ = outputs.shape
+    real = torch.ones(B, T, dtype=torch.bool, device=outputs.device) if attention_mask is None \
+        else attention_mask.to(outputs.device, torch.bool)
+    abs_pos = torch.where(real, real.long().cumsum(1) - 1, torch.full((B, T), -1, device=outputs.device))
+    sel = query_mask(positions, Positions(abs_pos, abs_pos))
+    sel = real if sel is None else sel
+    counts = sel.sum(1)
+    if bool((counts != counts[0]).any()):
+        raise InductionLabError(f"the source rows name {sorted(set(counts.tolist()))} positions; give every source "
+                                "row the same number (pad the source like the target)")
+    return outputs[sel].reshape(B, int(counts[0]), -1)
+
+
 @contextlib.contextmanager
 def ablate(model, heads: Iterable[tuple[int, int]], method: str = DEFAULT_METHOD, *,
            reference_ids: torch.Tensor | None = None, reference_mask: torch.Tensor | None = None,
-           strict: bool = True) -> Iterator[Instrumentation]:
-    """Ablate a set of query heads while the block runs.
+           source_ids: torch.Tensor | None = None, source_mask: torch.Tensor | None = None,
+           positions="all", reference_positions=None, rows=None, strict: bool = True) -> Iterator[Instrumentation]:
+    """Ablate (or patch) a set of query heads while the block runs.
 
     Args:
         model: the model (or a LoadedModel bundle).
         heads: ``(layer, head)`` integer pairs, query-head indexing.
-        method: a name in :func:`ablation_methods` (``zero`` | ``mean`` | ``sink`` built in;
-            ``knockout`` needs edges: use :func:`instrument`).
+        method: a name in :func:`ablation_methods` (``zero`` | ``mean`` | ``sink`` | ``resample`` built in,
+            ``patch`` with a source; ``knockout`` needs edges: use :func:`instrument`).
         reference_ids: ``[B, T]`` reference batch for methods that need a value (``mean``).
         reference_mask: optional ``[B, T]`` attention mask of the reference batch (padding is
             left out of the mean).
+        source_ids, source_mask: ``[B, T']`` the source run of ``patch`` / ``resample`` (another prompt; random
+            tokens): each head's output there, at ``positions`` (:func:`source_values`), replaces its output
+            at the same named positions here, row by row.
+        positions: the queries the edit applies at (:attr:`HeadIntervention.positions`: ``"all"``, ``"last"``
+            — each forward call's last query, so under KV-cached generation the prompt's last token and
+            every generated one — or positions); mask edits (``sink``) need ``"all"``.
+        reference_positions: the token class of the ``mean`` (default: ``positions``): e.g. ``"last"``
+            for Todd et al. 2024's mean at the last position of clean prompts.
+        rows: the batch rows edited (None: every row).
 
     The ablation is per thread and per model: it edits only the forwards of the thread that
     opened it (another thread's forward of the same model meanwhile runs unablated), a second
@@ -199,9 +263,9 @@ def ablate(model, heads: Iterable[tuple[int, int]], method: str = DEFAULT_METHOD
 
     Raises:
         InductionLabError: unknown method, head out of range or not an integer, ``mean``
-            without reference_ids, no heads (nothing would be ablated: almost surely a bug; run
-            the model without ``ablate()`` for the intact model); :class:`AlreadyInstrumented`,
-            :class:`StaleKVCache` (see :func:`instrument`).
+            without reference_ids, ``patch`` / ``resample`` without source_ids, bad positions or rows, no
+            heads (nothing would be ablated: almost surely a bug; run the model without ``ablate()`` for the
+            intact model); :class:`AlreadyInstrumented`, :class:`StaleKVCache` (see :func:`instrument`).
     """
     heads = list(heads)
     if not heads:
@@ -214,12 +278,20 @@ def ablate(model, heads: Iterable[tuple[int, int]], method: str = DEFAULT_METHOD
                                 f"{method!r}, edges=...)]) or one of {', '.join(ablation_methods())}")
     shape = attention_shape(model.config)
     heads = [check_head(*lh, shape["n_layers"], shape["n_heads"]) for lh in heads]
-    means = None
+    values: dict = {}
     if m.needs == "value":
         if reference_ids is None:
             raise InductionLabError(f"{method} ablation needs a reference batch (reference_ids)")
-        means = head_output_means(model, reference_ids, attention_mask=reference_mask)
-    ivs = [HeadIntervention(l, h, method, value=None if means is None else means[l, h]) for l, h in heads]
+        means = head_output_means(model, reference_ids, attention_mask=reference_mask,
+                                  positions=positions if reference_positions is None else reference_positions)
+        values = {(l, h): means[l, h] for l, h in heads}
+    elif m.needs in ("source", "random"):
+        if source_ids is None:
+            raise InductionLabError(f"{method} needs a source run: pass source_ids (another prompt's ids, or random "
+                                    "tokens of the same shape for resample)")
+        outs = head_outputs(model, source_ids, heads, attention_mask=source_mask)
+        values = {lh: source_values(o, positions, source_mask) for lh, o in outs.items()}
+    ivs = [HeadIntervention(l, h, method, value=values.get((l, h)), positions=positions, rows=rows) for l, h in heads]
     with instrument(model, ivs, strict=strict) as inst:
         yield inst
 

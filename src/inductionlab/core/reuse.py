@@ -88,7 +88,8 @@ class ResidualCache:
                 or not isinstance(kwargs.get("input_ids"), torch.Tensor):
             return None
         slot = next((_ACTIVE[id(m)] for m in self.layers[0].modules() if id(m) in _ACTIVE), None)
-        if slot is not None and (slot.inst.reduction_targets or slot.inst.keep_patterns or slot.inst.capture_head_means):
+        if slot is not None and (slot.inst.reduction_targets or slot.inst.keep_patterns or slot.inst.capture_head_means
+                                 or slot.inst.capture_heads):
             return None                   # an instrumentation that reads every layer
         return {k: v for k, v in kwargs.items() if k not in _IGNORED}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import check_fields, check_method
+from ..checks import check_ablation_positions, check_fields, check_method
 from ..config import opt
 from ..errors import InductionLabError
 from ..names import DEFAULT_METHOD
@@ -33,6 +33,8 @@ class LagProbeConfig:
     instruction: str = opt("", "Text after BOS, before the list.")
     bos: bool = opt(True, "Do not prepend the tokenizer's BOS (the flag sets bos false).", flag="--no-bos")
     method: str = opt(DEFAULT_METHOD, "Ablation method of the conditions' heads.", cli=False)   # a study sets its own
+    positions: str = opt("all", "Where an output-edit ablation applies: all positions or the last of each forward.",
+                         cli=False)                                                              # a study sets its own
     far_lag: int = opt(20, "Word-prior-corrected curve: a word's baseline is its mean probability where it sits "
                            "at |lag| > this.", source="decision")
     reuse_residual: bool = opt(True, "Skip layers below a condition's first ablated head (bit-identical; core/reuse).",
@@ -107,7 +109,12 @@ class LagProbeConfig:
         if self.far_lag < 0:
             raise InductionLabError(f"far lag {self.far_lag} must be at least 0 (the default is {LagProbeConfig.far_lag})")
         check_method(self.method)
+        check_ablation_positions(self.positions)
         n_cues = len(self.cue_positions())
+        if self.cues.strip() != "seed" and (self.positions != "all" or self.method == "resample"):
+            raise InductionLabError(f"--cues {self.cues} packs every cue into one forward, so its last position and its "
+                                    f"random-token source are not a cue's: --positions {self.positions} / --method "
+                                    f"{self.method} need --cues seed")
         if self.cue_chunk is not None and self.cue_chunk < 1:
             raise InductionLabError(f"cue chunk {self.cue_chunk} must be at least 1 (None: automatic)")
         need = self.n_permutations * n_cues * self.list_length * 4
@@ -138,6 +145,8 @@ class SerialRecallConfig:
     reuse_residual: bool = opt(True, "Skip layers below a condition's first ablated head (bit-identical; core/reuse).",
                                cli=False)
     method: str = opt(DEFAULT_METHOD, "Ablation method of the conditions' heads.", cli=False)   # a study sets its own
+    positions: str = opt("all", "Where an output-edit ablation applies: all positions or the last of each forward.",
+                         cli=False)                                                              # a study sets its own
 
     @property
     def trial_tokens(self) -> int:
@@ -159,6 +168,7 @@ class SerialRecallConfig:
         if self.batch_size is not None and self.batch_size < 1:
             raise InductionLabError(f"batch size {self.batch_size} must be at least 1")
         check_method(self.method)
+        check_ablation_positions(self.positions)
 
 
 __all__ = ["LagProbeConfig", "SerialRecallConfig"]

@@ -318,7 +318,7 @@ def probe(cfg: LagProbeConfig) -> Probe:
         InductionLabError: ``cfg`` invalid (:meth:`LagProbeConfig.validate`)."""
     cfg.validate()
     return Probe("lag probe", partial(build_trials, cfg=cfg), partial(measure_batch, cfg=cfg),
-                 partial(batch_size, cfg=cfg), cfg.method, cfg.reuse_residual)
+                 partial(batch_size, cfg=cfg), cfg.method, cfg.reuse_residual, cfg.positions)
 
 
 def check_cues(loaded: LoadedModel, cfg: LagProbeConfig) -> None:

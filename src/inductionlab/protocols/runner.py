@@ -124,6 +124,7 @@ class Probe:
             at the trials' length. The one place a protocol's batch size is decided.
         method: ablation method of the conditions' heads (:data:`inductionlab.names.ABLATION_METHOD_NEEDS`).
         reuse: skip the layers below each condition's first ablated head (bit-identical; :mod:`inductionlab.core.reuse`).
+        positions: where an output-edit method applies (``"all"`` | ``"last"``: the last query of each forward).
     """
     name: str
     build_trials: Callable[[Any], "Trials"] = field(repr=False)
@@ -131,12 +132,13 @@ class Probe:
     batch_size: int | None | Callable[[Any, "Trials"], int | None] = field(default=None, repr=False)
     method: str = DEFAULT_METHOD
     reuse: bool = True
+    positions: object = "all"
 
     @classmethod
     def of_trials(cls, name: str, trials: "Trials", measure_batch: MeasureBatch, *, batch_size: int | None = None,
-                  method: str = DEFAULT_METHOD, reuse: bool = True) -> "Probe":
+                  method: str = DEFAULT_METHOD, reuse: bool = True, positions="all") -> "Probe":
         """A probe over trials built beforehand (e.g. with a reference batch of the study's choosing)."""
-        return cls(name, lambda loaded: trials, measure_batch, batch_size, method, reuse)
+        return cls(name, lambda loaded: trials, measure_batch, batch_size, method, reuse, positions)
 
     def trials_per_batch(self, loaded, trials: "Trials") -> int | None:
         """Trials per forward for ``trials`` on ``loaded`` (None: the runner's :func:`auto_batch_size`)."""
@@ -149,7 +151,8 @@ class Probe:
         trials = self.build_trials(loaded) if trials is None else trials
         return run_conditions(loaded, conditions, trials, method=self.method,
                               batch_size=self.trials_per_batch(loaded, trials), measure_batch=self.measure_batch,
-                              progress=progress, dist=dist, reuse=self.reuse if reuse is None else reuse)
+                              progress=progress, dist=dist, reuse=self.reuse if reuse is None else reuse,
+                              positions=self.positions)
 
 
 def trim_padding(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -227,7 +230,8 @@ def auto_batch_size(loaded, seq_len: int, logit_positions: int = 1, cap: int = 6
 
 
 def ablation_context(model, heads, method: str = DEFAULT_METHOD, reference_ids: torch.Tensor | None = None,
-                     reference_mask: torch.Tensor | None = None):
+                     reference_mask: torch.Tensor | None = None, *, positions="all", source_ids=None,
+                     source_mask=None):
     """:func:`inductionlab.core.instrument.ablate` over ``heads`` (``(layer, head)`` pairs), or a no-op
     context when ``heads`` is None or empty (an intact condition), so every protocol runs intact and
     ablated through one code path (:func:`~inductionlab.core.instrument.ablate` itself refuses no heads).
@@ -239,7 +243,39 @@ def ablation_context(model, heads, method: str = DEFAULT_METHOD, reference_ids: 
         return contextlib.nullcontext()
     from ..core.instrument import ablate   # here: importing this module does not import transformers
 
-    return ablate(model, heads, method, reference_ids=reference_ids, reference_mask=reference_mask)
+    return ablate(model, heads, method, reference_ids=reference_ids, reference_mask=reference_mask, positions=positions,
+                  source_ids=source_ids, source_mask=source_mask)
+
+
+def per_batch_source(method: str) -> bool:
+    """Whether ``method`` takes its values from a source run per batch (``resample``: random tokens the
+    runner draws; ``patch``: the batch's own ``source_ids``), so each batch opens its own ablation."""
+    return ABLATION_METHOD_NEEDS.get(method) in ("source", "random")
+
+
+def _source(loaded, method: str, batch: dict, start: int, pool: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The source run of one batch: ``resample``: random ordinary tokens of the batch's shape (seeded by the
+    batch's first trial, so every condition sees the same; the batch's padding kept), ``patch``: the batch's
+    ``source_ids`` / ``source_attention_mask``.
+
+    Raises:
+        InductionLabError: ``patch`` on trials without ``source_ids``."""
+    ids, mask = batch["ids"], batch.get("attention_mask")
+    if ABLATION_METHOD_NEEDS.get(method) == "source":
+        if "source_ids" not in batch:
+            raise InductionLabError(f"{method} needs trials with a source run (source_ids); this protocol has none: "
+                                    "use zero, mean, sink or resample")
+        return batch["source_ids"], batch.get("source_attention_mask")
+    if "ids" not in pool:
+        from ..core.models import attention_shape
+        from ..core.stimuli import ordinary_token_ids
+
+        pool["ids"] = ordinary_token_ids(attention_shape(loaded.model.config)["vocab_size"], (), loaded.tokenizer)
+    from ..core.stimuli import seed_for
+
+    gen = torch.Generator().manual_seed(seed_for(0, start))
+    rand = pool["ids"][torch.randint(len(pool["ids"]), tuple(ids.shape), generator=gen)].to(ids.device)
+    return (rand if mask is None else torch.where(mask.bool(), rand, ids)), mask
 
 
 def residual_cache(model, conditions: Sequence, max_bytes: int = 4 << 30):
@@ -255,7 +291,7 @@ def residual_cache(model, conditions: Sequence, max_bytes: int = 4 << 30):
 
 def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, torch.Tensor], *, method: str = DEFAULT_METHOD,
                    batch_size: int | None = None, measure_batch: MeasureBatch, progress=None,
-                   logit_positions: int = 1, dist=None, reuse=True) -> dict[str, dict[str, np.ndarray]]:
+                   logit_positions: int = 1, dist=None, reuse=True, positions="all") -> dict[str, dict[str, np.ndarray]]:
     """Run ``measure_batch`` over all ``trials`` under each condition.
 
     Args:
@@ -263,8 +299,12 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
             is read only when ``batch_size`` is None on a GPU).
         conditions: :class:`~inductionlab.core.ablation.Condition` list (``.name``, ``.heads``).
         trials: :class:`Trials`, or its ``tensors`` dict ``{"ids": LongTensor [n_trials, T], ...}``.
-        method: ablation method for the conditions' heads (``zero`` | ``mean`` | ``sink``); one
-            that needs a value (:func:`needs_reference`) is given :meth:`Trials.reference_batch`.
+        method: ablation method for the conditions' heads (``zero`` | ``mean`` | ``sink`` | ``resample`` |
+            ``patch``); one that needs a value (:func:`needs_reference`) is given :meth:`Trials.reference_batch`;
+            ``resample`` a random-token source run per batch, ``patch`` the trials' ``source_ids``
+            (:func:`per_batch_source`).
+        positions: where an output edit applies (:attr:`inductionlab.core.methods.HeadIntervention.positions`:
+            ``"all"`` or ``"last"``, the last query of each forward).
         batch_size: trials per forward pass; None: :func:`auto_batch_size` (CPU: 8).
         measure_batch: ``(model, batch) -> {measure: Tensor [b, ...]}`` (see module docstring).
         progress: optional callable(n_trials_done).
@@ -304,6 +344,7 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
     main = dist is None or dist.is_main
     cache = residual_cache(model, conditions) if reuse is True else reuse or None
     out: dict[str, dict[str, np.ndarray]] = {}
+    pool: dict = {}                                     # resample: the ordinary token ids, once
     from ..core.instrument import eval_mode   # here: importing this module does not import transformers
 
     with torch.inference_mode(), eval_mode(model):      # dropout off (a model left in train()), mode restored
@@ -313,10 +354,20 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
             serve = cache.use(first_ablated_layer(c.heads, len(cache.layers))) if cache and mine else \
                 contextlib.nullcontext()
             # a rank without a batch (fewer batches than ranks) opens no ablation: it would run no forward
-            with ablation_context(model, c.heads if mine else None, method, ref, ref_mask), serve:
+            heads = c.heads if mine else None
+            each = per_batch_source(method) and heads is not None and len(heads) > 0
+            with (contextlib.nullcontext() if each else
+                  ablation_context(model, heads, method, ref, ref_mask, positions=positions)), serve:
                 for s in mine:
                     batch = {k: v[s:s + bs].to(device) for k, v in trials.items()}
-                    batches.append({key: value.cpu() for key, value in measure_batch(model, batch).items()})
+                    if each:                  # resample / patch: this batch's source run, then its ablation
+                        src, src_mask = _source(loaded, method, batch, s, pool)
+                        with ablation_context(model, heads, method, positions=positions, source_ids=src,
+                                              source_mask=src_mask):
+                            measured = measure_batch(model, batch)
+                    else:
+                        measured = measure_batch(model, batch)
+                    batches.append({key: value.cpu() for key, value in measured.items()})
                     if progress is not None and main:
                         progress(D.round_size(s, n, bs, dist))
             batches = D.gather_batches(batches, -(-n // bs), dist)

@@ -278,7 +278,7 @@ def probe(cfg: SerialRecallConfig) -> Probe:
         InductionLabError: ``cfg`` invalid (:meth:`SerialRecallConfig.validate`)."""
     cfg.validate()
     return Probe("serial recall", partial(build_trials, cfg=cfg), partial(measure_batch, cfg=cfg),
-                 partial(batch_size, cfg=cfg), cfg.method, cfg.reuse_residual)
+                 partial(batch_size, cfg=cfg), cfg.method, cfg.reuse_residual, cfg.positions)
 
 
 def run_serial_recall(loaded: LoadedModel, conditions: list[Condition], cfg: SerialRecallConfig | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..checks import check_draws, check_fields, check_method
+from ..checks import ABLATION_POSITIONS, check_ablation_positions, check_draws, check_fields, check_method
 from ..config import opt
 from ..errors import InductionLabError
 from ..names import DEFAULT_METHOD, ablation_method_names
@@ -63,8 +63,10 @@ class HeadScoreConfig:
 class AblationConfig:
     """The ablation conditions of SPEC §4: the top-k induction heads vs k random heads outside the top N
     (several seeded draws), for each k, with one method."""
-    method: str = opt(DEFAULT_METHOD, "Ablation method (zero: the paper's attention scores set to −∞).",
-                      choices=ablation_method_names())
+    method: str = opt(DEFAULT_METHOD, "Ablation method (zero: the paper's attention scores set to −∞; resample: "
+                                      "the head's output on random tokens).", choices=ablation_method_names())
+    positions: str = opt("all", "Where an output-edit ablation applies: every position, or the last of each forward "
+                                "(Yin & Steinhardt 2025).", choices=ABLATION_POSITIONS)
     ks: tuple[int, ...] | None = opt(None, "Numbers of heads to ablate, comma-separated.",
                                      none="10,20,50,100 clipped or scaled to the model's heads")
     n_draws: int = opt(3, "Random-head draws per k.")
@@ -76,6 +78,7 @@ class AblationConfig:
         :data:`~inductionlab.checks.MAX_DRAWS`, a negative exclusion."""
         check_fields(self)
         check_method(self.method)
+        check_ablation_positions(self.positions)
         ks = self.ks
         if ks is not None:
             if not ks or min(ks) < 1:

@@ -19,7 +19,8 @@ from ..spec import StudySpec
 class AnalyzeConfig:
     """Parameters of the main job; defaults sized for ≤ 10 minutes on 2 CPU cores.
 
-    ``seed`` and ``ablation.method`` are the job's: they replace the lag-probe config's own. The model,
+    ``seed``, ``ablation.method`` and ``ablation.positions`` are the job's: they replace the lag-probe
+    config's own. The model,
     dtype and device are not here: they are how ``loaded`` was loaded, recorded in its identity (a
     resume in another resolved dtype is refused)."""
     seed: int = opt(0, "Seed of trials, random draws and head-score sequences.")
@@ -34,7 +35,7 @@ class AnalyzeConfig:
         """The lag-probe config with the job's seed and method."""
         from dataclasses import replace
 
-        return replace(self.lag, seed=self.seed, method=self.ablation.method)
+        return replace(self.lag, seed=self.seed, method=self.ablation.method, positions=self.ablation.positions)
 
     def validate(self) -> None:
         """Check every option that needs no model (the CLI and the API call it before loading).

@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...checks import check_draws, check_fields, check_method, check_seed, check_type
+from ...checks import (ABLATION_POSITIONS, check_ablation_positions, check_draws, check_fields, check_method,
+                       check_seed, check_type)
 from ...config import nested, opt
 from ...errors import InductionLabError
 from ...names import DEFAULT_METHOD, TASK_NAMES, ablation_method_names
@@ -137,11 +138,14 @@ class LoadBearingConfig:
                                   "top-<k>.", source="SPEC §8")
     n_draws: int = opt(3, "Seeded matched random-head draws per variant.", flag="--draws", aliases=("--n-draws",))
     method: str = opt(DEFAULT_METHOD, "Ablation method.", choices=ablation_method_names())
+    positions: str = opt("all", "Where an output-edit ablation applies: every position, or the last of each forward "
+                                "(Yin & Steinhardt 2025).", choices=ABLATION_POSITIONS)
     shots: int = opt(10, "Probe shots under ablation (must be among --shots).", flag="--ablation-shots")
 
     def validate(self) -> None:
         check_fields(self)
         check_method(self.method)
+        check_ablation_positions(self.positions)
         for v in self.ablate:
             parse_variant(v)
         if len(set(self.ablate)) != len(self.ablate):

@@ -323,7 +323,8 @@ def _probes(plan: Plan) -> dict[str, Probe]:
 
     def probe(name: str, trials: Trials, measure, size: int) -> Probe:
         trials.reference = ref
-        return Probe.of_trials(name, trials, measure, batch_size=size, method=cfg.load_bearing.method)
+        return Probe.of_trials(name, trials, measure, batch_size=size, method=cfg.load_bearing.method,
+                               positions=cfg.load_bearing.positions)
 
     out = {"probes": probe("ICL probes", function_probes.build_trials(plan.prompts, pad), function_probes.measure_batch,
                            cfg.probes.batch_size),

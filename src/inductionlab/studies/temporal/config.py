@@ -33,8 +33,9 @@ class TemporalStudyConfig:
 
     def protocols(self) -> tuple[LagProbeConfig, SerialRecallConfig]:
         """The nested configs with the study's seed and method."""
-        m = self.ablation.method
-        return replace(self.lag, seed=self.seed, method=m), replace(self.recall, seed=self.seed, method=m)
+        m, p = self.ablation.method, self.ablation.positions
+        return (replace(self.lag, seed=self.seed, method=m, positions=p),
+                replace(self.recall, seed=self.seed, method=m, positions=p))
 
     @property
     def load_bearing_n(self) -> int:
