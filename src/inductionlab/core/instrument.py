@@ -233,7 +233,8 @@ def source_values(outputs: torch.Tensor, positions, attention_mask: torch.Tensor
 def ablate(model, heads: Iterable[tuple[int, int]], method: str = DEFAULT_METHOD, *,
            reference_ids: torch.Tensor | None = None, reference_mask: torch.Tensor | None = None,
            source_ids: torch.Tensor | None = None, source_mask: torch.Tensor | None = None,
-           positions="all", reference_positions=None, rows=None, strict: bool = True) -> Iterator[Instrumentation]:
+           positions="all", reference_positions=None, rows=None, means: torch.Tensor | None = None,
+           strict: bool = True) -> Iterator[Instrumentation]:
     """Ablate (or patch) a set of query heads while the block runs.
 
     Args:
@@ -253,6 +254,9 @@ def ablate(model, heads: Iterable[tuple[int, int]], method: str = DEFAULT_METHOD
         reference_positions: the token class of the ``mean`` (default: ``positions``): e.g. ``"last"``
             for Todd et al. 2024's mean at the last position of clean prompts.
         rows: the batch rows edited (None: every row).
+        means: ``[n_layers, n_heads, head_dim]``, the heads' ``mean`` values computed beforehand (e.g. by
+            :func:`head_output_means` over prompts of the study's choosing, once for many conditions); given,
+            ``reference_ids`` is not read.
 
     The ablation is per thread and per model: it edits only the forwards of the thread that
     opened it (another thread's forward of the same model meanwhile runs unablated), a second
@@ -279,7 +283,12 @@ def ablate(model, heads: Iterable[tuple[int, int]], method: str = DEFAULT_METHOD
     shape = attention_shape(model.config)
     heads = [check_head(*lh, shape["n_layers"], shape["n_heads"]) for lh in heads]
     values: dict = {}
-    if m.needs == "value":
+    if m.needs == "value" and means is not None:
+        if tuple(means.shape[:2]) != (shape["n_layers"], shape["n_heads"]):
+            raise InductionLabError(f"means of shape {tuple(means.shape)} for a model of {shape['n_layers']} layers x "
+                                    f"{shape['n_heads']} heads; give [n_layers, n_heads, head_dim]")
+        values = {(l, h): means[l, h] for l, h in heads}
+    elif m.needs == "value":
         if reference_ids is None:
             raise InductionLabError(f"{method} ablation needs a reference batch (reference_ids)")
         means = head_output_means(model, reference_ids, attention_mask=reference_mask,

@@ -1,4 +1,5 @@
-"""The protocols' configs: :class:`LagProbeConfig` (SPEC §4) and :class:`SerialRecallConfig` (SPEC §5),
+"""The protocols' configs: :class:`LagProbeConfig` (SPEC §4), :class:`SerialRecallConfig` (SPEC §5) and
+:class:`FVScoreConfig` (SPEC §10),
 typed trees (:mod:`inductionlab.config`) whose leaves are the studies' command-line options.
 
 No torch here: the command line generates its options from these before anything heavy is loaded.
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from ..checks import check_ablation_positions, check_fields, check_method
 from ..config import opt
 from ..errors import InductionLabError
-from ..names import DEFAULT_METHOD
+from ..names import DEFAULT_METHOD, KNOWLEDGE_TASK_NAMES, TASK_NAMES
 
 
 @dataclass
@@ -171,4 +172,48 @@ class SerialRecallConfig:
         check_ablation_positions(self.positions)
 
 
-__all__ = ["LagProbeConfig", "SerialRecallConfig"]
+@dataclass
+class FVScoreConfig:
+    """The FV score (AIE) of every head and the function vector's check (SPEC §10,
+    :mod:`inductionlab.protocols.function_vectors`)."""
+    tasks: tuple[str, ...] | None = opt(None, "Tasks the FV score averages over, comma-separated.",
+                                        none="the 13 function-style tasks and country_capital, country_currency",
+                                        flag="--fv-tasks")
+    shots: int = opt(10, "Demonstrations per FV prompt.", source="Todd et al. 2024", flag="--fv-shots")
+    n_prompts: int = opt(25, "Clean and corrupted prompts per task.", source="Todd et al. 2024 (Yin: 100)",
+                         flag="--fv-prompts")
+    top: int = opt(10, "Heads summed into the function vector.", source="Todd et al. 2024", flag="--fv-top")
+    layer: int | None = opt(None, "Decoder layer after which the function vector is added.", none="n_layers // 3",
+                            source="Todd et al. 2024 (an early-middle layer)", flag="--fv-layer")
+    zero_shot_prompts: int = opt(25, "Zero-shot prompts per task for the function vector's check.",
+                                 flag="--fv-zero-shot-prompts")
+    rows: int = opt(64, "Heads patched per one-token forward (speed only).", cli=False)
+    bos: bool = opt(True, "Prepend the tokenizer's BOS (when it has one).", cli=False)
+    seed: int = opt(0, "Seed of the prompts.", cli=False)                                # a study sets its own
+
+    def task_names(self) -> tuple[str, ...]:
+        return tuple(self.tasks) if self.tasks is not None else TASK_NAMES + KNOWLEDGE_TASK_NAMES
+
+    def validate(self) -> None:
+        """Raises InductionLabError: an unknown or repeated task, fewer than 2 shots (the corrupted prompt deranges
+        the labels) or prompts (a CI), top or rows below 1, a negative layer; TypeError: a field of the wrong type."""
+        check_fields(self)
+        known = TASK_NAMES + KNOWLEDGE_TASK_NAMES
+        names = self.task_names()
+        bad = [t for t in names if t not in known]
+        if bad or not names or len(set(names)) != len(names):
+            raise InductionLabError(f"--fv-tasks: unknown, repeated or no task(s) {', '.join(map(repr, bad)) or ''}; "
+                                    f"use some of: {', '.join(known)}")
+        if self.shots < 2:
+            raise InductionLabError(f"--fv-shots {self.shots}: the FV score needs at least 2 (the corrupted prompt "
+                                    "deranges the demonstrations' labels); use e.g. 10")
+        if self.n_prompts < 2 or self.zero_shot_prompts < 2:
+            raise InductionLabError(f"--fv-prompts {self.n_prompts} and --fv-zero-shot-prompts "
+                                    f"{self.zero_shot_prompts} must be >= 2 (a CI needs two)")
+        if self.top < 1 or self.rows < 1:
+            raise InductionLabError(f"--fv-top {self.top} and rows {self.rows} must be >= 1")
+        if self.layer is not None and self.layer < 0:
+            raise InductionLabError(f"--fv-layer {self.layer} must be >= 0 (a decoder layer)")
+
+
+__all__ = ["LagProbeConfig", "SerialRecallConfig", "FVScoreConfig"]

@@ -71,17 +71,20 @@ class Trials:
         reference: ``[B, T']`` ids of the reference batch for a method that needs a value
             (:func:`needs_reference`); None: the first :data:`REFERENCE_TRIALS` trials (with
             their attention mask when padded).
+        reference_means: ``[n_layers, n_heads, head_dim]``: that value computed beforehand (e.g. each head's
+            mean at the last position of other prompts); given, no reference batch runs.
     """
     tensors: dict[str, torch.Tensor]
     words: list[str] = field(default_factory=list)
     reference: torch.Tensor | None = None
+    reference_means: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.tensors["ids"])
 
     def head(self, n: int) -> "Trials":
         """The first ``n`` trials (e.g. a cheaper condition that reuses the start of a run)."""
-        return Trials({k: v[:n] for k, v in self.tensors.items()}, self.words, self.reference)
+        return Trials({k: v[:n] for k, v in self.tensors.items()}, self.words, self.reference, self.reference_means)
 
     @classmethod
     def padded(cls, seqs: Sequence[Sequence[int]], pad_id: int, **extra: torch.Tensor) -> "Trials":
@@ -231,7 +234,7 @@ def auto_batch_size(loaded, seq_len: int, logit_positions: int = 1, cap: int = 6
 
 def ablation_context(model, heads, method: str = DEFAULT_METHOD, reference_ids: torch.Tensor | None = None,
                      reference_mask: torch.Tensor | None = None, *, positions="all", source_ids=None,
-                     source_mask=None):
+                     source_mask=None, means=None):
     """:func:`inductionlab.core.instrument.ablate` over ``heads`` (``(layer, head)`` pairs), or a no-op
     context when ``heads`` is None or empty (an intact condition), so every protocol runs intact and
     ablated through one code path (:func:`~inductionlab.core.instrument.ablate` itself refuses no heads).
@@ -244,7 +247,7 @@ def ablation_context(model, heads, method: str = DEFAULT_METHOD, reference_ids: 
     from ..core.instrument import ablate   # here: importing this module does not import transformers
 
     return ablate(model, heads, method, reference_ids=reference_ids, reference_mask=reference_mask, positions=positions,
-                  source_ids=source_ids, source_mask=source_mask)
+                  source_ids=source_ids, source_mask=source_mask, means=means)
 
 
 def per_batch_source(method: str) -> bool:
@@ -336,7 +339,8 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
     device = next(model.parameters()).device
     if not isinstance(trials, Trials):
         trials = Trials(dict(trials))
-    ref, ref_mask = trials.reference_batch(device) if needs_reference(method) else (None, None)  # same on every rank
+    means = trials.reference_means if needs_reference(method) else None
+    ref, ref_mask = trials.reference_batch(device) if needs_reference(method) and means is None else (None, None)
     trials = trials.tensors
     ids = trials["ids"]
     n = len(ids)
@@ -357,7 +361,7 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
             heads = c.heads if mine else None
             each = per_batch_source(method) and heads is not None and len(heads) > 0
             with (contextlib.nullcontext() if each else
-                  ablation_context(model, heads, method, ref, ref_mask, positions=positions)), serve:
+                  ablation_context(model, heads, method, ref, ref_mask, positions=positions, means=means)), serve:
                 for s in mine:
                     batch = {k: v[s:s + bs].to(device) for k, v in trials.items()}
                     if each:                  # resample / patch: this batch's source run, then its ablation

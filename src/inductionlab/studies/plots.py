@@ -443,3 +443,60 @@ def variant_curves(summary: pd.DataFrame, path: str | Path, threshold: float, ti
         fig.suptitle(title)
     fig.tight_layout()
     save(fig, path)
+
+
+def signed_heatmap(table: np.ndarray, path: str | Path, title: str = "", label: str = "AIE (probability)") -> None:
+    """One heat map of a signed per-head score (layers × query heads; diverging colours centred on 0)."""
+    t = np.asarray(table, dtype=float)
+    lim = float(np.nanmax(np.abs(t))) or 1.0
+    fig, ax = plt.subplots(figsize=(0.25 * t.shape[1] + 3, 0.16 * t.shape[0] + 2.2), layout="constrained")
+    im = ax.imshow(t, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, origin="upper")
+    ax.set_xlabel("query head")
+    ax.set_ylabel("layer")
+    ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    fig.colorbar(im, ax=ax, shrink=0.8, label=label)
+    if title:
+        ax.set_title(title)
+    save(fig, path)
+
+
+def score_scatter(x: np.ndarray, y: np.ndarray, path: str | Path, xlabel: str, ylabel: str, title: str = "",
+                  top: float = 0.05) -> None:
+    """Per-head scatter of two scores; heads in both top ``top`` fractions in red, in one of them in orange."""
+    x, y = np.asarray(x, float).reshape(-1), np.asarray(y, float).reshape(-1)
+    n = max(1, int(top * x.size))
+    tx, ty = set(np.argsort(-x, kind="stable")[:n]), set(np.argsort(-y, kind="stable")[:n])
+    colour = ["tab:red" if i in tx and i in ty else "tab:orange" if i in tx or i in ty else "tab:gray"
+              for i in range(x.size)]
+    fig, ax = plt.subplots(figsize=(5, 4), layout="constrained")
+    ax.scatter(x, y, c=colour, s=14, alpha=0.8)
+    ax.axhline(0, color="black", lw=0.5)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title or f"{n} top heads per score: orange in one top set, red in both", fontsize=9)
+    save(fig, path)
+
+
+def drop_vs_fraction(drops: pd.DataFrame, measures: dict[str, str], path: str | Path, title: str = "") -> None:
+    """One panel per measure: the drop (intact − ablated, with its 95% CI) against the fraction of heads ablated,
+    one line per selection kind (random: the draws pooled)."""
+    fig, axes = plt.subplots(1, len(measures), figsize=(4.2 * len(measures), 3.6), squeeze=False, layout="constrained")
+    styles = {"induction": ("tab:blue", "-"), "induction-excl-fv": ("tab:blue", "--"), "fv": ("tab:red", "-"),
+              "fv-excl-induction": ("tab:red", "--"), "random": ("tab:gray", ":")}
+    for ax, (m, label) in zip(axes[0], measures.items()):
+        d = drops[drops.measure == m]
+        for kind, (c, ls) in styles.items():
+            r = d[d.kind == kind].sort_values("fraction")
+            if r.empty:
+                continue
+            f = 100 * r.fraction.to_numpy(float)
+            ax.errorbar(f, r["drop"], yerr=[r["drop"] - r.drop_ci_low, r.drop_ci_high - r["drop"]], color=c, ls=ls,
+                        marker="o", ms=3, capsize=2, label=kind)
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set_xlabel("heads ablated (% of all)")
+        ax.set_ylabel(f"drop in {label}")
+        ax.set_title(label, fontsize=9)
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    save(fig, path)

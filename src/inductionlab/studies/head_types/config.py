@@ -1,0 +1,130 @@
+"""``inductionlab study head-types``: its config (:class:`HeadTypesConfig`) and :data:`SPEC`.
+
+Light (no torch): the command line generates the command's options from :class:`HeadTypesConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ...checks import check_draws, check_fields, check_method, check_seed, check_type
+from ...config import nested, opt
+from ...errors import InductionLabError
+from ...protocols.configs import FVScoreConfig, LagProbeConfig
+from ..configs import HeadScoreConfig, check_lag_headline, check_trials_fit
+from ..spec import StudySpec
+
+RANDOM_CONTROLS = ("all", "outside-top-n")     # core.ablation.RANDOM_CONTROLS (that module loads torch)
+FV_RANKINGS = ("signed", "absolute")
+
+
+@dataclass
+class SelectionConfig:
+    """Which heads are ablated (Yin & Steinhardt 2025's selection, SPEC §10): for each fraction f of all N heads,
+    the top ``max(1, int(f·N))`` by induction score and by FV score, each also after excluding the other ranking's
+    top ``int(exclude_fraction·N)``, against random draws of the same count."""
+    fractions: tuple[float, ...] = opt((0.01, 0.02, 0.05, 0.1), "Fractions of all heads ablated, comma-separated "
+                                       "(a fraction giving the count of a smaller one is dropped).",
+                                       source="Yin & Steinhardt 2025 (1–20%)")
+    exclude_fraction: float = opt(0.02, "The other ranking's top fraction removed before an exclusive selection.",
+                                  source="Yin & Steinhardt 2025")
+    n_draws: int = opt(2, "Random draws per head count.")
+    random: str = opt("all", "Random heads from all heads (Yin; may hold top heads) or from outside the top N by "
+                             "induction score (the temporal study's control).", choices=RANDOM_CONTROLS,
+                      flag="--random-heads")
+    fv_ranking: str = opt("signed", "Rank FV heads by AIE (heads that raise the answer first) or by |AIE|.",
+                          choices=FV_RANKINGS, source="arXiv 2606.07560: report both; the selection uses one")
+
+    def validate(self) -> None:
+        check_fields(self)
+        if not self.fractions or any(not 0 < f <= 1 for f in self.fractions) or \
+                len(set(self.fractions)) != len(self.fractions):
+            raise InductionLabError(f"--fractions {','.join(map(str, self.fractions)) or '(none)'}: give distinct "
+                                    "fractions in (0, 1], e.g. 0.01,0.02,0.05,0.1")
+        if not 0 <= self.exclude_fraction < 1:
+            raise InductionLabError(f"--exclude-fraction {self.exclude_fraction} must be in [0, 1) (e.g. 0.02)")
+        check_draws(self.n_draws, "--n-draws")
+
+
+@dataclass
+class ProbesConfig:
+    """10-shot HITS@1 of the function-style probes under each selection, with the heads' output at the last
+    position of each forward set to its mean there over the FV scoring prompts of all tasks (Yin's accuracy
+    ablation) and to zero. Prompts are drawn with another seed than the FV scoring prompts."""
+    n_prompts: int = opt(8, "10-shot prompts per task under each condition.", flag="--probe-prompts")
+    batch_size: int = opt(16, "Prompts per forward pass.", flag="--probe-batch-size")
+    zero: bool = opt(True, "Skip the zero-ablation run of the probes (the flag sets zero false).",
+                     flag="--no-probe-zero")
+
+    def validate(self) -> None:
+        check_fields(self)
+        if self.n_prompts < 2 or self.batch_size < 1:
+            raise InductionLabError(f"--probe-prompts {self.n_prompts} must be >= 2 and --probe-batch-size "
+                                    f"{self.batch_size} >= 1")
+
+
+@dataclass
+class TokenLossConfig:
+    """The token-loss ICL score (Olsson et al. 2022; Yin's "token-loss difference"): loss at token ``late``
+    minus at token ``early`` of natural text, under a ``resample`` (Yin) or ``mean`` ablation of the heads."""
+    text: str = opt("demo", "Natural text: 'demo' (the demo corpus: make corpus) or a .txt file.", flag="--icl-text")
+    late: int = opt(500, "Late token.", source="Olsson et al. 2022", flag="--icl-late")
+    early: int = opt(50, "Early token.", source="Olsson et al. 2022", flag="--icl-early")
+    n_sequences: int = opt(16, "Text windows.", flag="--icl-sequences")
+    method: str = opt("resample", "Ablation of the heads for this measure.", choices=("resample", "mean", "zero"),
+                      source="Yin & Steinhardt 2025: resample", flag="--icl-method")
+    batch_size: int = opt(2, "Windows per forward pass.", cli=False)
+
+    def validate(self) -> None:
+        check_fields(self)
+        check_method(self.method)
+        if not 1 <= self.early < self.late:
+            raise InductionLabError(f"--icl-early {self.early} and --icl-late {self.late}: need 1 <= early < late")
+        if self.n_sequences < 2 or self.batch_size < 1:
+            raise InductionLabError(f"--icl-sequences {self.n_sequences} must be >= 2 (a CI needs two)")
+        check_trials_fit(self.n_sequences, self.late + 1, "--icl-sequences")
+
+
+@dataclass
+class HeadTypesConfig:
+    """Parameters of the study (SPEC §10). Defaults size the SmolLM2 run for about 30 min on 2 CPU cores."""
+    seed: int = opt(0, "Seed of prompts, trials, random draws and head-score sequences.")
+    scores: HeadScoreConfig = nested(HeadScoreConfig, "Attention-pattern head scores (SPEC §3).")
+    fv: FVScoreConfig = nested(FVScoreConfig, "FV score (AIE) per head (Todd et al. 2024).")
+    selection: SelectionConfig = nested(SelectionConfig, "Exclusive ablation (Yin & Steinhardt 2025).")
+    probes: ProbesConfig = nested(ProbesConfig, "Few-shot HITS@1 under ablation.")
+    icl: TokenLossConfig = nested(TokenLossConfig, "Token-loss ICL score under ablation.")
+    lag: LagProbeConfig = nested(lambda: LagProbeConfig(n_permutations=16, cues="all:10"),
+                                 "The lag probe under ablation (seed T's p(+1) and temporal factor).")
+    lag_method: str = opt("zero", "Ablation of the heads for the lag probe.", source="seed protocol",
+                          choices=("zero", "mean", "resample"))
+
+    def protocols(self) -> tuple[FVScoreConfig, LagProbeConfig]:
+        """The nested protocol configs with the study's seed (and the lag probe's method)."""
+        return replace(self.fv, seed=self.seed), replace(self.lag, seed=self.seed, method=self.lag_method)
+
+    def validate(self) -> None:
+        """Check every option that needs no model.
+
+        Raises:
+            InductionLabError: what a nested config refuses; TypeError: a field of the wrong type."""
+        check_fields(self)
+        check_seed(self.seed, "--seed")
+        for name, kind in (("scores", HeadScoreConfig), ("fv", FVScoreConfig), ("selection", SelectionConfig),
+                           ("probes", ProbesConfig), ("icl", TokenLossConfig), ("lag", LagProbeConfig)):
+            check_type(getattr(self, name), kind, f"HeadTypesConfig.{name}")
+            getattr(self, name).validate()
+        check_method(self.lag_method)
+        fv, lag = self.protocols()
+        lag.validate()
+        check_lag_headline(lag)
+        check_trials_fit(lag.n_permutations, lag.trial_tokens, "--n-permutations")
+
+
+SPEC = StudySpec(
+    "study head-types", HeadTypesConfig,
+    help="Which heads carry in-context learning: FV scores (AIE) beside the attention-pattern scores, their "
+         "overlap, and induction- vs FV-head ablation with and without excluding the other's top heads, against "
+         "random heads, on few-shot HITS@1, the token-loss ICL score and the lag probe, with verdicts Y1-Y4. "
+         "Guide: docs/head_types.md.",
+    model="argument", out="runs/{kind}-{model}-{time}")

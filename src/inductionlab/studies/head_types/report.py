@@ -1,0 +1,138 @@
+"""The run directory of ``inductionlab study head-types``: tables, figures, report.md, and the lines the command
+prints. Reads a finished :class:`~inductionlab.studies.head_types.study.HeadTypesStudy`; no model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ...runtime.runs import atomic_write_text
+from .. import plots
+from ..report import fmt_ci, model_line
+from .verdicts import MEASURES
+
+ZS, FVEC, RVEC = "zero-shot", "function vector", "random heads' vector"     # the vectors of study._fv_check
+
+
+def head_table(res) -> pd.DataFrame:
+    """Per head: every attention-pattern score and the FV score (AIE over tasks and prompts, signed)."""
+    hs, aie = res.scores, res.fv.aie()
+    L, H = aie.shape
+    return pd.DataFrame([{"layer": l, "head": h, **{n: float(v[l, h]) for n, v in hs.scores.items()},
+                          "fv": float(aie[l, h])} for l in range(L) for h in range(H)])
+
+
+def fv_check_table(res) -> pd.DataFrame:
+    return pd.DataFrame([{k: v for k, v in r.items() if k != "hits1_per_prompt"} for r in res.fv_check["rows"]])
+
+
+def _fv_check_lines(res) -> list[str]:
+    t = fv_check_table(res)
+    lines = [f"Zero-shot HITS@1 with a vector added to the residual stream after layer {res.fv_check['layer']} at the "
+             f"last position (Todd et al.'s check that the top heads carry the task): the function vector of the top "
+             f"{len(res.fv_check['top_heads'])} heads by AIE, and the same built from as many random heads.", "",
+             "| task | zero-shot | + function vector | + random heads' vector |", "|---|---|---|---|"]
+    for task, g in t.groupby("task", sort=False):
+        v = dict(zip(g.vector, g.hits1))
+        lines.append(f"| {task} | {v[ZS]:.2f} | {v[FVEC]:.2f} | {v[RVEC]:.2f} |")
+    m = t.groupby("vector", sort=False).hits1.mean()
+    lines.append(f"| **mean** | {m[ZS]:.3f} | {m[FVEC]:.3f} | {m[RVEC]:.3f} |")
+    return lines
+
+
+def report(res) -> str:
+    idn, cfg = res.record["model"], res.config
+    p = res.record["params"]
+    fv = res.fv
+    lines = [f"# inductionlab study head-types — {idn['name']}", "", model_line(idn), "",
+             "Which heads carry in-context learning: function-vector (FV) heads and induction heads, scored, compared "
+             "and ablated with and without excluding the other ranking's top heads (Yin & Steinhardt 2025). "
+             "Guide: docs/head_types.md.", "", "## Verdicts", "",
+             "Rules fixed in code before the first run (`studies/head_types/verdicts.py`).", "",
+             "| claim | status | evidence |", "|---|---|---|"]
+    for v in res.verdicts:
+        lines.append(f"| **{v.claim}** {v.text} | {v.status} | {v.evidence}{'; ' + v.caveat if v.caveat else ''} |")
+    lines += ["", "## FV heads", "",
+              f"AIE = mean over {len(fv.tasks)} tasks × {fv.cie.shape[1]} prompts ({cfg.fv.shots} shots, labels "
+              "deranged) of P(answer's first token) after setting the head's last-position output to its mean over "
+              "the task's clean prompts, minus before (Todd et al. 2024). 95% CIs over prompts (tasks independent). "
+              f"Tasks: {', '.join(fv.tasks)}. Mean P(answer) clean {np.mean(fv.p_clean):.3f}, corrupted "
+              f"{np.mean(fv.p_base):.3f}.", "",
+              "| rank | head | AIE [95% CI] | induction score |", "|---|---|---|---|"]
+    for i, h in enumerate(res.record["top_fv_heads"], 1):
+        lines.append(f"| {i} | L{h['layer']}H{h['head']} | {fmt_ci(h['aie'], h['ci_low'], h['ci_high'], 4)} | "
+                     f"{h['induction']:.3f} |")
+    low = res.record["bottom_fv_heads"][:3]
+    lines += ["", "Heads that lower the answer most (signed AIE; arXiv 2606.07560's cancellers): " +
+              ", ".join(f"L{h['layer']}H{h['head']} {h['aie']:+.4f}" for h in low) + ". By |AIE| the top 10 are: " +
+              ", ".join(f"L{h['layer']}H{h['head']}" for h in res.record["top_fv_heads_absolute"]) + ".", ""]
+    lines += _fv_check_lines(res)
+    lines += ["", "## Overlap of the rankings", "",
+              "| A | B | top-5% heads | shared | expected | P(X ≥ shared) | A's top 2% percentile in B | "
+              "B's top 2% percentile in A | Spearman |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in res.overlap.itertuples():
+        lines.append(f"| {r.a} | {r.b} | {r.n_top} | {r.overlap} | {r.expected:.2f} | {r.p_value:.3g} | "
+                     f"{r.a_top_pct_in_b:.0f} | {r.b_top_pct_in_a:.0f} | {r.spearman:+.2f} |")
+    lines += ["", "## Ablation", "",
+              f"Fractions of all heads {', '.join(f'{100 * f:g}%' for f in p['fractions'])} (counts "
+              f"{', '.join(str(v) for v in p['counts'].values())}"
+              + (f"; dropped as duplicate counts: {', '.join(f'{100 * f:g}%' for f in p['fractions_dropped'])}"
+                 if p["fractions_dropped"] else "") +
+              f"); exclusion of the other ranking's top {100 * cfg.selection.exclude_fraction:g}%; "
+              f"{cfg.selection.n_draws} random draws per count over "
+              f"{'all heads' if cfg.selection.random == 'all' else 'heads outside the top N by induction score'}. "
+              f"HITS@1: {cfg.probes.n_prompts} 10-shot prompts per task; ICL benefit: {cfg.icl.n_sequences} windows, "
+              f"{cfg.icl.method} ablation; lag probe: {res.lag.config.n_permutations} lists, {res.lag.config.method} "
+              "ablation. Drop = intact − ablated, paired over the same trials, 95% CI.", ""]
+    for m, label in MEASURES.items():
+        d = res.drops[res.drops.measure == m]
+        if d.empty:
+            continue
+        lines += [f"**{label}** (intact {d.intact.iloc[0]:.3f})", "",
+                  "| heads | " + " | ".join(sorted(d.kind.unique(), key=_kind_order)) + " |",
+                  "|---|" + "---|" * d.kind.nunique()]
+        for k, g in d.groupby("k"):
+            cells = {r.kind: fmt_ci(r.drop, r.drop_ci_low, r.drop_ci_high) for r in g.itertuples()}
+            lines.append(f"| {k} | " + " | ".join(cells.get(kd, "") for kd in sorted(d.kind.unique(), key=_kind_order))
+                         + " |")
+        lines.append("")
+    lines += ["## Timings", ""] + [f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in res.timings.items()]
+    lines += ["", "Files: `results.json`, `fv_scores.csv` (per head and task), `head_scores.csv` (with the `fv` "
+              "column), `drops.csv`, `overlap.csv`, `fv_check.csv`, `probe_rows.csv`, `icl_rows.csv`, "
+              "`fv_heatmap.png`, `scores_scatter.png`, `drop_vs_fraction.png`, `head_scores.png`.", ""]
+    return "\n".join(lines)
+
+
+def _kind_order(kind: str) -> int:
+    order = ["induction", "induction-excl-fv", "fv", "fv-excl-induction", "random"]
+    return order.index(kind) if kind in order else len(order)
+
+
+def write(out: Path, res) -> None:
+    """The run directory's files (the engine writes results.json and timing.json after them)."""
+    name = res.loaded.identity["name"]
+    heads = head_table(res)
+    for df, f in ((res.fv.table(), "fv_scores.csv"), (heads, "head_scores.csv"), (res.drops, "drops.csv"),
+                  (res.overlap, "overlap.csv"), (fv_check_table(res), "fv_check.csv"), (res.probes, "probe_rows.csv"),
+                  (res.icl, "icl_rows.csv")):
+        atomic_write_text(out / f, df.to_csv(index=False))
+    plots.signed_heatmap(res.fv.aie(), out / "fv_heatmap.png", title=f"{name}: FV score (AIE) per head")
+    plots.head_heatmaps(res.scores.scores, out / "head_scores.png", title=name)
+    plots.score_scatter(res.scores["induction"], res.fv.aie(), out / "scores_scatter.png", "induction score",
+                        "FV score (AIE)")
+    shown = {m: MEASURES[m] for m in ("hits1_mean", "icl_benefit", "temporal_factor") if m in set(res.drops.measure)}
+    plots.drop_vs_fraction(res.drops, shown, out / "drop_vs_fraction.png", title=f"{name}: drop under ablation")
+    atomic_write_text(out / "report.md", report(res))
+
+
+def summary(res) -> list[str]:
+    """What the command prints when it is done: the FV top 5, the overlap, the verdicts."""
+    lines = [f"Top FV heads ({res.loaded.identity['name']}), AIE [95% CI]:"]
+    lines += [f"  L{h['layer']:<2d} H{h['head']:<2d} {fmt_ci(h['aie'], h['ci_low'], h['ci_high'], 4)}"
+              for h in res.record["top_fv_heads"][:5]]
+    r = res.overlap.iloc[0]
+    lines += ["", f"Top-5% induction ∩ FV: {r.overlap} of {r.n_top} (chance {r.expected:.2f}, P = {r.p_value:.3g})", ""]
+    lines += [f"{v.claim} {v.status}: {v.evidence}" for v in res.verdicts]
+    return lines

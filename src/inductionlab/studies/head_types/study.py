@@ -1,0 +1,366 @@
+"""Which heads carry in-context learning (``inductionlab study head-types``; SPEC §10): induction heads and
+function-vector (FV) heads on one model, scored, compared and ablated exclusively, as Yin & Steinhardt 2025
+(arXiv 2502.14010) did for Pythia, GPT-2 and Llama-2.
+
+Pieces (each checkpointed in ``<out>/checkpoints/``; a re-run with the same ``--out`` resumes):
+
+1. the attention-pattern head scores (SPEC §3) → ``scores.json``;
+2. the FV score of every head per task (:mod:`inductionlab.protocols.function_vectors`: clean means, CIE of
+   each head on each corrupted prompt) → ``fv/<task>.npz``;
+3. the function vector's check (top heads by AIE vs random heads, zero-shot HITS@1 with the vector added
+   after a middle layer) → ``fv_check.json``;
+4. the conditions: for each fraction f, the top heads by induction score and by FV score, each also with the
+   other ranking's top 2% excluded, and random draws of the same counts
+   (:func:`~inductionlab.core.ablation.selection_conditions`); under each: 10-shot HITS@1 of the function
+   probes with the heads' last-position output set to its mean over the FV scoring prompts (``probes_mean``)
+   and to zero (``probes_zero``), the token-loss ICL score (``icl``) and the lag probe (``lag``).
+
+Then ``results.json``, tables, figures and ``report.md``, with the verdicts Y1–Y4 of
+:mod:`inductionlab.studies.head_types.verdicts` (rules fixed in code before the first real run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ...config import to_dict
+from ...core.ablation import Condition, selection_conditions
+from ...core.models import LoadedModel, ran_identity
+from ...core.scores import HeadScores
+from ...core.stimuli import seed_for
+from ...errors import InductionLabError
+from ...measures.overlap import head_overlap
+from ...protocols import function_probes, function_vectors as F, icl_score, lag_probe
+from ...protocols.configs import FVScoreConfig, LagProbeConfig
+from ...protocols.icl_tasks import Prompt, build_tasks, make_prompts
+from ...protocols.lag_probe import LagProbeResult
+from ...protocols.runner import Probe, Trials
+from ..configs import check_trial_ids
+from ..engine import Context, Phase, StudyResult, run_study
+from ..spec import RunOptions
+from .config import SPEC, HeadTypesConfig
+from .report import FVEC, RVEC, ZS, summary, write  # noqa: F401  (the engine reads write and summary here)
+from .verdicts import decide, drop_table
+
+
+@dataclass
+class Plan:
+    """What :func:`prepare` settles for this model: the fractions kept, the prompts, the text windows, the
+    protocols' configs with the study's seed, and the run's ``params``."""
+    loaded: LoadedModel
+    cfg: HeadTypesConfig
+    fractions: list[float]
+    fv: FVScoreConfig
+    fv_layer: int
+    fv_prompts: dict[str, F.TaskPrompts]
+    probe_prompts: list[Prompt]
+    zero_shot: list[Prompt]
+    windows: torch.Tensor
+    icl_positions: tuple[int, int]
+    lag: LagProbeConfig
+    params: dict
+
+
+@dataclass(kw_only=True)
+class HeadTypesStudy(StudyResult):
+    """Everything a finished study computed (also written to the run directory)."""
+    loaded: LoadedModel
+    config: HeadTypesConfig
+    scores: HeadScores
+    fv: F.FVScores
+    fv_check: dict
+    conditions: list[Condition]
+    probes: pd.DataFrame              # per prompt, condition and method: hits1, rank, p_target
+    icl: pd.DataFrame                 # per window and condition: loss_early, loss_late, benefit
+    lag: LagProbeResult
+    drops: pd.DataFrame               # per condition and measure: value, CI, drop vs intact (verdicts.drop_table)
+    overlap: pd.DataFrame             # one row per pair of rankings
+
+
+def _bos(loaded: LoadedModel, on: bool) -> int | None:
+    return loaded.tokenizer.bos_token_id if on else None
+
+
+def kept_fractions(fractions, n_total: int) -> tuple[list[float], list[float]]:
+    """``(kept, dropped)``: fractions in ascending order, a fraction dropped when ``max(1, int(f·N))`` equals a
+    smaller kept one's (its random draws would pool with that one's: Gemma 3 270M's 72 heads give 1 head for
+    both 1% and 2%)."""
+    kept, dropped, seen = [], [], set()
+    for f in sorted(fractions):
+        n = max(1, int(f * n_total))
+        (dropped if n in seen else kept).append(f)
+        seen.add(n)
+    return kept, dropped
+
+
+def text_windows(loaded: LoadedModel, cfg: HeadTypesConfig, length: int) -> torch.Tensor:
+    """``[n_sequences, length]`` windows of natural text for the token-loss ICL score: from the demo corpus
+    (one window per work, works and character offsets drawn with the study's seed) or a text file (consecutive
+    windows from the start, the first ``n_sequences``). A BOS is prepended when the tokenizer has one.
+
+    Raises:
+        InductionLabError: the demo corpus is not installed (the message gives the command), the file is
+            missing or too short for the windows."""
+    tok, icl = loaded.tokenizer, cfg.icl
+    bos = tok.bos_token_id
+    if icl.text == "demo":
+        from ...data.corpus import demo_texts
+        works = [t for _, t in demo_texts()]
+        rng = np.random.default_rng(seed_for(cfg.seed, 11))
+        rows = []
+        for i in rng.choice(len(works), size=icl.n_sequences, replace=icl.n_sequences > len(works)):
+            text = works[int(i)]
+            start = int(rng.integers(len(text) // 10, max(len(text) // 10 + 1, len(text) - 20 * length)))
+            ids = tok.encode(text[start:start + 12 * length], add_special_tokens=False)[1:]   # [1:]: a cut word
+            body = length - (bos is not None)
+            if len(ids) < body:
+                raise InductionLabError(f"demo work {int(i)} is shorter than one window of {length} tokens")
+            rows.append(([bos] if bos is not None else []) + ids[:body])
+        return torch.tensor(rows, dtype=torch.long)
+    from ...data.corpus import read_text
+    path = Path(icl.text)
+    if not path.is_file():
+        raise InductionLabError(f"--icl-text {icl.text}: no such file; give a .txt file or 'demo' (make corpus)")
+    w = icl_score.text_windows(tok, read_text(path), length, bos_id=bos)
+    if len(w) < icl.n_sequences:
+        raise InductionLabError(f"--icl-text {icl.text} gives {len(w)} windows of {length} tokens, fewer than "
+                                f"--icl-sequences {icl.n_sequences}; give a longer text or fewer sequences")
+    return w[:icl.n_sequences]
+
+
+def prepare(loaded: LoadedModel, cfg: HeadTypesConfig) -> Plan:
+    """The checks that need the model, before anything is written: the fractions on this model's heads, every
+    task's prompts on this tokenizer, the FV layer, the text windows, the lag probe's trials and cues.
+
+    Raises:
+        InductionLabError: what the checks refuse (one line naming the option and the fix)."""
+    ident = ran_identity(loaded)
+    L, H = ident["n_layers"], ident["n_heads"]
+    n_total = L * H
+    kept, dropped = kept_fractions(cfg.selection.fractions, n_total)
+    fv, lag = cfg.protocols()
+    fv_layer = L // 3 if fv.layer is None else fv.layer
+    if not 0 <= fv_layer < L:
+        raise InductionLabError(f"--fv-layer {fv_layer}: the model has layers 0-{L - 1}")
+    if fv.top > n_total:
+        raise InductionLabError(f"--fv-top {fv.top} exceeds the model's {n_total} heads")
+    tasks = build_tasks(fv.task_names())
+    bos = _bos(loaded, fv.bos)
+    fv_prompts = F.task_prompts(tasks, loaded.tokenizer, shots=fv.shots, n_prompts=fv.n_prompts, seed=fv.seed,
+                                bos_id=bos)
+    probe_prompts = [p for t in tasks.values() for p in make_prompts(
+        t, loaded.tokenizer, shots=(fv.shots,), n_prompts=cfg.probes.n_prompts, seed=seed_for(cfg.seed, 1),
+        permuted=False, bos_id=bos)]
+    zero_shot = [p for t in tasks.values() for p in make_prompts(
+        t, loaded.tokenizer, shots=(0,), n_prompts=fv.zero_shot_prompts, seed=seed_for(cfg.seed, 2), permuted=False,
+        bos_id=bos)]
+    ctx = icl_score.model_context(loaded.model)
+    late, early = icl_score.icl_positions(min(cfg.icl.late + 1, ctx or cfg.icl.late + 1), cfg.icl.late, cfg.icl.early)
+    windows = text_windows(loaded, cfg, late + 1)
+    check_trial_ids(lag_probe.build_trials(loaded, replace(lag, n_permutations=2)), loaded, "lag probe")
+    lag_probe.check_cues(loaded, lag)
+    params = {"config": to_dict(cfg), "fractions": kept, "fractions_dropped": dropped,
+              "counts": {f"{f:g}": max(1, int(f * n_total)) for f in kept}, "fv_layer": fv_layer,
+              "fv_tasks": list(fv_prompts), "icl_positions": {"late": late, "early": early},
+              "probe_prompts_seed": "seed_for(seed, 1)", "zero_shot_prompts_seed": "seed_for(seed, 2)"}
+    return Plan(loaded, cfg, kept, fv, fv_layer, fv_prompts, probe_prompts, zero_shot, windows, (late, early), lag,
+                params)
+
+
+# ---- FV scores -------------------------------------------------------------------------------------
+
+def _fv_scores(plan: Plan, ctx: Context) -> F.FVScores:
+    """The FV score per task, each task a piece ``fv/<task>`` (means, P(y₁) clean and corrupted, CIE per prompt)."""
+    model = plan.loaded.model
+    from tqdm.auto import tqdm
+    todo = [t for t in plan.fv_prompts if not ctx.run.done(f"fv/{t}")]
+    parts = {}
+    with tqdm(total=sum(2 * len(plan.fv_prompts[t].corrupted) for t in todo), desc="FV scores", unit="prompt",
+              disable=not (ctx.bar and todo)) as bar:
+        for name, tp in plan.fv_prompts.items():
+            def compute(tp=tp):
+                means, p_clean = F.clean_means(model, tp.clean)
+                bar.update(len(tp.clean))
+                base, cie = [], []
+                for p in tp.corrupted:
+                    b, c = F.indirect_effects(model, p, means, rows=plan.fv.rows)
+                    base.append(b)
+                    cie.append(c)
+                    bar.update(1)
+                return {"means": means.numpy(), "p_clean": p_clean, "p_base": np.asarray(base), "cie": np.stack(cie)}
+            with ctx.run.timed("fv_scores"):
+                parts[name] = ctx.run.arrays(f"fv/{name}", compute)
+    tasks = list(plan.fv_prompts)
+    return F.FVScores(tasks, np.stack([parts[t]["p_clean"] for t in tasks]),
+                      np.stack([parts[t]["p_base"] for t in tasks]), np.stack([parts[t]["cie"] for t in tasks]),
+                      torch.as_tensor(np.stack([parts[t]["means"] for t in tasks])),
+                      {"shots": plan.fv.shots, "n_prompts": plan.fv.n_prompts, "seed": plan.fv.seed,
+                       "tasks": tasks, "rows": plan.fv.rows})
+
+
+def fv_ranking_scores(fv: F.FVScores, ranking: str) -> np.ndarray:
+    """The ``[n_layers, n_heads]`` table the FV selection ranks: AIE (``signed``) or |AIE| (``absolute``)."""
+    a = fv.aie()
+    return a if ranking == "signed" else np.abs(a)
+
+
+def _fv_check(plan: Plan, fv: F.FVScores) -> dict:
+    """Zero-shot HITS@1 per task: the prompt alone, with the function vector of the top ``fv.top`` heads by AIE
+    added after ``fv_layer``, and with the vector of ``fv.top`` random heads (seeded) made the same way."""
+    loaded, model = plan.loaded, plan.loaded.model
+    top = fv.ranking(signed=True)[:plan.fv.top]
+    L, H = fv.aie().shape
+    rng = np.random.default_rng(seed_for(plan.cfg.seed, 3))
+    rand = [(int(i) // H, int(i) % H) for i in rng.permutation(L * H)[:plan.fv.top]]
+    pad = function_probes.default_pad_id(loaded.tokenizer)
+    rows = []
+    for t, task in enumerate(fv.tasks):
+        prompts = [p for p in plan.zero_shot if p.task == task]
+        vectors = {ZS: None, FVEC: F.function_vector(model, fv.means[t], top),
+                   RVEC: F.function_vector(model, fv.means[t], rand)}
+        for name, vec in vectors.items():
+            with F.added_to_residual(model, plan.fv_layer, vec):
+                r = function_probes.run_probes(model, prompts, pad_id=pad, batch_size=plan.cfg.probes.batch_size)
+            rows.append({"task": task, "vector": name, "n": len(r), "hits1": float(r.hits1.mean()),
+                         "hits1_per_prompt": r.hits1.astype(int).tolist(),
+                         "norm": None if vec is None else float(vec.norm())})
+    return {"layer": plan.fv_layer, "top_heads": [list(h) for h in top], "random_heads": [list(h) for h in rand],
+            "rows": rows}
+
+
+# ---- the measures under ablation ---------------------------------------------------------------------
+
+def _probe(plan: Plan, trials: Trials, method: str) -> Probe:
+    return Probe.of_trials(f"10-shot probes ({method})", trials, function_probes.measure_batch,
+                           batch_size=plan.cfg.probes.batch_size, method=method, positions="last")
+
+
+def _icl_probe(plan: Plan) -> Probe:
+    return Probe.of_trials("token-loss ICL score", Trials({"ids": plan.windows}), icl_score.measure_batch,
+                           batch_size=plan.cfg.icl.batch_size, method=plan.cfg.icl.method)
+
+
+def conditions_for(induction: np.ndarray, fv_table: np.ndarray, plan: Plan) -> list[Condition]:
+    """Intact, then per fraction: top by induction, induction excluding FV's top, top by FV, FV excluding
+    induction's top, and the random draws (shared by both rankings: the same counts and seeds)."""
+    sel = plan.cfg.selection
+    common = dict(fractions=plan.fractions, exclude_fraction=sel.exclude_fraction, n_draws=sel.n_draws,
+                  random=sel.random, seed=plan.cfg.seed)
+    if sel.random == "outside-top-n":
+        from ...core.ablation import default_exclude_top_n
+        common["exclude_top_n"] = default_exclude_top_n(induction.size)
+    ind = selection_conditions(induction, exclude_scores=fv_table, exclude_label="fv", label="induction", **common)
+    fvc = selection_conditions(fv_table, exclude_scores=induction, exclude_label="induction", label="fv",
+                               intact=False, **{**common, "n_draws": 0})
+    return ind + fvc
+
+
+def phases(plan: Plan, ctx: Context) -> dict:
+    """Head scores, FV scores, the function vector's check, then the four measures under every condition."""
+    cfg = plan.cfg
+    scores = ctx.head_scores(cfg.scores, seed=cfg.seed)
+    fv = _fv_scores(plan, ctx)
+    fv_check = ctx.piece("fv_check", lambda: _fv_check(plan, fv))
+    conditions = conditions_for(scores["induction"], fv_ranking_scores(fv, cfg.selection.fv_ranking), plan)
+    pad = function_probes.default_pad_id(plan.loaded.tokenizer)
+    trials = function_probes.build_trials(plan.probe_prompts, pad)
+    trials.reference_means = fv.means.mean(0).float()          # each head's mean at the last position, all tasks
+    phase = [Phase("probes_mean", _probe(plan, trials, "mean"), conditions)]
+    if cfg.probes.zero:
+        phase.append(Phase("probes_zero", _probe(plan, trials, "zero"), conditions))
+    phase += [Phase("icl", _icl_probe(plan), conditions), Phase("lag", lag_probe.probe(plan.lag), conditions)]
+    runs = ctx.measure(*phase)
+    return {"scores": scores, "fv": fv, "fv_check": fv_check, "conditions": conditions, **runs}
+
+
+def _probe_rows(plan: Plan, pieces: dict) -> pd.DataFrame:
+    out = []
+    for key in ("probes_mean", "probes_zero"):
+        if key not in pieces:
+            continue
+        for name, arrays in pieces[key].arrays.items():
+            r = function_probes.probe_rows(plan.probe_prompts, arrays)
+            r.insert(0, "method", key.removeprefix("probes_"))
+            r.insert(0, "condition", name)
+            out.append(r)
+    return pd.concat(out, ignore_index=True)
+
+
+def _icl_rows(plan: Plan, pieces: dict) -> pd.DataFrame:
+    late, early = plan.icl_positions
+    out = []
+    for name, arrays in pieces["icl"].arrays.items():
+        s = icl_score.icl_summary(arrays["nll"], late, early)["per_sequence"]
+        out.append(pd.DataFrame({"condition": name, "sequence": np.arange(len(s["benefit"])),
+                                 "loss_early": s["loss_early"], "loss_late": s["loss_late"], "benefit": s["benefit"]}))
+    return pd.concat(out, ignore_index=True)
+
+
+def overlap_table(induction: np.ndarray, fv: F.FVScores, other: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Overlap rows (:func:`~inductionlab.measures.overlap.head_overlap`): induction vs FV signed and vs FV
+    absolute, and FV (signed) vs each other attention-pattern score."""
+    signed, absolute = fv.aie(), np.abs(fv.aie())
+    rows = [head_overlap(induction, signed, ("induction", "fv")),
+            head_overlap(induction, absolute, ("induction", "fv_abs"))]
+    rows += [head_overlap(v, signed, (k, "fv")) for k, v in other.items() if k != "induction"]
+    return pd.DataFrame(rows)
+
+
+def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
+    hs, fv, conditions = pieces["scores"], pieces["fv"], pieces["conditions"]
+    lag = LagProbeResult.from_parts(pieces["lag"].arrays, conditions, plan.lag, pieces["lag"].words)
+    probes = _probe_rows(plan, pieces)
+    icl = _icl_rows(plan, pieces)
+    counts = {max(1, int(f * hs["induction"].size)): f for f in plan.fractions}
+    drops = drop_table(conditions, probes, icl, lag, counts)
+    overlap = overlap_table(hs["induction"], fv, hs.scores)
+    verd = decide(drops, probes, icl, lag, conditions, overlap, counts)
+    aie = fv.aie()
+    table = fv.table()
+    allrows = table[table.task == "all"].set_index(["layer", "head"])
+
+    def heads(order, n=10):
+        return [{"layer": l, "head": h, "aie": float(aie[l, h]), "ci_low": float(allrows.loc[(l, h), "ci_low"]),
+                 "ci_high": float(allrows.loc[(l, h), "ci_high"]), "induction": float(hs["induction"][l, h])}
+                for l, h in order[:n]]
+    record = {
+        "seeds": {"study": plan.cfg.seed, "fv_prompts": "icl_tasks.make_prompts(seed)",
+                  "probe_prompts": "seed_for(seed, 1)", "zero_shot_prompts": "seed_for(seed, 2)",
+                  "fv_random_heads": "seed_for(seed, 3)", "random_draws": "permutation seed_for(seed, count, draw)",
+                  "text_windows": "seed_for(seed, 11)"},
+        "head_scores": {**{k: v.tolist() for k, v in hs.scores.items()}, "fv": aie.tolist(), "params": hs.params},
+        "fv": {"params": fv.params, "tasks": fv.tasks, "p_clean": fv.p_clean.mean(1).tolist(),
+               "p_corrupted": fv.p_base.mean(1).tolist()},
+        "top_fv_heads": heads(fv.ranking(signed=True)),
+        "top_fv_heads_absolute": heads(fv.ranking(signed=False)),
+        "bottom_fv_heads": heads(fv.ranking(signed=True)[::-1]),
+        "fv_check": {k: v for k, v in pieces["fv_check"].items() if k != "rows"} |
+                    {"rows": [{k: v for k, v in r.items() if k != "hits1_per_prompt"} for r in pieces["fv_check"]["rows"]]},
+        "conditions": [c.to_dict() for c in conditions],
+        "overlap": overlap.to_dict(orient="records"),
+        "drops": drops.to_dict(orient="records"),
+        "verdicts": [v.to_dict() for v in verd],
+    }
+    return HeadTypesStudy(loaded=plan.loaded, config=plan.cfg, scores=hs, fv=fv, fv_check=pieces["fv_check"],
+                          conditions=conditions, probes=probes, icl=icl, lag=lag, drops=drops, overlap=overlap,
+                          verdicts=verd, record=record)
+
+
+def run_head_types(loaded: LoadedModel, cfg: HeadTypesConfig, out: str | Path,
+                   opts: RunOptions | None = None) -> HeadTypesStudy:
+    """Run (or resume) the study on ``loaded`` and write the run directory ``out``
+    (:func:`~inductionlab.studies.engine.run_study` of :data:`~inductionlab.studies.head_types.config.SPEC`).
+
+    Raises:
+        InductionLabError: bad config, what :func:`prepare` refuses, ``out`` holding another study.
+        TypeError: ``loaded`` not a LoadedModel, ``cfg`` not a HeadTypesConfig."""
+    return run_study(SPEC, loaded, cfg, out, opts)
+
+
+__all__ = ["HeadTypesStudy", "Plan", "prepare", "phases", "result", "run_head_types", "kept_fractions",
+           "text_windows", "fv_ranking_scores", "conditions_for", "overlap_table"]

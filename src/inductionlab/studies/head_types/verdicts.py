@@ -1,0 +1,152 @@
+"""The head-types study's claims Y1–Y4 (SPEC §10; Yin & Steinhardt 2025), with their decision rules, fixed in
+code before the first real run: :func:`drop_table` (every measure under every condition against intact, paired
+over the same trials) and :func:`decide`.
+
+Claims:
+
+* **Y1** — FV-exclusive ablation lowers 10-shot HITS@1 more than induction-exclusive ablation at matched f;
+* **Y2** — induction-exclusive ablation lowers the token-loss ICL score more than FV-exclusive ablation;
+* **Y3** — induction-exclusive ablation lowers the lag probe's temporal factor more than FV-exclusive ablation;
+* **Y4** — the top-5% induction and FV sets overlap more than chance.
+
+Rules (this project's; the paper states the claims without tests). "Exclusive" = the ranking's top heads after
+removing the other ranking's top 2%. For Y1–Y3 the per-trial difference of the two exclusive conditions at
+each fraction f (same prompts / windows / lists in every condition, so the difference is paired) is averaged
+over the fractions, per trial, and the claim is **reproduced** when the 95% CI of that mean over trials lies
+above 0 in the claim's direction, **not reproduced** otherwise; **not testable** when the intact model has
+nothing to lower: 10-shot HITS@1 below 0.05 (Y1), an ICL benefit (loss early − loss late) whose CI reaches 0
+(Y2), a temporal factor whose CI reaches 0.5, chance (Y3). Y4 is reproduced when the hypergeometric tail
+P(X ≥ overlap) < 0.05 (FV ranked by signed AIE), not testable when the top-5% sets hold a single head.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ...measures.serial_position import lag_rank
+from ...measures.stats import ci
+from ...protocols.lag_probe import LagProbeResult
+from ..report import fmt_ci
+from ..run import Verdict
+
+#: measure -> (description, higher is better)
+MEASURES = {"hits1_mean": "10-shot HITS@1, heads' last-position output ← mean",
+            "hits1_zero": "10-shot HITS@1, heads' last-position output ← 0",
+            "icl_benefit": "ICL benefit, loss(early) − loss(late) (nats)",
+            "lag_plus1": "lag probe p(lag +1)",
+            "temporal_factor": "lag probe temporal factor"}
+
+CLAIMS = {
+    "Y1": "FV-exclusive ablation lowers 10-shot HITS@1 more than induction-exclusive ablation at matched f",
+    "Y2": "induction-exclusive ablation lowers the token-loss ICL score more than FV-exclusive ablation",
+    "Y3": "induction-exclusive ablation lowers the lag probe's temporal factor more than FV-exclusive ablation",
+    "Y4": "the top-5% induction and FV head sets overlap more than chance",
+}
+
+
+def per_trial(name: str, probes: pd.DataFrame, icl: pd.DataFrame, lag: LagProbeResult) -> dict[str, np.ndarray]:
+    """Every measure's per-trial values ``[n]`` under condition ``name`` (trials in a fixed order)."""
+    out = {}
+    for method in probes["method"].unique():
+        p = probes[(probes.condition == name) & (probes.method == method)]
+        out[f"hits1_{method}"] = p.sort_values(["task", "index"]).hits1.to_numpy(np.float64)
+    out["icl_benefit"] = icl[icl.condition == name].sort_values("sequence").benefit.to_numpy(np.float64)
+    out["lag_plus1"] = lag.probs[name][:, lag.config.cue_position].astype(np.float64)
+    out["temporal_factor"] = np.nanmean(lag_rank(lag.cue_probs[name], lag.cue_positions), axis=1) \
+        if lag.cue_positions is not None else np.full(len(out["lag_plus1"]), np.nan)
+    return out
+
+
+def _arms(conditions) -> list[tuple[str, str, int, list[str]]]:
+    """``(arm, kind, count, condition names)``: each selection, and each count's random draws pooled."""
+    arms = []
+    for c in conditions:
+        if c.kind != "random":
+            arms.append((c.name, c.kind, c.k, [c.name]))
+    counts = sorted({c.k for c in conditions if c.kind == "random"})
+    for k in counts:
+        names = [c.name for c in conditions if c.kind == "random" and c.k == k]
+        arms.append((names[0].rsplit("-d", 1)[0], "random", k, names))
+    return arms
+
+
+def drop_table(conditions, probes: pd.DataFrame, icl: pd.DataFrame, lag: LagProbeResult,
+               fractions: dict[int, float] | None = None) -> pd.DataFrame:
+    """One row per (arm, measure): the arm's mean with its 95% CI over trials, the intact mean, and the drop
+    ``intact − arm`` with its paired CI (random draws pooled: per-trial mean over the draws). Columns: arm, kind,
+    k, fraction, measure, value, ci_low, ci_high, intact, drop, drop_ci_low, drop_ci_high, relative_drop."""
+    intact = per_trial("intact", probes, icl, lag)
+    rows = []
+    for arm, kind, k, names in _arms(conditions):
+        vals = [per_trial(n, probes, icl, lag) for n in names]
+        for m in intact:
+            v = np.mean([x[m] for x in vals], axis=0)
+            if np.isnan(v).all():
+                continue
+            mean, lo, hi = ci(v)
+            d, dlo, dhi = ci(intact[m] - v)
+            base = float(np.mean(intact[m]))
+            rows.append({"arm": arm, "kind": kind, "k": k, "fraction": (fractions or {}).get(k), "measure": m,
+                         "value": mean, "ci_low": lo, "ci_high": hi, "intact": base, "drop": d, "drop_ci_low": dlo,
+                         "drop_ci_high": dhi, "relative_drop": d / base if base else np.nan})
+    return pd.DataFrame(rows)
+
+
+def _exclusive_difference(conditions, probes, icl, lag, measure: str, sign: int, fractions) -> tuple[np.ndarray, dict]:
+    """Per trial, the mean over fractions of ``sign · (value under induction-exclusive − value under
+    FV-exclusive)``, and per fraction the mean with its CI."""
+    by_k = {c.k: c for c in conditions if c.kind == "induction-excl-fv"}
+    fv_k = {c.k: c for c in conditions if c.kind == "fv-excl-induction"}
+    diffs, per = [], {}
+    for k in sorted(set(by_k) & set(fv_k)):
+        a = per_trial(by_k[k].name, probes, icl, lag)[measure]
+        b = per_trial(fv_k[k].name, probes, icl, lag)[measure]
+        d = sign * (a - b)
+        diffs.append(d)
+        m, lo, hi = ci(d)
+        f = fractions.get(k) if fractions else None
+        per[f"{f:g}" if f is not None else str(k)] = {"heads": k, "difference": m, "ci_low": lo, "ci_high": hi}
+    return np.mean(diffs, axis=0), per
+
+
+def _paired_claim(claim: str, conditions, probes, icl, lag, measure: str, sign: int, fractions, floor) -> Verdict:
+    intact = per_trial("intact", probes, icl, lag)[measure]
+    im, ilo, ihi = ci(intact)
+    d, per = _exclusive_difference(conditions, probes, icl, lag, measure, sign, fractions)
+    m, lo, hi = ci(d)
+    who = "induction-exclusive − FV-exclusive" if sign > 0 else "FV-exclusive − induction-exclusive"
+    rule = (f"per trial, the mean over fractions of ({who}) {MEASURES[measure]}, i.e. how much more the "
+            f"{'FV' if sign > 0 else 'induction'}-exclusive ablation lowers it; reproduced iff its 95% CI over trials "
+            f"lies above 0")
+    evidence = f"difference {fmt_ci(m, lo, hi)} over {len(d)} trials; intact {fmt_ci(im, ilo, ihi)}"
+    testable, why = floor(im, ilo, ihi)
+    if not testable:
+        return Verdict(claim, "not testable", rule, evidence, CLAIMS[claim], caveat=why, per_k=per)
+    return Verdict(claim, "reproduced" if lo > 0 else "not reproduced", rule, evidence, CLAIMS[claim], per_k=per)
+
+
+def decide(drops: pd.DataFrame, probes: pd.DataFrame, icl: pd.DataFrame, lag: LagProbeResult, conditions,
+           overlap: pd.DataFrame, counts: dict[int, float]) -> list[Verdict]:
+    """The claims Y1–Y4 (module docstring), each a :class:`~inductionlab.studies.run.Verdict` with its numbers
+    (``counts``: head count -> the fraction that gave it, for the per-fraction numbers)."""
+    out = [
+        _paired_claim("Y1", conditions, probes, icl, lag, "hits1_mean", +1, counts,
+                      lambda m, lo, hi: (m >= 0.05, f"intact 10-shot HITS@1 {m:.3f} < 0.05: nothing to lower")),
+        _paired_claim("Y2", conditions, probes, icl, lag, "icl_benefit", -1, counts,
+                      lambda m, lo, hi: (lo > 0, "the intact ICL benefit's CI reaches 0: no in-context gain to lower")),
+        _paired_claim("Y3", conditions, probes, icl, lag, "temporal_factor", -1, counts,
+                      lambda m, lo, hi: (lo > 0.5, "the intact temporal factor's CI reaches 0.5 (chance)")),
+    ]
+    row = overlap[(overlap.a == "induction") & (overlap.b == "fv")].iloc[0]
+    rule = "hypergeometric tail P(X >= overlap) of the top-5% sets < 0.05 (FV by signed AIE)"
+    evidence = (f"{int(row.overlap)} of {int(row.n_top)} shared vs {row.expected:.2f} expected, P = {row.p_value:.3g}; "
+                f"Spearman {row.spearman:+.2f}")
+    if int(row.n_top) < 2:
+        out.append(Verdict("Y4", "not testable", rule, evidence, CLAIMS["Y4"], caveat="top-5% sets of one head"))
+    else:
+        out.append(Verdict("Y4", "reproduced" if row.p_value < 0.05 else "not reproduced", rule, evidence, CLAIMS["Y4"]))
+    return out
+
+
+__all__ = ["MEASURES", "CLAIMS", "per_trial", "drop_table", "decide"]
