@@ -86,22 +86,45 @@ def per_layer_top_p(scores: np.ndarray, p: float) -> list[Head]:
     return out
 
 
+def _first_allowed(order, banned: set, n: int, to_head) -> list:
+    """The first ``n`` items of ``order`` (mapped by ``to_head``) that are not in ``banned``."""
+    out = []
+    for i in order:
+        if len(out) == n:
+            break
+        x = to_head(int(i))
+        if x not in banned:
+            out.append(x)
+    return out
+
+
 def random_heads(shape: tuple[int, int], k: int, exclude=(), seed: int = 0) -> list[Head]:
     """``k`` distinct heads drawn uniformly from those not in ``exclude``; sorted; seeded.
 
+    The draw walks a seeded permutation of **all** ``n_layers * n_heads`` heads and keeps the first
+    ``k`` that are not excluded. The permutation does not depend on ``exclude``, so when a head moves
+    across the exclusion's boundary (two score tables that differ by rounding, e.g. fp32 and bf16)
+    a draw changes only where that head would have been drawn (SPEC §10).
+
+    Args:
+        shape: ``(n_layers, n_heads)``.
+        k: heads to draw (>= 0).
+        exclude: ``(layer, head)`` pairs never drawn.
+        seed: the permutation's seed (``ablation_conditions`` uses ``seed_for(seed, k, draw)``).
+
     Raises:
-        InductionLabError: fewer than ``k`` heads remain after the exclusion.
+        InductionLabError: fewer than ``k`` heads remain after the exclusion, or an excluded head
+            out of range.
     """
     L, H = shape
     k = _int("k", k, 0)
     excl = set(_heads(exclude, shape, "random_heads exclude"))
-    pool = [(l, h) for l in range(L) for h in range(H) if (l, h) not in excl]
-    if k > len(pool):
-        raise InductionLabError(f"k={k} random heads requested but only {len(pool)} remain outside the "
+    left = L * H - len(excl)
+    if k > left:
+        raise InductionLabError(f"k={k} random heads requested but only {left} remain outside the "
                                 f"{len(excl)} excluded heads; lower k or the exclusion size")
-    rng = np.random.default_rng(seed)
-    pick = rng.choice(len(pool), size=k, replace=False)
-    return sorted(pool[i] for i in pick)
+    order = np.random.default_rng(seed).permutation(L * H)
+    return sorted(_first_allowed(order, excl, k, lambda i: (i // H, i % H)))
 
 
 def matched_random_heads(shape: tuple[int, int], chosen, *, exclude=(), seed: int = 0, draw: int = 0) -> list[Head]:
@@ -109,8 +132,11 @@ def matched_random_heads(shape: tuple[int, int], chosen, *, exclude=(), seed: in
     per-layer selection such as :func:`per_layer_top_p`, SPEC §3/§8); sorted.
 
     In each layer, as many heads as ``chosen`` has there are drawn uniformly without replacement
-    from that layer's heads outside ``chosen`` and ``exclude``. Seeded per ``(seed, draw)``:
-    the same pair gives the same heads, different draws differ.
+    from that layer's heads outside ``chosen`` and ``exclude``: the first ones of a seeded
+    permutation of the layer's heads. Seeded per ``(seed, draw)``: the same pair gives the same
+    heads, different draws differ. Every layer's permutation is drawn whatever ``chosen`` and
+    ``exclude`` hold, so a head entering or leaving them changes the draw only in its layer and
+    only where it would have been drawn (as :func:`random_heads`).
 
     Args:
         shape: ``(n_layers, n_heads)``.
@@ -129,15 +155,16 @@ def matched_random_heads(shape: tuple[int, int], chosen, *, exclude=(), seed: in
     rng = np.random.default_rng(seed_for(seed, draw))
     out = []
     for layer in range(L):
+        order = rng.permutation(H)                      # drawn for every layer: layers stay independent
         n = sum(1 for l, _ in chosen if l == layer)
         if n == 0:
             continue
-        pool = [h for h in range(H) if (layer, h) not in banned]
-        if n > len(pool):
-            raise InductionLabError(f"layer {layer}: {n} matched random heads needed but only {len(pool)} of {H} "
+        left = sum(1 for h in range(H) if (layer, h) not in banned)
+        if n > left:
+            raise InductionLabError(f"layer {layer}: {n} matched random heads needed but only {left} of {H} "
                                     "remain outside the chosen and excluded heads; choose fewer heads per layer "
                                     "or exclude fewer")
-        out += [(layer, pool[i]) for i in rng.choice(len(pool), size=n, replace=False)]
+        out += _first_allowed(order, banned, n, lambda h, layer=layer: (layer, h))
     return sorted(out)
 
 
