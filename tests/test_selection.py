@@ -123,7 +123,8 @@ def test_fraction_counts_by_hand():
     (dict(fraction=0.1, k=2), "give exactly one of fraction= .* and k="),
     (dict(k=11, exclude_scores=np.ones((3, 4)), exclude_fraction=0.2),
      "11 heads requested but only 10 of 12 remain after excluding the other ranking's top 2; lower the fraction"),
-    (dict(k=1, exclude_scores=np.ones((3, 4)), exclude_fraction=1.0), r"exclude_fraction=1.0 must be a number in \[0, 1\)"),
+    (dict(k=1, exclude_scores=np.ones((3, 4)), exclude_fraction=1.0),
+     r"exclude_fraction=1.0 must be a number in \[0, 1\)"),
     (dict(k=1, exclude_scores=np.ones((4, 3))), r"exclude_scores has shape \(4, 3\) but scores \(3, 4\)"),
 ])
 def test_select_heads_errors(kw, match):

@@ -9,7 +9,8 @@ per-layer selection), seeded per draw. Random draws walk a seeded permutation of
 skip the excluded ones, so a head that crosses an exclusion boundary by rounding changes a draw
 only where it would have been drawn.
 Heads are ``(layer, head)`` integer pairs, query-head indexing; a head outside the model or
-not an integer raises an error naming the valid range."""
+not an integer raises an error naming the valid range.
+"""
 
 from __future__ import annotations
 
@@ -175,8 +176,9 @@ def matched_random_heads(shape: tuple[int, int], chosen, *, exclude=(), seed: in
 @dataclass
 class Condition:
     """One ablation condition of a protocol: ``name`` (the pieces' and tables' key), ``kind`` (``intact`` |
-    ``induction`` | ``random`` | ``single`` | a ranking's label from :func:`selection_conditions`), ``k`` (heads ablated), ``draw`` (the random draw's index) and
-    ``heads`` (``(layer, head)`` pairs, query-head indexing; empty only for ``intact``).
+    ``induction`` | ``random`` | ``single`` | a ranking's label from :func:`selection_conditions`), ``k``
+    (heads ablated), ``draw`` (the random draw's index) and ``heads`` (``(layer, head)`` pairs, query-head
+    indexing; empty only for ``intact``).
 
     Raises:
         TypeError: ``k`` or ``draw`` not an integer (a head list given in ``draw``'s place: pass it as
