@@ -98,3 +98,50 @@ def test_matched_random_heads_seeded_and_draws_differ():
 def test_matched_random_heads_errors(chosen, exclude, match):
     with pytest.raises(InductionLabError, match=match):
         matched_random_heads(G.shape, chosen, exclude=exclude)
+
+
+def _boundary_pair(shape=(6, 8), N=24, seed=3):
+    """A score table and a copy moved by ±1e-3 so that exactly one head crosses the top-N boundary:
+    ``(a, b, x, y)``, x entering b's top N and y leaving it."""
+    a = np.random.default_rng(seed).permutation(np.arange(shape[0] * shape[1])).reshape(shape) / 100.0
+    flat = np.argsort(-a.reshape(-1), kind="stable")
+    inside, outside = divmod(int(flat[N - 1]), shape[1]), divmod(int(flat[N]), shape[1])
+    a[outside] = a[inside] - 5e-4                      # the first head outside, just below the last inside
+    b = a.copy()
+    b[outside] += 1e-3                                 # ... now just above it
+    b[inside] -= 1e-3
+    assert set(top_k_heads(a, N)) ^ set(top_k_heads(b, N)) == {inside, outside}
+    return a, b, outside, inside
+
+
+def test_random_draws_stable_when_one_head_crosses_the_exclusion_boundary():
+    a, b, x, y = _boundary_pair()
+    ea, eb = top_k_heads(a, 24), top_k_heads(b, 24)       # x in eb only, y in ea only
+    changed = 0
+    for k in (1, 3, 5, 10, 20, 24):
+        for s in range(50):
+            da, db = random_heads(a.shape, k, ea, seed=s), random_heads(a.shape, k, eb, seed=s)
+            if x not in da and y not in db:               # neither crossing head is drawn: the same heads
+                assert da == db, (k, s)
+            else:                                         # one head swapped, and a crossing head is in it
+                diff = set(da) ^ set(db)
+                assert len(diff) == 2 and diff & {x, y}, (k, s, diff)
+                changed += 1
+    assert 0 < changed < 6 * 50                           # the crossing heads were drawn in some draws only
+    # through ablation_conditions (the main job's draws): names and heads agree outside the crossing heads
+    for ca, cb in zip(ablation_conditions(a, [2, 5, 10], n_draws=4, exclude_top_n=24, seed=0),
+                      ablation_conditions(b, [2, 5, 10], n_draws=4, exclude_top_n=24, seed=0)):
+        assert ca.name == cb.name
+        if ca.kind == "random" and not {x, y} & (set(ca.heads) | set(cb.heads)):
+            assert ca.heads == cb.heads
+
+
+def test_matched_random_heads_stable_when_one_chosen_head_moves():
+    chosen = [(0, 1), (1, 1), (2, 1), (3, 1)]
+    moved = [(0, 2), (1, 1), (2, 1), (3, 1)]                # layer 0's chosen head changes
+    for d in range(20):
+        a = matched_random_heads(G.shape, chosen, seed=4, draw=d)
+        b = matched_random_heads(G.shape, moved, seed=4, draw=d)
+        assert [h for h in a if h[0] > 0] == [h for h in b if h[0] > 0]        # other layers untouched
+        if (0, 2) not in a and (0, 1) not in b:              # layer 0: unchanged unless a moved head is drawn
+            assert a == b

@@ -7,7 +7,10 @@
   ``attention`` (the attention function registered in transformers and one context's state, its
   call in four steps) and ``methods`` (the ablation methods table: zero / mean / sink / knockout).
 * ``ablation`` — head selection: :class:`~inductionlab.core.ablation.Condition`, top-k, per-layer top-p,
-  matched random heads.
+  a fraction of all heads with another ranking's top excluded (``select_heads``,
+  ``selection_conditions``: Yin & Steinhardt 2025), random heads (over all heads or outside the top
+  N; a seeded permutation of all heads, so rounding moves a draw only where it touches a drawn
+  head) and matched random heads.
 * ``scores`` — head scores (induction, anti-induction, previous-token, duplicate-token, sink).
 * ``reuse`` — the residual-stream cache shared across ablation conditions.
 * ``stimuli`` — word pools, seeds and random token sequences.

@@ -1,8 +1,13 @@
-"""Head rankings and ablation conditions (SPEC §3, §4, §8).
+"""Head rankings and ablation conditions (SPEC §3, §4, §8, §10).
 
 Rankings: global top-k by a score; per-layer top-p% (``ceil(p * heads_per_layer)``, at least
-1: a decision of this project, SPEC §3); random k heads excluding the top N, seeded; random
-heads matched per layer to a chosen set (the control of a per-layer selection), seeded per draw.
+1: a decision of this project, SPEC §3); a fraction f of all N heads (``max(1, int(f * N))``),
+optionally after excluding another ranking's top ``int(0.02 * N)`` (:func:`select_heads`,
+:func:`selection_conditions`: Yin & Steinhardt 2025's selection); random k heads excluding a set
+(the top N, or none), seeded; random heads matched per layer to a chosen set (the control of a
+per-layer selection), seeded per draw. Random draws walk a seeded permutation of all heads and
+skip the excluded ones, so a head that crosses an exclusion boundary by rounding changes a draw
+only where it would have been drawn.
 Heads are ``(layer, head)`` integer pairs, query-head indexing; a head outside the model or
 not an integer raises an error naming the valid range.
 """
@@ -86,22 +91,45 @@ def per_layer_top_p(scores: np.ndarray, p: float) -> list[Head]:
     return out
 
 
+def _first_allowed(order, banned: set, n: int, to_head) -> list:
+    """The first ``n`` items of ``order`` (mapped by ``to_head``) that are not in ``banned``."""
+    out = []
+    for i in order:
+        if len(out) == n:
+            break
+        x = to_head(int(i))
+        if x not in banned:
+            out.append(x)
+    return out
+
+
 def random_heads(shape: tuple[int, int], k: int, exclude=(), seed: int = 0) -> list[Head]:
     """``k`` distinct heads drawn uniformly from those not in ``exclude``; sorted; seeded.
 
+    The draw walks a seeded permutation of **all** ``n_layers * n_heads`` heads and keeps the first
+    ``k`` that are not excluded. The permutation does not depend on ``exclude``, so when a head moves
+    across the exclusion's boundary (two score tables that differ by rounding, e.g. fp32 and bf16)
+    a draw changes only where that head would have been drawn (SPEC §10).
+
+    Args:
+        shape: ``(n_layers, n_heads)``.
+        k: heads to draw (>= 0).
+        exclude: ``(layer, head)`` pairs never drawn.
+        seed: the permutation's seed (``ablation_conditions`` uses ``seed_for(seed, k, draw)``).
+
     Raises:
-        InductionLabError: fewer than ``k`` heads remain after the exclusion.
+        InductionLabError: fewer than ``k`` heads remain after the exclusion, or an excluded head
+            out of range.
     """
     L, H = shape
     k = _int("k", k, 0)
     excl = set(_heads(exclude, shape, "random_heads exclude"))
-    pool = [(l, h) for l in range(L) for h in range(H) if (l, h) not in excl]
-    if k > len(pool):
-        raise InductionLabError(f"k={k} random heads requested but only {len(pool)} remain outside the "
+    left = L * H - len(excl)
+    if k > left:
+        raise InductionLabError(f"k={k} random heads requested but only {left} remain outside the "
                                 f"{len(excl)} excluded heads; lower k or the exclusion size")
-    rng = np.random.default_rng(seed)
-    pick = rng.choice(len(pool), size=k, replace=False)
-    return sorted(pool[i] for i in pick)
+    order = np.random.default_rng(seed).permutation(L * H)
+    return sorted(_first_allowed(order, excl, k, lambda i: (i // H, i % H)))
 
 
 def matched_random_heads(shape: tuple[int, int], chosen, *, exclude=(), seed: int = 0, draw: int = 0) -> list[Head]:
@@ -109,8 +137,11 @@ def matched_random_heads(shape: tuple[int, int], chosen, *, exclude=(), seed: in
     per-layer selection such as :func:`per_layer_top_p`, SPEC §3/§8); sorted.
 
     In each layer, as many heads as ``chosen`` has there are drawn uniformly without replacement
-    from that layer's heads outside ``chosen`` and ``exclude``. Seeded per ``(seed, draw)``:
-    the same pair gives the same heads, different draws differ.
+    from that layer's heads outside ``chosen`` and ``exclude``: the first ones of a seeded
+    permutation of the layer's heads. Seeded per ``(seed, draw)``: the same pair gives the same
+    heads, different draws differ. Every layer's permutation is drawn whatever ``chosen`` and
+    ``exclude`` hold, so a head entering or leaving them changes the draw only in its layer and
+    only where it would have been drawn (as :func:`random_heads`).
 
     Args:
         shape: ``(n_layers, n_heads)``.
@@ -129,29 +160,31 @@ def matched_random_heads(shape: tuple[int, int], chosen, *, exclude=(), seed: in
     rng = np.random.default_rng(seed_for(seed, draw))
     out = []
     for layer in range(L):
+        order = rng.permutation(H)                      # drawn for every layer: layers stay independent
         n = sum(1 for l, _ in chosen if l == layer)
         if n == 0:
             continue
-        pool = [h for h in range(H) if (layer, h) not in banned]
-        if n > len(pool):
-            raise InductionLabError(f"layer {layer}: {n} matched random heads needed but only {len(pool)} of {H} "
+        left = sum(1 for h in range(H) if (layer, h) not in banned)
+        if n > left:
+            raise InductionLabError(f"layer {layer}: {n} matched random heads needed but only {left} of {H} "
                                     "remain outside the chosen and excluded heads; choose fewer heads per layer "
                                     "or exclude fewer")
-        out += [(layer, pool[i]) for i in rng.choice(len(pool), size=n, replace=False)]
+        out += _first_allowed(order, banned, n, lambda h, layer=layer: (layer, h))
     return sorted(out)
 
 
 @dataclass
 class Condition:
     """One ablation condition of a protocol: ``name`` (the pieces' and tables' key), ``kind`` (``intact`` |
-    ``induction`` | ``random`` | ``single``), ``k`` (heads ablated), ``draw`` (the random draw's index) and
-    ``heads`` (``(layer, head)`` pairs, query-head indexing; empty only for ``intact``).
+    ``induction`` | ``random`` | ``single`` | a ranking's label from :func:`selection_conditions`), ``k``
+    (heads ablated), ``draw`` (the random draw's index) and ``heads`` (``(layer, head)`` pairs, query-head
+    indexing; empty only for ``intact``).
 
     Raises:
         TypeError: ``k`` or ``draw`` not an integer (a head list given in ``draw``'s place: pass it as
             ``heads=``), ``heads`` not a list of pairs."""
     name: str
-    kind: str                # intact | induction | random | single
+    kind: str                # intact | induction | random | single | a ranking's label (selection_conditions)
     k: int = 0
     draw: int = 0
     heads: list[Head] = field(default_factory=list)
@@ -207,6 +240,158 @@ def ablation_conditions(scores: np.ndarray, ks, *, n_draws: int = 3, exclude_top
         for d in range(n_draws):
             out.append(Condition(f"random-{k}-d{d}", "random", k, d,
                                  random_heads(scores.shape, k, excluded, seed_for(seed, k, d))))
+    return out
+
+
+def _fraction(value, name: str, *, zero: bool = False) -> float:
+    """A number in (0, 1] (``zero``: [0, 1))."""
+    bad = isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating))
+    ok = not bad and (0 <= value < 1 if zero else 0 < value <= 1)
+    if not ok:
+        raise InductionLabError(f"{name}={value!r} must be a number in {'[0, 1)' if zero else '(0, 1]'} "
+                                f"(a fraction of all heads, e.g. {'0.02' if zero else '0.05'})")
+    return float(value)
+
+
+def heads_for_fraction(n_total: int, fraction: float) -> int:
+    """How many heads a fraction of all ``n_total`` heads selects: ``max(1, int(fraction * n_total))``,
+    ``int`` of the float product as Python computes it (Yin & Steinhardt's ``get_heads_to_ablate``).
+
+    Raises:
+        InductionLabError: ``fraction`` outside (0, 1]."""
+    return max(1, int(_fraction(fraction, "fraction") * _int("n_total", n_total, 1)))
+
+
+def select_heads(scores, *, fraction: float | None = None, k: int | None = None, exclude_scores=None,
+                 exclude_fraction: float = 0.02) -> list[Head]:
+    """The top heads of one score's global ranking, best first, optionally excluding another
+    ranking's top heads first (Yin & Steinhardt 2025, arXiv 2502.14010; ``kayoyin/icl-heads``
+    ``src/utils/ablate_utils.py::get_heads_to_ablate``).
+
+    Exactly one of ``fraction`` (``max(1, int(fraction * N))`` of all N heads, see
+    :func:`heads_for_fraction`) and ``k``. With ``exclude_scores``, the top
+    ``int(exclude_fraction * N)`` heads of that ranking (no minimum: under 50 heads the default 0.02
+    excludes none, as in the authors' code) are removed before taking the top; the count stays the
+    one computed from all N heads. Ties are broken by (layer, head) order, as :func:`top_k_heads`.
+
+    Args:
+        scores: ``[n_layers, n_heads]``, higher = more of the mechanism.
+        exclude_scores: ``[n_layers, n_heads]``, the other ranking (e.g. the induction score).
+        exclude_fraction: in [0, 1); the other ranking's top fraction removed [0.02, Yin].
+
+    Raises:
+        InductionLabError: neither or both of ``fraction`` / ``k``, a fraction outside (0, 1], k
+            not in 1..N, tables of different shapes, non-finite scores, or an exclusion leaving
+            fewer heads than requested.
+    """
+    scores = _scores(scores)
+    total = scores.size
+    if (fraction is None) == (k is None):
+        raise InductionLabError("select_heads: give exactly one of fraction= (e.g. 0.05) and k= (e.g. 10)")
+    n = heads_for_fraction(total, fraction) if k is None else _int("k", k, 1)
+    if n > total:
+        raise InductionLabError(f"k={n} heads requested but the model has {total}; use k <= {total}")
+    excluded: set[Head] = set()
+    if exclude_scores is not None:
+        other = _scores(exclude_scores)
+        if other.shape != scores.shape:
+            raise InductionLabError(f"exclude_scores has shape {other.shape} but scores {scores.shape}; give two "
+                                    "tables of the same model")
+        excluded = set(top_k_heads(other, int(_fraction(exclude_fraction, "exclude_fraction", zero=True) * total)))
+    if n > total - len(excluded):
+        raise InductionLabError(f"{n} heads requested but only {total - len(excluded)} of {total} remain after "
+                                f"excluding the other ranking's top {len(excluded)}; lower the fraction or k, or "
+                                "exclude_fraction")
+    return [h for h in top_k_heads(scores, total) if h not in excluded][:n]
+
+
+RANDOM_CONTROLS = ("all", "outside-top-n")
+
+
+def selection_conditions(scores, *, fractions=None, ks=None, exclude_scores=None, exclude_label: str | None = None,
+                         exclude_fraction: float = 0.02, n_draws: int = 3, random: str = "all",
+                         exclude_top_n: int | None = None, seed: int = 0, label: str = "fv",
+                         intact: bool = True) -> list[Condition]:
+    """Intact, then per size the top heads of a score's ranking (:func:`select_heads`), the same with
+    another ranking's top heads excluded, and ``n_draws`` random draws of the same count (Yin &
+    Steinhardt 2025, arXiv 2502.14010, ``get_heads_to_ablate``: its fractions, exclusion and random
+    control; SPEC §10).
+
+    Sizes: ``fractions`` (each ``max(1, int(f * N))`` of all N heads) or ``ks``, not both. Names and
+    kinds, with ``<size>`` = ``<100 f>pct`` (``5pct``, ``0.5pct``) or ``k`` (``10``):
+
+    * ``<label>-<size>`` — the top heads by ``scores``; kind ``label``;
+    * ``<label>-excl-<exclude_label>-<size>`` — only with ``exclude_scores``: the top heads after
+      removing ``exclude_scores``' top ``int(exclude_fraction * N)``; kind ``<label>-excl-<exclude_label>``;
+    * ``random-<size>-d<d>`` (``random="all"``: uniform over all heads, so a draw may hold top heads,
+      as Yin's and Ji-An's controls) or ``random-outside-<size>-d<d>`` (``random="outside-top-n"``:
+      outside the top ``exclude_top_n`` by ``scores``, default min(300, N // 2), as
+      :func:`ablation_conditions`); kind ``random``.
+
+    Every condition's ``k`` is its head count, so the random draws pool per count
+    (:func:`~inductionlab.measures.stats.draws_by_k`). Draw ``d`` of count ``n`` uses
+    ``random_heads(..., seed=seed_for(seed, n, d))``, the seeds of :func:`ablation_conditions`: with
+    ``random="outside-top-n"`` and the same scores, a k's draws equal its ``random-<k>-d<d>`` heads.
+    The exclusion applies to the selection only, not to the random draws (as in the authors' code).
+
+    Args:
+        scores: ``[n_layers, n_heads]`` (e.g. FV scores).
+        exclude_scores: ``[n_layers, n_heads]`` of the other ranking (e.g. induction scores), named
+            ``exclude_label`` in the conditions (required with it).
+        label: the ranking's name in the conditions (``fv``, ``induction``, ...).
+
+    Raises:
+        InductionLabError: neither or both of ``fractions`` / ``ks``, a fraction outside (0, 1] or a
+            k outside 1..N, two sizes that give the same count (their random draws would pool
+            together), ``exclude_scores`` without ``exclude_label``, an unknown ``random``,
+            ``exclude_top_n`` with ``random="all"``, ``n_draws`` < 0, or too few heads left after an
+            exclusion (see :func:`select_heads`, :func:`random_heads`).
+    """
+    scores = _scores(scores)
+    total = scores.shape[0] * scores.shape[1]
+    if (fractions is None) == (ks is None):
+        raise InductionLabError("selection_conditions: give exactly one of fractions= (e.g. (0.01, 0.05)) and "
+                                "ks= (e.g. (5, 10))")
+    one = fractions if fractions is not None else ks
+    sizes = list(one) if isinstance(one, (list, tuple, np.ndarray)) else [one]
+    if not sizes:
+        raise InductionLabError("selection_conditions: no size given; pass at least one fraction or k")
+    if random not in RANDOM_CONTROLS:
+        raise InductionLabError(f"random={random!r}: use one of {', '.join(RANDOM_CONTROLS)}")
+    if random == "all" and exclude_top_n is not None:
+        raise InductionLabError("exclude_top_n is for random='outside-top-n'; drop it or set that control")
+    if exclude_scores is not None and not exclude_label:
+        raise InductionLabError("exclude_scores needs exclude_label=, the other ranking's name in the conditions "
+                                "(e.g. exclude_label='induction')")
+    n_draws = _int("n_draws", n_draws, 0)
+    rows = []                                              # (size tag, fraction or None, k or None, count)
+    for x in sizes:
+        if fractions is not None:
+            rows.append((f"{_fraction(x, 'fraction') * 100:g}pct", x, None, heads_for_fraction(total, x)))
+        else:
+            rows.append((str(_int("k", x, 1)), None, x, int(x)))
+    for i, (tag, *_, n) in enumerate(rows):
+        same = [t for t, *_, m in rows[:i] if m == n]
+        if same:
+            raise InductionLabError(f"sizes {same[0]} and {tag} both select {n} of {total} heads; give each count once")
+    excluded = []
+    if random == "outside-top-n":
+        N = default_exclude_top_n(total) if exclude_top_n is None else exclude_top_n
+        if isinstance(N, (bool, np.bool_)) or not isinstance(N, (int, np.integer)) or not 0 <= N <= total:
+            raise InductionLabError(f"exclude_top_n={N} must be between 0 and the model's {total} heads")
+        excluded = top_k_heads(scores, N)
+    prefix = "random-outside" if random == "outside-top-n" else "random"
+    out = [Condition("intact", "intact")] if intact else []
+    for tag, f, k, n in rows:
+        out.append(Condition(f"{label}-{tag}", label, n, 0, select_heads(scores, fraction=f, k=k)))
+        if exclude_scores is not None:
+            kind = f"{label}-excl-{exclude_label}"
+            out.append(Condition(f"{kind}-{tag}", kind, n, 0,
+                                 select_heads(scores, fraction=f, k=k, exclude_scores=exclude_scores,
+                                              exclude_fraction=exclude_fraction)))
+        for d in range(n_draws):
+            out.append(Condition(f"{prefix}-{tag}-d{d}", "random", n, d,
+                                 random_heads(scores.shape, n, excluded, seed_for(seed, n, d))))
     return out
 
 

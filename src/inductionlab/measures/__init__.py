@@ -1,4 +1,4 @@
-"""Measures: small functions over arrays and tidy tables (numpy / pandas, no torch, no model),
+"""Measures: small functions over arrays and tidy tables (numpy / pandas / scipy, no torch, no model),
 in the style of psifr.
 
 * ``stats`` — 95% CIs over trials, the ``x`` / ``x_ci_low`` / ``x_ci_high`` column convention,
@@ -7,6 +7,8 @@ in the style of psifr.
 * ``crp`` — lag-CRP of recall sequences (Kahana 1996).
 * ``serial_position`` — serial-position curves, temporal factor, lag enrichment.
 * ``load_bearing_eval`` — relative / absolute changes under ablation with paired CIs, score concentration.
+* ``overlap`` — how two head rankings overlap: top-set overlap against its hypergeometric expectation
+  and tail, mean cross-percentiles, Spearman (Yin & Steinhardt 2025).
 
 Imports only the package's face. A new measure is a function here, with its test against a value
 worked out by hand; the protocols and studies above call it.
