@@ -62,7 +62,7 @@ def _arms(conditions) -> list[tuple[str, str, int, list[str]]]:
     """``(arm, kind, count, condition names)``: each selection, and each count's random draws pooled."""
     arms = []
     for c in conditions:
-        if c.kind != "random":
+        if c.kind not in ("random", "intact"):
             arms.append((c.name, c.kind, c.k, [c.name]))
     counts = sorted({c.k for c in conditions if c.kind == "random"})
     for k in counts:

@@ -1,0 +1,179 @@
+"""``inductionlab study head-types`` (SPEC §10) on a tiny random Llama with a BPE tokenizer trained on the
+tasks' text: every piece and file, the selections' exclusions, the FV column, resume, the fractions kept on a
+model of 72 heads, and the verdict rules on made-up per-trial values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from conftest import make_tiny
+from inductionlab.cli import main
+from inductionlab.core.ablation import Condition, select_heads
+from inductionlab.errors import InductionLabError
+from inductionlab.protocols.configs import FVScoreConfig, LagProbeConfig
+from inductionlab.studies.configs import HeadScoreConfig
+from inductionlab.studies.head_types.config import (HeadTypesConfig, ProbesConfig, SelectionConfig,
+                                                    TokenLossConfig)
+from inductionlab.studies.spec import RunOptions
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    from transformers import PreTrainedTokenizerFast
+    from wordfreq import top_n_list
+
+    from inductionlab.core.models import LoadedModel, attention_shape
+    from inductionlab.data.tokenizer import train_bpe
+    from inductionlab.protocols.icl_tasks import build_tasks, format_prompt
+
+    words = [w for w in top_n_list("en", 600) if w.isalpha()]
+    texts = [format_prompt([it], it.x) for t in build_tasks(["copy", "next_letter"]).values() for it in t.items]
+    texts += [" ".join(words[i:i + 50]) for i in range(0, 600, 50)] * 3
+    tok = PreTrainedTokenizerFast(tokenizer_object=train_bpe(texts, 1500).tokenizer, eos_token="<|endoftext|>",
+                                  bos_token="<|endoftext|>")
+    model = make_tiny("llama", vocab_size=len(tok))
+    text = tmp_path_factory.mktemp("text") / "words.txt"
+    text.write_text(" ".join(words * 5))
+    return LoadedModel(model, tok, {"name": "tiny-llama", **attention_shape(model.config), "dtype": "float32"}), text
+
+
+def small(text: Path, **over) -> HeadTypesConfig:
+    cfg = HeadTypesConfig(
+        scores=HeadScoreConfig(seq_len=12, batch_size=4),
+        fv=FVScoreConfig(tasks=("copy", "next_letter"), shots=3, n_prompts=3, zero_shot_prompts=3, top=3),
+        selection=SelectionConfig(fractions=(0.1, 0.25), exclude_fraction=0.2),
+        probes=ProbesConfig(n_prompts=2), icl=TokenLossConfig(text=str(text), late=40, early=10, n_sequences=3),
+        lag=LagProbeConfig(list_length=20, cue_position=10, n_permutations=4, cues="all:5", pool_size=200))
+    for k, v in over.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def study(loaded, tmp_path_factory):
+    from inductionlab.studies.head_types.study import run_head_types
+    lm, text = loaded
+    out = tmp_path_factory.mktemp("ht") / "run"
+    return run_head_types(lm, small(text), out, RunOptions(progress=False)), out
+
+
+def test_every_piece_and_file_is_written(study):
+    res, out = study
+    for f in ("report.md", "results.json", "fv_scores.csv", "head_scores.csv", "drops.csv", "overlap.csv",
+              "fv_check.csv", "probe_rows.csv", "icl_rows.csv", "fv_heatmap.png", "scores_scatter.png",
+              "drop_vs_fraction.png"):
+        assert (out / f).is_file(), f
+    for task in ("copy", "next_letter"):
+        assert (out / "checkpoints" / "fv" / f"{task}.npz").is_file()
+    rec = json.loads((out / "results.json").read_text())
+    assert [v["claim"] for v in rec["verdicts"]] == ["Y1", "Y2", "Y3", "Y4"]
+    assert len(rec["top_fv_heads"]) == 10 and rec["params"]["counts"] == {"0.1": 1, "0.25": 4}
+
+
+def test_the_fv_column_is_the_aie_over_tasks_and_prompts(study):
+    res, out = study
+    heads = pd.read_csv(out / "head_scores.csv")
+    fv = pd.read_csv(out / "fv_scores.csv")
+    per_task = fv[fv.task != "all"].groupby(["layer", "head"]).aie.mean()
+    assert np.allclose(heads.set_index(["layer", "head"]).fv.loc[per_task.index], per_task, atol=1e-12)
+    assert np.allclose(heads.fv.to_numpy().reshape(2, 8), res.fv.cie.mean(axis=(0, 1)), atol=1e-12)
+
+
+def test_exclusive_selections_never_hold_the_other_rankings_top_heads(study):
+    res, _ = study
+    ind, fv = res.scores["induction"], res.fv.aie()
+    top_fv, top_ind = set(select_heads(fv, fraction=0.2)), set(select_heads(ind, fraction=0.2))   # int(0.2·16) = 3
+    by = {c.name: c for c in res.conditions}
+    assert not set(by["induction-excl-fv-25pct"].heads) & top_fv
+    assert not set(by["fv-excl-induction-25pct"].heads) & top_ind
+    assert by["fv-25pct"].heads == select_heads(fv, k=4) and by["induction-10pct"].heads == select_heads(ind, k=1)
+    assert sorted(c.name for c in res.conditions if c.kind == "random") == \
+        ["random-10pct-d0", "random-10pct-d1", "random-25pct-d0", "random-25pct-d1"]
+
+
+def test_drops_are_paired_against_the_intact_rows(study):
+    res, _ = study
+    p = res.probes
+    intact = p[(p.condition == "intact") & (p.method == "mean")].hits1.mean()
+    ablated = p[(p.condition == "fv-25pct") & (p.method == "mean")].hits1.mean()
+    row = res.drops[(res.drops.arm == "fv-25pct") & (res.drops.measure == "hits1_mean")].iloc[0]
+    assert row.intact == pytest.approx(intact) and row.value == pytest.approx(ablated)
+    assert row["drop"] == pytest.approx(intact - ablated)
+    assert "intact" not in set(res.drops.kind)
+
+
+def test_a_second_run_resumes_from_the_pieces(study, loaded):
+    from inductionlab.studies.head_types.study import run_head_types
+    res, out = study
+    again = run_head_types(loaded[0], small(loaded[1]), out, RunOptions(progress=False))
+    assert np.array_equal(again.fv.cie, res.fv.cie) and again.drops.equals(res.drops)
+
+
+def test_fractions_that_select_the_same_count_are_dropped():
+    from inductionlab.studies.head_types.study import kept_fractions
+    assert kept_fractions((0.01, 0.02, 0.05, 0.1), 72) == ([0.01, 0.05, 0.1], [0.02])     # Gemma 3 270M: 1, 1, 3, 7
+    assert kept_fractions((0.01, 0.02, 0.05, 0.1), 270) == ([0.01, 0.02, 0.05, 0.1], [])  # SmolLM2: 2, 5, 13, 27
+
+
+def _fake(values: dict[str, dict[str, np.ndarray]]):
+    """probes, icl and a lag-probe stand-in whose per-trial measures are ``values[condition][measure]``."""
+    probes, icl = [], []
+    lag = SimpleNamespace(probs={}, cue_probs={}, cue_positions=None, config=SimpleNamespace(cue_position=0))
+    for name, v in values.items():
+        n = len(v["hits1_mean"])
+        probes.append(pd.DataFrame({"condition": name, "method": "mean", "task": "t", "index": range(n),
+                                    "hits1": v["hits1_mean"]}))
+        icl.append(pd.DataFrame({"condition": name, "sequence": range(n), "benefit": v["icl_benefit"]}))
+        lag.probs[name] = v["lag_plus1"][:, None]
+    return pd.concat(probes), pd.concat(icl), lag
+
+
+def test_y1_and_y2_follow_the_paired_difference_of_the_exclusive_ablations():
+    from inductionlab.studies.head_types.verdicts import decide, drop_table
+    n = 40
+    rng = np.random.default_rng(0)
+    hits = lambda p: (rng.random(n) < p).astype(float)  # noqa: E731
+    vals = {"intact": {"hits1_mean": np.ones(n), "icl_benefit": np.full(n, 1.0), "lag_plus1": np.full(n, 0.5)},
+            "induction-excl-fv-10pct": {"hits1_mean": np.ones(n), "icl_benefit": np.full(n, 0.2) + rng.normal(0, .01, n),
+                                        "lag_plus1": np.full(n, 0.4)},
+            "fv-excl-induction-10pct": {"hits1_mean": hits(0.3), "icl_benefit": np.full(n, 0.9) + rng.normal(0, .01, n),
+                                        "lag_plus1": np.full(n, 0.45)}}
+    probes, icl, lag = _fake(vals)
+    conds = [Condition("intact", "intact"), Condition("induction-excl-fv-10pct", "induction-excl-fv", 3, 0, [(0, 1)]),
+             Condition("fv-excl-induction-10pct", "fv-excl-induction", 3, 0, [(0, 2)])]
+    overlap = pd.DataFrame([{"a": "induction", "b": "fv", "n_top": 5, "overlap": 4, "expected": 0.1,
+                             "p_value": 1e-6, "spearman": 0.3}])
+    verd = {v.claim: v for v in decide(drop_table(conds, probes, icl, lag), probes, icl, lag, conds, overlap, {3: 0.1})}
+    assert verd["Y1"].status == "reproduced" and verd["Y2"].status == "reproduced"
+    assert verd["Y3"].status == "not testable"                          # no cues: no temporal factor
+    assert verd["Y4"].status == "reproduced"
+    assert verd["Y1"].per_k["0.1"]["difference"] == pytest.approx(1 - vals["fv-excl-induction-10pct"]["hits1_mean"].mean())
+    # the other way round: induction-exclusive ablation lowers HITS@1 more -> Y1 not reproduced
+    vals["induction-excl-fv-10pct"]["hits1_mean"], vals["fv-excl-induction-10pct"]["hits1_mean"] = \
+        vals["fv-excl-induction-10pct"]["hits1_mean"], np.ones(n)
+    probes, icl, lag = _fake(vals)
+    verd = {v.claim: v for v in decide(drop_table(conds, probes, icl, lag), probes, icl, lag, conds, overlap, {3: 0.1})}
+    assert verd["Y1"].status == "not reproduced"
+
+
+def test_bad_options_are_one_line_refusals(tmp_path):
+    r = CliRunner().invoke(main, ["study", "head-types", "--fractions", "0,0.1", "--out", str(tmp_path / "x")])
+    assert r.exit_code != 0 and "--fractions" in r.output and not (tmp_path / "x").exists()
+    with pytest.raises(InductionLabError, match="--fv-shots"):
+        small(tmp_path, fv=FVScoreConfig(shots=1)).validate()
+    with pytest.raises(InductionLabError, match="--fv-tasks"):
+        small(tmp_path, fv=FVScoreConfig(tasks=("capitals",))).validate()
+
+
+def test_a_missing_text_file_is_refused_before_anything_is_written(loaded, tmp_path):
+    from inductionlab.studies.head_types.study import run_head_types
+    with pytest.raises(InductionLabError, match="--icl-text"):
+        run_head_types(loaded[0], small(tmp_path / "none.txt"), tmp_path / "out", RunOptions(progress=False))
+    assert not (tmp_path / "out").exists()
