@@ -33,7 +33,7 @@ def main(argv=None):
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--task", default="next_letter")
     ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--rows", type=int, default=90)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     loaded = load_model(a.model, dtype="float32")

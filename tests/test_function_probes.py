@@ -100,3 +100,34 @@ def _ablated_probes(model, prompts, heads):
     a = run_conditions(SimpleNamespace(model=model), [Condition("ablated", "induction", heads=heads)],
                        build_trials(prompts, 0), batch_size=16, measure_batch=measure_batch)["ablated"]
     return probe_rows(prompts, a)
+
+
+def test_last_position_conditions_equal_the_runner_with_last_position_ablation():
+    """All conditions and methods from one prefix per prompt (copies of the last token) give the ranks and
+    probabilities of the runner running each condition over left-padded batches with positions="last"."""
+    from conftest import make_tiny
+    from inductionlab.core.ablation import Condition
+    from inductionlab.protocols.function_probes import build_trials, last_position_conditions, measure_batch, probe_rows
+    from inductionlab.protocols.runner import run_conditions
+
+    model = make_tiny("llama")
+    rng = np.random.default_rng(1)
+    prompts = [_prompt("t", rng.integers(5, 700, n).tolist(), int(rng.integers(5, 700)), i)
+               for i, n in enumerate((6, 9, 4, 12))]
+    conds = [Condition("intact", "intact"), Condition("a", "induction", 2, 0, [(0, 1), (1, 5)]),
+             Condition("b", "random", 3, 0, [(1, 0), (1, 2), (1, 7)])]
+    means = torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(0))
+    got = last_position_conditions(model, prompts, conds, {"mean": means, "zero": torch.zeros(2, 8, 8)}, rows=2)
+    assert len(got) == 4 * 3 * 2
+    for method in ("mean", "zero"):
+        trials = build_trials(prompts, 0)
+        trials.reference_means = means
+        ref = run_conditions(SimpleNamespace(model=model), conds, trials, method=method, batch_size=3,
+                             measure_batch=measure_batch, positions="last")
+        for c in conds:
+            want = probe_rows(prompts, ref[c.name])
+            g = got[(got.condition == c.name) & (got.method == method)].reset_index(drop=True)
+            assert (g["rank"].to_numpy() == want["rank"].to_numpy()).all()
+            assert np.allclose(g.p_target, want.p_target, atol=1e-6)
+    mean_a = got[(got.condition == "a") & (got.method == "mean")].p_target.to_numpy()
+    assert not np.allclose(mean_a, got[(got.condition == "intact") & (got.method == "mean")].p_target)

@@ -5,6 +5,8 @@ any prompt and answer token)."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +18,12 @@ from inductionlab.core.models import attention_shape
 from inductionlab.errors import InductionLabError
 from inductionlab.protocols import function_vectors as F
 from inductionlab.protocols.icl_tasks import Item, Prompt, build_task, build_tasks
+
+
+def _repeat_cache(cache, rows: int):
+    c = copy.deepcopy(cache)
+    c.batch_repeat_interleave(rows)
+    return c
 
 
 def _prompts(n: int, seed: int, first: int = 3, length: int = 14) -> list[Prompt]:
@@ -63,7 +71,7 @@ def test_fast_path_equals_the_authors_per_head_loop(arch):
 
 
 def test_the_patch_of_one_row_changes_only_its_query_head_under_gqa(llama):
-    """The fast path's mechanism: in a batch against a repeated prefix cache, row 1's patch of (1, 2) changes
+    """Patching one row of a batch against a repeated prefix cache (the ``rows`` of an intervention): row 1's patch of (1, 2) changes
     only that head's output in that row: every other head of layer 1 (its KV peer (1, 3) included) and row 0
     are bit-identical to the same batch run without the patch."""
     ids = torch.tensor([_prompts(1, 5)[0].input_ids])
@@ -75,7 +83,7 @@ def test_the_patch_of_one_row_changes_only_its_query_head_under_gqa(llama):
     outs = []
     for ivs in ([], [iv]):
         with torch.inference_mode(), instrument(llama, ivs, capture_heads=heads) as inst:
-            llama(input_ids=ids[:, -1:].expand(2, 1), past_key_values=F._repeat_cache(prefix, 2), use_cache=True)
+            llama(input_ids=ids[:, -1:].expand(2, 1), past_key_values=_repeat_cache(prefix, 2), use_cache=True)
         outs.append({h: inst.captured[(1, h)][:, -1] for h in range(8)})      # [2, D] each
     plain, patched = outs
     for h in range(8):
@@ -158,3 +166,33 @@ def test_knowledge_tasks_come_from_the_geonames_country_table():
     assert caps["France"] == "Paris" and caps["Japan"] == "Tokyo" and caps["Kenya"] == "Nairobi"
     cur = dict((it.x, it.y) for it in build_task("country_currency").items)
     assert cur["Japan"] == "Yen" and cur["France"] == "Euro"
+
+
+def test_copies_of_the_last_token_each_patch_only_their_own_query_head_under_gqa(llama):
+    """The fast path's forward: copies of the last token against the prefix cache, copy 1 patching (1, 2).
+    Every other head of layer 1 (its KV peer (1, 3) included) and copy 0 equal the same forward without the
+    patch, bit for bit, and copy 0 equals a plain forward of the whole prompt's last position."""
+    ids = torch.tensor([_prompts(1, 5)[0].input_ids])
+    last = ids.shape[1] - 1
+    with torch.inference_mode():
+        prefix = llama(input_ids=ids[:, :-1], use_cache=True).past_key_values
+    value = torch.full((attention_shape(llama.config)["head_dim"],), 0.5)
+    kw = {"input_ids": ids[:, -1:].expand(1, 3), "position_ids": torch.full((1, 3), last),
+          "attention_mask": F._copies_mask(llama, prefix, last, 3, torch.float32, "cpu")}
+    heads = [(1, h) for h in range(8)]
+    outs, logits = [], []
+    for ivs in ([], [HeadIntervention(1, 2, "mean", value=value, positions=(last + 1,))]):
+        with torch.inference_mode(), instrument(llama, ivs, capture_heads=heads) as inst:
+            logits.append(llama(**kw, past_key_values=copy.deepcopy(prefix), use_cache=True).logits[0])
+        outs.append({h: inst.captured[(1, h)][0] for h in range(8)})           # [3 copies, D]
+    plain, patched = outs
+    for h in range(8):
+        assert torch.equal(plain[h][0], patched[h][0]) and torch.equal(plain[h][2], patched[h][2])
+        if h == 2:
+            assert torch.equal(patched[h][1], value) and not torch.equal(plain[h][1], value)
+        else:
+            assert torch.equal(plain[h][1], patched[h][1])
+    with torch.inference_mode():
+        full = llama(input_ids=ids).logits[0, -1]
+    assert torch.allclose(logits[0][0], full, atol=1e-5) and torch.allclose(logits[0][2], full, atol=1e-5)
+    assert not torch.allclose(logits[1][1], full, atol=1e-5)

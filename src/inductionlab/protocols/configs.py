@@ -187,7 +187,7 @@ class FVScoreConfig:
                             source="Todd et al. 2024 (an early-middle layer)", flag="--fv-layer")
     zero_shot_prompts: int = opt(25, "Zero-shot prompts per task for the function vector's check.",
                                  flag="--fv-zero-shot-prompts")
-    rows: int = opt(64, "Heads patched per one-token forward (speed only).", cli=False)
+    rows: int = opt(90, "Heads patched per forward of last-token copies (speed only).", cli=False)
     bos: bool = opt(True, "Prepend the tokenizer's BOS (when it has one).", cli=False)
     seed: int = opt(0, "Seed of the prompts.", cli=False)                                # a study sets its own
 

@@ -157,4 +157,51 @@ def summarize_hits(rows: pd.DataFrame, by: Sequence[str] = ("shots", "control"))
     return res.drop(columns=[c for c in res if c.startswith("_se")])
 
 
-__all__ = ["default_pad_id", "target_ranks", "build_trials", "measure_batch", "probe_rows", "run_probes", "summarize_hits"]
+def last_position_conditions(model, prompts: Sequence[Prompt], conditions, values: dict[str, torch.Tensor], *,
+                             rows: int = 90, progress=None) -> pd.DataFrame:
+    """HITS@k of ``prompts`` intact and under every condition and method at once, when the ablation edits the
+    last position only (Yin & Steinhardt 2025's accuracy ablation): per prompt, one prefix forward and the last
+    token's copies of :func:`~inductionlab.protocols.function_vectors.patched_last_logits`, one copy per
+    (method, condition), the condition's heads' last-position outputs set to ``values[method]``. Equal to
+    :func:`~inductionlab.protocols.runner.run_conditions` with ``positions="last"`` (within float rounding:
+    tests/test_function_probes.py) at about 1 + (conditions × methods) / prompt length forwards per prompt,
+    not one per condition.
+
+    Args:
+        prompts: from :func:`inductionlab.protocols.icl_tasks.make_prompts`.
+        conditions: :class:`~inductionlab.core.ablation.Condition` list (an ``intact`` one reads the unpatched copy).
+        values: method -> ``[n_layers, n_heads, head_dim]``: the heads' new output (each head's mean at the last
+            position of reference prompts for ``mean``; zeros for ``zero``).
+        progress: optional callable(1) per prompt.
+
+    Returns: one row per (condition, method, prompt): ``condition, method``, then the columns of
+    :func:`probe_rows` (the intact condition repeated under each method).
+
+    Raises: InductionLabError as ``patched_last_logits``."""
+    from .function_vectors import patched_last_logits
+
+    arms = [(c, m) for m in values for c in conditions if c.heads]
+    slot = {(c.name, m): 1 + j for j, (c, m) in enumerate(arms)}          # copy 0: intact
+    out = []
+    for i, p in enumerate(prompts):
+        patches = [[(l, h, values[m][l, h]) for l, h in c.heads] for c, m in arms]
+        base, logits, _ = patched_last_logits(model, p.input_ids, patches, rows=rows)
+        tgt = torch.tensor([p.target_id] * (len(arms) + 1))
+        allv = torch.cat([base[None], logits])
+        rank = target_ranks(allv, tgt).tolist()
+        prob = torch.softmax(allv.double(), -1)[:, p.target_id].tolist()
+        for c in conditions:
+            for m in values:
+                j = slot.get((c.name, m), 0)
+                out.append({"condition": c.name, "method": m, "task": p.task, "shots": p.shots, "control": p.control,
+                            "index": p.index, "target_id": p.target_id, "rank": rank[j], "p_target": prob[j]})
+        if progress:
+            progress(1)
+    df = pd.DataFrame(out)
+    for k in KS:
+        df[f"hits{k}"] = (df["rank"] <= k).astype(np.float64)
+    return df
+
+
+__all__ = ["default_pad_id", "target_ranks", "build_trials", "measure_batch", "probe_rows", "run_probes", "summarize_hits",
+           "last_position_conditions"]

@@ -17,14 +17,14 @@ float64. Rankings: signed (heads that raise P(y₁) first) and absolute (|AIE|; 
 heads that raise and heads that lower the answer, arXiv 2606.07560).
 
 **Exact fast path (decision).** The patch touches one query at the last position, so every earlier
-position of the patched run is the corrupted run's. We run p̃ without its last token once, keep the
-KV cache, and run the last token alone for a chunk of heads at once, one head per batch row (``rows``):
-a ``[R, 1]`` forward against the cache repeated R times, with head r's last-position output set to its
-mean in row r (:class:`~inductionlab.core.methods.HeadIntervention` ``mean`` at the absolute last position;
-a cache computed without the patch is valid for it: :meth:`~inductionlab.core.attention.Instrumentation._after_cache`).
-Cost per prompt: one prefix forward plus ⌈N_heads / R⌉ one-token forwards of R rows, against Todd's one
-full forward per (prompt, head). ``bench/fv_speed.py`` checks it against a port of the authors' per-head
-loop (an ``o_proj`` pre-hook, one forward per head).
+position of the patched run is the corrupted run's. We run p̃ without its last token once and keep its KV
+cache; then one forward reads many copies of the last token against it, each copy at the last token's
+position and attending to the prefix and itself only (a 4-D mask), one head patched per copy (copy 0
+unpatched): copy r is head r's patched run. Chunks of heads in layer order start at their lowest layer from
+the unpatched residual stream there. Cost per prompt: one prefix forward plus about one forward of N_heads
+tokens, against Todd's one full forward per (prompt, head). ``bench/fv_speed.py`` checks it against a port
+of the authors' per-head loop (an ``o_proj`` pre-hook, one forward per head). Chosen over copying the cache
+once per head as batch rows: that copy cost as much as the forward (SmolLM2: 0.08 s per 65 rows).
 
 **Function vector** (Todd's ``compute_function_vector``): the sum over the top heads (default 10 by
 signed AIE) of each head's task mean pushed through its layer's output projection — the head's own
@@ -147,6 +147,15 @@ def _under(model, under: Sequence[HeadIntervention]):
     return instrument(model, list(under), strict=False) if under else contextlib.nullcontext()
 
 
+def _last_only(model, **kw):
+    """``model(**kw)`` with the LM head on the last position only where the architecture takes
+    ``logits_to_keep`` (the prefix's logits are never read)."""
+    try:
+        return model(**kw, logits_to_keep=1)
+    except TypeError:
+        return model(**kw)
+
+
 def _probs(logits: torch.Tensor, targets: torch.Tensor | int) -> torch.Tensor:
     """P(target) from last-position logits ``[B, V]`` (softmax in float64)."""
     t = torch.as_tensor(targets, device=logits.device).reshape(-1, 1).expand(logits.shape[0], 1)
@@ -173,65 +182,181 @@ def clean_means(model, prompts: Sequence[Prompt], *, under: Sequence[HeadInterve
     with torch.inference_mode(), instrument(model, list(under), capture_heads=heads, strict=False) as inst:
         for i, pr in enumerate(prompts):
             ids = torch.tensor([pr.input_ids], device=dev)
-            logits = model(input_ids=ids, use_cache=False).logits[:, -1]
+            logits = _last_only(model, input_ids=ids, use_cache=False).logits[:, -1]
             p[i] = float(_probs(logits, pr.target_id)[0])
             last = torch.stack([inst.captured[lh][0, -1] for lh in heads]).double().cpu()
             total += last.reshape(L, H, -1)
     return total / len(prompts), p
 
 
-def _repeat_cache(cache, rows: int):
-    """A copy of a one-row KV cache with every row repeated ``rows`` times (the original stays untouched)."""
-    c = copy.deepcopy(cache)
-    c.batch_repeat_interleave(rows)
-    return c
+@contextlib.contextmanager
+def _recording(layers) -> Iterator[dict]:
+    """Record each decoder layer's output (the state entering the next layer) of the forwards in the block:
+    ``{v: (state entering layer v, tuple output)}`` for v = 1 .. n_layers − 1."""
+    states: dict = {}
+
+    def hook(v):
+        def f(module, args, output):
+            h = output[0] if isinstance(output, tuple) else output
+            states[v] = (h.detach().clone(), isinstance(output, tuple))
+        return f
+    handles = [layers[v - 1].register_forward_hook(hook(v)) for v in range(1, len(layers))]
+    try:
+        yield states
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def _skipping(layers, b: int, state: torch.Tensor | None, tuple_out: bool) -> Iterator[None]:
+    """Layers ``0..b-1`` return ``state`` (the residual stream entering layer ``b``) instead of running: every row
+    of the batch holds it there, as no patch of the batch sits below ``b``. Their KV cache slots stay unwritten,
+    which no later layer reads (the cache is a throw-away copy)."""
+    if b == 0 or state is None:
+        yield
+        return
+    out = (state,) if tuple_out else state
+    saved = [layer.__dict__.get("forward") for layer in layers[:b]]
+    for layer in layers[:b]:
+        layer.forward = lambda *a, **k: out
+    try:
+        yield
+    finally:
+        for layer, f in zip(layers[:b], saved):
+            if f is None:
+                del layer.forward
+            else:
+                layer.forward = f
+
+
+def _copies_mask(model, cache, prefix: int, n: int, dtype, device):
+    """The additive attention mask of ``n`` copies of the last token read after a cached prefix of ``prefix``
+    tokens: each copy sees the prefix and itself, not the other copies: ``[1, 1, n, prefix + n]``; a dict by layer
+    type where the model has sliding-window layers, whose cache keeps only the most recent keys (their mask covers
+    those, each within the window of a copy at position ``prefix``)."""
+    k = torch.arange(prefix + n, device=device)
+    ok = (k[None, :] < prefix) | (k[None, :] - prefix == torch.arange(n, device=device)[:, None])
+    neg = torch.finfo(dtype).min
+
+    def additive(allowed):
+        return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, neg)[None, None]
+    cfg = model.config
+    types = list(getattr(cfg, "layer_types", None) or ())
+    window = getattr(cfg, "sliding_window", None)
+    if "sliding_attention" in types and window:
+        kept = cache.layers[types.index("sliding_attention")].keys.shape[-2]    # the sliding cache's recent keys
+        pos = torch.where(k < prefix, k, torch.full_like(k, prefix))
+        near = ((prefix - pos[None, :]) < window) & ok                          # transformers: kv > q - window
+        return {t: additive(near[:, prefix - kept:]) if t == "sliding_attention" else additive(ok) for t in set(types)}
+    if set(types) - {"full_attention"}:
+        raise InductionLabError(f"{type(model).__name__} has layer types {sorted(set(types))} the FV fast path does "
+                                "not handle")
+    return additive(ok)
+
+
+def patched_last_logits(model, ids: Sequence[int], patches: Sequence[Sequence[tuple[int, int, torch.Tensor]]], *,
+                        rows: int = 90, under: Sequence[HeadIntervention] = (), skip: bool = True
+                        ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """The last position's logits of ``ids`` unpatched and under each patch set, by the exact fast path of the
+    module docstring.
+
+    One forward reads ``ids`` without its last token and keeps its KV cache. Then, per chunk of ``rows`` patch
+    sets (taken in order of their lowest layer), one forward reads ``rows + 1`` copies of the last token against
+    that cache, each copy at the last token's position and attending to the prefix and itself only (a 4-D
+    mask); in copy i + 1 the heads of patch set i have their output set to the given values (copy 0 unpatched),
+    so copy i + 1 is the run patched by set i, bit for bit in exact arithmetic. A chunk whose heads all sit in
+    layers ≥ b starts at layer b from the unpatched last token's residual stream there (``skip``; architectures
+    of :func:`~inductionlab.core.reuse.decoder_layers`).
+
+    Args:
+        ids: the prompt's token ids (at least 2).
+        patches: patch sets, each a list of ``(layer, head, value [head_dim])``: the head's last-position output
+            (the input of ``o_proj``) set to ``value``.
+        rows: patch sets per forward; under: interventions applied in every forward (e.g. a base ablation).
+
+    Returns:
+        ``(base, logits, changed)``: float32 ``[V]``, the unpatched copy of the first forward; float32 ``[P, V]``,
+        patch set i in row i; bool ``[P]``, whether any head of the set took another value than it had (a set that
+        changed nothing is the unpatched run: its row is its forward's unpatched copy).
+
+    Raises: InductionLabError for fewer than 2 tokens, ``rows < 1``, an empty patch set."""
+    from ..core.reuse import decoder_layers
+
+    model = unwrap_model(model)
+    if len(ids) < 2:
+        raise InductionLabError("a prompt needs at least 2 tokens (a prefix and the last position)")
+    if rows < 1:
+        raise InductionLabError(f"rows must be >= 1, got {rows}")
+    if any(not ps for ps in patches):
+        raise InductionLabError("an empty patch set; give each at least one (layer, head, value)")
+    layers = decoder_layers(model) if skip else None
+    L = attention_shape(model.config)["n_layers"]
+    below = min((iv.layer for iv in under), default=L)              # base interventions: nothing skipped above them
+    p = next(model.parameters())
+    x = torch.tensor([list(ids)], device=p.device)
+    last = x.shape[1] - 1
+    order = sorted(range(len(patches)), key=lambda i: min(int(l) for l, _, _ in patches[i]))
+    out = [None] * len(patches)
+    changed = np.zeros(len(patches), dtype=bool)
+    base = None
+    states: dict = {}
+    with torch.inference_mode():
+        with _under(model, under):
+            prefix = _last_only(model, input_ids=x[:, :-1], use_cache=True).past_key_values
+            if layers is not None:
+                with _recording(layers) as states:
+                    model(input_ids=x[:, -1:], past_key_values=copy.deepcopy(prefix), use_cache=True)
+        for start in range(0, len(order), rows):
+            chunk = order[start:start + rows]
+            n = len(chunk) + 1
+            b = min(min(min(int(l) for l, _, _ in patches[i]) for i in chunk), below) if layers is not None else 0
+            state, tuple_out = states.get(b, (None, False))
+            ivs, owner = [], []
+            for r, i in enumerate(chunk):                                # copy 0: unpatched
+                for l, h, v in patches[i]:
+                    ivs.append(HeadIntervention(int(l), int(h), "mean", value=v, positions=(last + r + 1,)))
+                    owner.append(i)
+            state = None if state is None else state.expand(1, n, state.shape[-1])
+            kw = {"input_ids": x[:, -1:].expand(1, n), "position_ids": torch.full((1, n), last, device=p.device),
+                  "attention_mask": _copies_mask(model, prefix, last, n, p.dtype, p.device)}
+            with instrument(model, [*under, *ivs], strict=False) as inst, _skipping(layers, b, state, tuple_out):
+                logits = model(**kw, past_key_values=copy.deepcopy(prefix), use_cache=True).logits[0].float()
+            base = logits[0] if base is None else base
+            for j, i in enumerate(owner):
+                changed[i] |= inst.effect[len(under) + j]
+            for r, i in enumerate(chunk):
+                out[i] = logits[r + 1] if changed[i] else logits[0]
+    return base, torch.stack(out), changed
 
 
 def indirect_effects(model, prompt: Prompt, means: torch.Tensor, *, heads: Sequence[tuple[int, int]] | None = None,
-                     rows: int = 64, under: Sequence[HeadIntervention] = ()) -> tuple[float, np.ndarray]:
+                     rows: int = 90, under: Sequence[HeadIntervention] = (), skip: bool = True) -> tuple[float, np.ndarray]:
     """P(y₁ | prompt) and each head's CIE on it: P(y₁ | prompt, the head's last-position output ←
-    ``means[l, h]``) − P(y₁ | prompt), by the exact fast path of the module docstring (one prefix forward,
-    then one-token forwards of ``rows`` heads against the prefix's KV cache). Each one-token forward also
-    runs the unpatched last token in its row 0 and the heads' CIEs are taken against that row; a patch that
-    wrote the value the head already had leaves its row the unpatched run, so its CIE is exactly 0 (not the
-    ~1e-10 by which two equal rows of one batch can differ when the matmul kernel tiles them differently).
+    ``means[l, h]``) − P(y₁ | prompt), by :func:`patched_last_logits` (one patch set per head), against the
+    unpatched copy of the first forward; a patch that wrote the value the head already had gives exactly 0 (not
+    the ~1e-10 by which two equal rows of one matmul, or two forwards starting at different layers, can differ).
 
     Args:
         prompt: one (corrupted) prompt; ``prompt.target_id`` is y₁.
         means: ``[n_layers, n_heads, head_dim]`` (:func:`clean_means`).
-        heads: the heads patched (default: all); rows: heads per one-token forward.
+        heads: the heads patched (default: all); rows: heads per forward.
 
     Returns: ``(p_base, cie)``: float (probability) and float64 ``[n_layers, n_heads]`` (probability
     difference; NaN for heads not patched).
 
     Raises: InductionLabError for a prompt of fewer than 2 tokens or ``rows < 1``."""
     model = unwrap_model(model)
-    if len(prompt.input_ids) < 2:
-        raise InductionLabError("a prompt needs at least 2 tokens (a prefix and the last position)")
-    if rows < 1:
-        raise InductionLabError(f"rows must be >= 1, got {rows}")
     s = attention_shape(model.config)
     L, H = s["n_layers"], s["n_heads"]
     heads = [(l, h) for l in range(L) for h in range(H)] if heads is None else [(int(l), int(h)) for l, h in heads]
-    dev = next(model.parameters()).device
-    ids = torch.tensor([prompt.input_ids], device=dev)
-    last = ids.shape[1] - 1
+    base, logits, changed = patched_last_logits(model, prompt.input_ids, [[(l, h, means[l, h])] for l, h in heads],
+                                                rows=rows, under=under, skip=skip)
+    p_base = float(_probs(base[None], prompt.target_id)[0])
+    p = _probs(logits, prompt.target_id).cpu().numpy()
     cie = np.full((L, H), np.nan)
-    p_base = None
-    with torch.inference_mode():
-        with _under(model, under):
-            prefix = model(input_ids=ids[:, :-1], use_cache=True).past_key_values
-        for start in range(0, len(heads), rows):
-            chunk = heads[start:start + rows]
-            ivs = [HeadIntervention(l, h, "mean", value=means[l, h], positions=(last,), rows=(r + 1,))
-                   for r, (l, h) in enumerate(chunk)]                     # row 0: unpatched
-            with instrument(model, [*under, *ivs], strict=False) as inst:
-                logits = model(input_ids=ids[:, -1:].expand(len(chunk) + 1, 1),
-                               past_key_values=_repeat_cache(prefix, len(chunk) + 1), use_cache=True).logits[:, -1]
-            pr = _probs(logits, prompt.target_id).cpu().numpy()
-            p_base = float(pr[0]) if p_base is None else p_base
-            for r, ((l, h), v) in enumerate(zip(chunk, pr[1:] - pr[0])):
-                cie[l, h] = v if inst.effect[len(under) + r] else 0.0
+    for (l, h), v, c in zip(heads, p, changed):
+        cie[l, h] = v - p_base if c else 0.0
     return p_base, cie
 
 
@@ -365,5 +490,5 @@ def added_to_residual(model, layer: int, vector: torch.Tensor | None) -> Iterato
 
 
 __all__ = ["OUTPUT_PROJECTIONS", "TaskPrompts", "task_prompts", "attention_module", "output_projection",
-           "decoder_layer", "head_writes", "clean_means", "indirect_effects", "FVScores", "fv_scores",
+           "decoder_layer", "head_writes", "clean_means", "patched_last_logits", "indirect_effects", "FVScores", "fv_scores",
            "function_vector", "added_to_residual"]

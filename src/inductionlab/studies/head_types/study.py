@@ -12,8 +12,9 @@ Pieces (each checkpointed in ``<out>/checkpoints/``; a re-run with the same ``--
 4. the conditions: for each fraction f, the top heads by induction score and by FV score, each also with the
    other ranking's top 2% excluded, and random draws of the same counts
    (:func:`~inductionlab.core.ablation.selection_conditions`); under each: 10-shot HITS@1 of the function
-   probes with the heads' last-position output set to its mean over the FV scoring prompts (``probes_mean``)
-   and to zero (``probes_zero``), the token-loss ICL score (``icl``) and the lag probe (``lag``).
+   probes with the heads' last-position output set to its mean over the FV scoring prompts and to zero (all
+   conditions at once per prompt, as the ablation edits the last position only: ``probes/<task>.npz``), the
+   token-loss ICL score (``icl/<condition>``) and the lag probe (``lag/<condition>``).
 
 Then ``results.json``, tables, figures and ``report.md``, with the verdicts Y1–Y4 of
 :mod:`inductionlab.studies.head_types.verdicts` (rules fixed in code before the first real run).
@@ -235,9 +236,36 @@ def _fv_check(plan: Plan, fv: F.FVScores) -> dict:
 
 # ---- the measures under ablation ---------------------------------------------------------------------
 
-def _probe(plan: Plan, trials: Trials, method: str) -> Probe:
-    return Probe.of_trials(f"10-shot probes ({method})", trials, function_probes.measure_batch,
-                           batch_size=plan.cfg.probes.batch_size, method=method, positions="last")
+def _probes(plan: Plan, ctx: Context, conditions: list[Condition], fv: F.FVScores) -> pd.DataFrame:
+    """10-shot HITS@1 under every condition, the heads' last-position output set to its mean over the FV scoring
+    prompts of all tasks (Yin's accuracy ablation) and to zero: all conditions per prompt at once
+    (:func:`~inductionlab.protocols.function_probes.last_position_conditions`), one piece ``probes/<task>`` per task."""
+    from tqdm.auto import tqdm
+    D = fv.means.shape[-1]
+    values = {"mean": fv.means.mean(0).float()}                 # each head's mean at the last position, all tasks
+    if plan.cfg.probes.zero:
+        values["zero"] = torch.zeros(*fv.means.shape[1:3], D)
+    tasks = list(dict.fromkeys(p.task for p in plan.probe_prompts))
+    todo = [t for t in tasks if not ctx.run.done(f"probes/{t}")]
+    parts = []
+    with tqdm(total=sum(1 for p in plan.probe_prompts if p.task in todo), desc="10-shot probes", unit="prompt",
+              disable=not (ctx.bar and todo)) as bar:
+        for task in tasks:
+            prompts = [p for p in plan.probe_prompts if p.task == task]
+
+            def compute(prompts=prompts):
+                df = function_probes.last_position_conditions(plan.loaded.model, prompts, conditions, values,
+                                                               rows=plan.fv.rows, progress=bar.update)
+                return {c: df[c].to_numpy() for c in ("condition", "method", "index", "rank", "p_target")}
+            with ctx.run.timed("probes"):
+                got = ctx.run.arrays(f"probes/{task}", compute)
+            d = pd.DataFrame({c: got[c] for c in ("condition", "method", "index", "rank", "p_target")})
+            d.insert(2, "task", task)
+            parts.append(d)
+    df = pd.concat(parts, ignore_index=True)
+    df["condition"], df["method"] = df["condition"].astype(str), df["method"].astype(str)
+    df["hits1"] = (df["rank"] <= 1).astype(np.float64)
+    return df
 
 
 def _icl_probe(plan: Plan) -> Probe:
@@ -267,28 +295,9 @@ def phases(plan: Plan, ctx: Context) -> dict:
     fv = _fv_scores(plan, ctx)
     fv_check = ctx.piece("fv_check", lambda: _fv_check(plan, fv))
     conditions = conditions_for(scores["induction"], fv_ranking_scores(fv, cfg.selection.fv_ranking), plan)
-    pad = function_probes.default_pad_id(plan.loaded.tokenizer)
-    trials = function_probes.build_trials(plan.probe_prompts, pad)
-    trials.reference_means = fv.means.mean(0).float()          # each head's mean at the last position, all tasks
-    phase = [Phase("probes_mean", _probe(plan, trials, "mean"), conditions)]
-    if cfg.probes.zero:
-        phase.append(Phase("probes_zero", _probe(plan, trials, "zero"), conditions))
-    phase += [Phase("icl", _icl_probe(plan), conditions), Phase("lag", lag_probe.probe(plan.lag), conditions)]
-    runs = ctx.measure(*phase)
-    return {"scores": scores, "fv": fv, "fv_check": fv_check, "conditions": conditions, **runs}
-
-
-def _probe_rows(plan: Plan, pieces: dict) -> pd.DataFrame:
-    out = []
-    for key in ("probes_mean", "probes_zero"):
-        if key not in pieces:
-            continue
-        for name, arrays in pieces[key].arrays.items():
-            r = function_probes.probe_rows(plan.probe_prompts, arrays)
-            r.insert(0, "method", key.removeprefix("probes_"))
-            r.insert(0, "condition", name)
-            out.append(r)
-    return pd.concat(out, ignore_index=True)
+    probes = _probes(plan, ctx, conditions, fv)
+    runs = ctx.measure(Phase("icl", _icl_probe(plan), conditions), Phase("lag", lag_probe.probe(plan.lag), conditions))
+    return {"scores": scores, "fv": fv, "fv_check": fv_check, "conditions": conditions, "probes": probes, **runs}
 
 
 def _icl_rows(plan: Plan, pieces: dict) -> pd.DataFrame:
@@ -314,7 +323,7 @@ def overlap_table(induction: np.ndarray, fv: F.FVScores, other: dict[str, np.nda
 def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
     hs, fv, conditions = pieces["scores"], pieces["fv"], pieces["conditions"]
     lag = LagProbeResult.from_parts(pieces["lag"].arrays, conditions, plan.lag, pieces["lag"].words)
-    probes = _probe_rows(plan, pieces)
+    probes = pieces["probes"]
     icl = _icl_rows(plan, pieces)
     counts = {max(1, int(f * hs["induction"].size)): f for f in plan.fractions}
     drops = drop_table(conditions, probes, icl, lag, counts)
