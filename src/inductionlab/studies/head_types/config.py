@@ -51,7 +51,7 @@ class ProbesConfig:
     """10-shot HITS@1 of the function-style probes under each selection, with the heads' output at the last
     position of each forward set to its mean there over the FV scoring prompts of all tasks (Yin's accuracy
     ablation) and to zero. Prompts are drawn with another seed than the FV scoring prompts."""
-    n_prompts: int = opt(8, "10-shot prompts per task under each condition.", flag="--probe-prompts")
+    n_prompts: int = opt(20, "10-shot prompts per task under each condition.", flag="--probe-prompts")
     batch_size: int = opt(16, "Prompts per forward pass.", flag="--probe-batch-size")
     zero: bool = opt(True, "Skip the zero-ablation run of the probes (the flag sets zero false).",
                      flag="--no-probe-zero")
