@@ -132,3 +132,14 @@ def _ablated_induction_loss(model, heads, **kw) -> dict:
     a = run_conditions(SimpleNamespace(model=model), [Condition("ablated", "induction", heads=heads)],
                        Trials({"ids": ids}), batch_size=16, measure_batch=partial(measure_batch, hits=True))["ablated"]
     return induction_summary(a["nll"], a["hits"], T, bos)
+
+
+def test_measure_at_reads_the_losses_of_the_full_measure_at_its_positions():
+    from conftest import make_tiny
+    from inductionlab.protocols.icl_score import measure_at, measure_batch
+    model = make_tiny("llama")
+    x = torch.randint(5, 800, (3, 40), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        full = measure_batch(model, {"ids": x})["nll"]
+        some = measure_at(model, {"ids": x}, (5, 39))["nll"]
+    assert some.shape == (3, 2) and torch.allclose(some, full[:, [4, 38]], atol=1e-5)

@@ -160,7 +160,7 @@ def test_bad_positions_and_rows_are_one_line(model):
 
 # ---- through the protocol runner: every protocol takes the positions and resample ---------------------
 
-def _runner(model, method, positions="all", reuse=False, batch_size=2):
+def _runner(model, method, positions="all", reuse=False, batch_size=2, trials=None):
     from types import SimpleNamespace
 
     from conftest import VOCAB
@@ -179,7 +179,7 @@ def _runner(model, method, positions="all", reuse=False, batch_size=2):
 
     def all_logits(m, batch):
         return {"logits": m(input_ids=batch["ids"]).logits}
-    return run_conditions(loaded, conds, Trials({"ids": ids}), method=method, batch_size=batch_size,
+    return run_conditions(loaded, conds, trials or Trials({"ids": ids}), method=method, batch_size=batch_size,
                           measure_batch=all_logits, positions=positions, reuse=reuse)
 
 
@@ -190,6 +190,25 @@ def test_the_runner_resamples_per_batch_the_same_for_every_condition_and_batchin
     assert (a["L1"]["logits"] == b["L1"]["logits"]).all()                  # residual reuse: bit-identical
     again = _runner(model, "resample")
     assert (again["L1"]["logits"] == a["L1"]["logits"]).all()              # seeded: the same random sources
+
+
+def test_the_source_runs_kept_on_the_trials_serve_later_conditions_unchanged(model, monkeypatch):
+    """A study runs one condition per call on the same trials: the first call keeps every head's outputs in each
+    batch's source run, the next reuses them (no source forward) and gets what a fresh run gets."""
+    from inductionlab.protocols import runner
+    from inductionlab.protocols.runner import Trials
+    ids = torch.randint(5, 800, (5, 12), generator=torch.Generator().manual_seed(4))
+    trials = Trials({"ids": ids})
+    first = _runner(model, "resample", trials=trials)
+    assert len(trials.source_outputs) == 3                                   # 3 batches of 2, 2, 1
+    source, calls = runner._source, []
+    monkeypatch.setattr(runner, "_source", lambda *a, **k: calls.append(1) or source(*a, **k))
+    again = _runner(model, "resample", trials=trials)
+    assert not calls and (again["L1"]["logits"] == first["L1"]["logits"]).all()
+    monkeypatch.setattr(runner, "SOURCE_CACHE_BYTES", 0)                      # over the bound: nothing kept
+    fresh = Trials({"ids": ids})
+    assert (_runner(model, "resample", trials=fresh)["L1"]["logits"] == first["L1"]["logits"]).all()
+    assert calls and not fresh.source_outputs
 
 
 def test_the_runner_ablates_only_the_last_position(model):

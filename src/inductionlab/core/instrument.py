@@ -234,7 +234,7 @@ def ablate(model, heads: Iterable[tuple[int, int]], method: str = DEFAULT_METHOD
            reference_ids: torch.Tensor | None = None, reference_mask: torch.Tensor | None = None,
            source_ids: torch.Tensor | None = None, source_mask: torch.Tensor | None = None,
            positions="all", reference_positions=None, rows=None, means: torch.Tensor | None = None,
-           strict: bool = True) -> Iterator[Instrumentation]:
+           source_outputs: Mapping | None = None, strict: bool = True) -> Iterator[Instrumentation]:
     """Ablate (or patch) a set of query heads while the block runs.
 
     Args:
@@ -257,6 +257,9 @@ def ablate(model, heads: Iterable[tuple[int, int]], method: str = DEFAULT_METHOD
         means: ``[n_layers, n_heads, head_dim]``, the heads' ``mean`` values computed beforehand (e.g. by
             :func:`head_output_means` over prompts of the study's choosing, once for many conditions); given,
             ``reference_ids`` is not read.
+        source_outputs: ``(layer, head)`` -> the head's outputs ``[B, T', head_dim]`` in the source run, computed
+            beforehand (:func:`head_outputs` of ``source_ids``, e.g. once for every head and many conditions);
+            given, ``source_ids`` is not run (``source_mask`` still names its padding).
 
     The ablation is per thread and per model: it edits only the forwards of the thread that
     opened it (another thread's forward of the same model meanwhile runs unablated), a second
@@ -294,6 +297,8 @@ def ablate(model, heads: Iterable[tuple[int, int]], method: str = DEFAULT_METHOD
         means = head_output_means(model, reference_ids, attention_mask=reference_mask,
                                   positions=positions if reference_positions is None else reference_positions)
         values = {(l, h): means[l, h] for l, h in heads}
+    elif m.needs in ("source", "random") and source_outputs is not None:
+        values = {lh: source_values(source_outputs[lh], positions, source_mask) for lh in heads}
     elif m.needs in ("source", "random"):
         if source_ids is None:
             raise InductionLabError(f"{method} needs a source run: pass source_ids (another prompt's ids, or random "

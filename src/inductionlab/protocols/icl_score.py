@@ -70,6 +70,19 @@ def measure_batch(model, batch: dict[str, torch.Tensor], cfg=None, *, hits: bool
     return out
 
 
+def measure_at(model, batch: dict[str, torch.Tensor], positions) -> dict[str, torch.Tensor]:
+    """:func:`measure_batch` at chosen token indices only: ``nll`` float64 ``[b, len(positions)]``, column j =
+    ``−log p(x_t | x_<t)`` for ``t = positions[j]`` (nats), the LM head run at the positions ``t − 1`` only
+    (:func:`~inductionlab.protocols.runner.forward_logits`). For an ICL score of window 1, the two positions."""
+    from .runner import forward_logits
+
+    x = batch["ids"]
+    t = torch.as_tensor(list(positions), dtype=torch.long, device=x.device)
+    logits = forward_logits(model, x, t - 1)                                   # [b, n, V] float32
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, t], reduction="none")
+    return {"nll": nll.double()}
+
+
 def token_losses(model, ids: torch.Tensor, *, batch_size: int = 2, return_hits: bool = False,
                  dist=None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Next-token losses of equal-length sequences on the intact model (:func:`measure_batch`
@@ -311,6 +324,6 @@ def associative_recall(model, pool: torch.Tensor, *, n_pairs: int = 8, n: int = 
     return recall_summary(nll, hits, n_pairs, bos_id is not None)
 
 
-__all__ = ["icl_positions", "measure_batch", "token_losses", "model_context", "heldout_windows", "text_windows",
+__all__ = ["icl_positions", "measure_batch", "measure_at", "token_losses", "model_context", "heldout_windows", "text_windows",
            "scaled_positions", "icl_summary", "icl_score", "induction_summary", "induction_loss", "induction_ids", "recall_sequences",
            "recall_summary", "associative_recall"]

@@ -73,18 +73,23 @@ class Trials:
             their attention mask when padded).
         reference_means: ``[n_layers, n_heads, head_dim]``: that value computed beforehand (e.g. each head's
             mean at the last position of other prompts); given, no reference batch runs.
+        source_outputs: per batch (first trial, size), every head's outputs in that batch's source run of
+            ``resample`` / ``patch`` (filled by :func:`run_conditions`, so later conditions on the same trials skip
+            the source forward; bounded by :data:`SOURCE_CACHE_BYTES`).
     """
     tensors: dict[str, torch.Tensor]
     words: list[str] = field(default_factory=list)
     reference: torch.Tensor | None = None
     reference_means: torch.Tensor | None = None
+    source_outputs: dict = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.tensors["ids"])
 
     def head(self, n: int) -> "Trials":
         """The first ``n`` trials (e.g. a cheaper condition that reuses the start of a run)."""
-        return Trials({k: v[:n] for k, v in self.tensors.items()}, self.words, self.reference, self.reference_means)
+        return Trials({k: v[:n] for k, v in self.tensors.items()}, self.words, self.reference, self.reference_means,
+                      self.source_outputs)
 
     @classmethod
     def padded(cls, seqs: Sequence[Sequence[int]], pad_id: int, **extra: torch.Tensor) -> "Trials":
@@ -234,7 +239,7 @@ def auto_batch_size(loaded, seq_len: int, logit_positions: int = 1, cap: int = 6
 
 def ablation_context(model, heads, method: str = DEFAULT_METHOD, reference_ids: torch.Tensor | None = None,
                      reference_mask: torch.Tensor | None = None, *, positions="all", source_ids=None,
-                     source_mask=None, means=None):
+                     source_mask=None, means=None, source_outputs=None):
     """:func:`inductionlab.core.instrument.ablate` over ``heads`` (``(layer, head)`` pairs), or a no-op
     context when ``heads`` is None or empty (an intact condition), so every protocol runs intact and
     ablated through one code path (:func:`~inductionlab.core.instrument.ablate` itself refuses no heads).
@@ -247,7 +252,32 @@ def ablation_context(model, heads, method: str = DEFAULT_METHOD, reference_ids: 
     from ..core.instrument import ablate   # here: importing this module does not import transformers
 
     return ablate(model, heads, method, reference_ids=reference_ids, reference_mask=reference_mask, positions=positions,
-                  source_ids=source_ids, source_mask=source_mask, means=means)
+                  source_ids=source_ids, source_mask=source_mask, means=means, source_outputs=source_outputs)
+
+
+SOURCE_CACHE_BYTES = 1 << 30   # every head's source-run outputs kept per batch across conditions, up to this
+
+
+def _source_outputs(loaded, method: str, batch: dict, start: int, pool: dict, cache: dict | None):
+    """``(outputs, mask)``: every head's outputs ``[b, T, head_dim]`` in this batch's source run (:func:`_source`),
+    one forward, kept in ``cache`` (keyed by the batch's first trial and size) while it holds under
+    :data:`SOURCE_CACHE_BYTES`."""
+    from ..core.instrument import head_outputs
+    from ..core.models import attention_shape
+
+    key = (start, int(batch["ids"].shape[0]), method)
+    if cache is not None and key in cache:
+        return cache[key]
+    src, mask = _source(loaded, method, batch, start, pool)
+    shape = attention_shape(loaded.model.config)
+    outs = head_outputs(loaded.model, src, [(l, h) for l in range(shape["n_layers"]) for h in range(shape["n_heads"])],
+                        attention_mask=mask)
+    if cache is not None:
+        size = sum(o.numel() * o.element_size() for o in outs.values())
+        held = sum(o.numel() * o.element_size() for v in cache.values() for o in v[0].values())
+        if held + size <= SOURCE_CACHE_BYTES:
+            cache[key] = (outs, mask)
+    return outs, mask
 
 
 def per_batch_source(method: str) -> bool:
@@ -339,6 +369,7 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
     device = next(model.parameters()).device
     if not isinstance(trials, Trials):
         trials = Trials(dict(trials))
+    source_cache = trials.source_outputs
     means = trials.reference_means if needs_reference(method) else None
     ref, ref_mask = trials.reference_batch(device) if needs_reference(method) and means is None else (None, None)
     trials = trials.tensors
@@ -365,8 +396,8 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
                 for s in mine:
                     batch = {k: v[s:s + bs].to(device) for k, v in trials.items()}
                     if each:                  # resample / patch: this batch's source run, then its ablation
-                        src, src_mask = _source(loaded, method, batch, s, pool)
-                        with ablation_context(model, heads, method, positions=positions, source_ids=src,
+                        outs, src_mask = _source_outputs(loaded, method, batch, s, pool, source_cache)
+                        with ablation_context(model, heads, method, positions=positions, source_outputs=outs,
                                               source_mask=src_mask):
                             measured = measure_batch(model, batch)
                     else:

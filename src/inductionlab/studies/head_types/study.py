@@ -23,6 +23,7 @@ Then ``results.json``, tables, figures and ``report.md``, with the verdicts Y1â€
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -269,8 +270,11 @@ def _probes(plan: Plan, ctx: Context, conditions: list[Condition], fv: F.FVScore
 
 
 def _icl_probe(plan: Plan) -> Probe:
-    return Probe.of_trials("token-loss ICL score", Trials({"ids": plan.windows}), icl_score.measure_batch,
-                           batch_size=plan.cfg.icl.batch_size, method=plan.cfg.icl.method)
+    """The token-loss ICL score's probe: next-token losses at the early and late tokens only."""
+    late, early = plan.icl_positions
+    return Probe.of_trials("token-loss ICL score", Trials({"ids": plan.windows}),
+                           partial(icl_score.measure_at, positions=(early, late)), batch_size=plan.cfg.icl.batch_size,
+                           method=plan.cfg.icl.method)
 
 
 def conditions_for(induction: np.ndarray, fv_table: np.ndarray, plan: Plan) -> list[Condition]:
@@ -301,12 +305,12 @@ def phases(plan: Plan, ctx: Context) -> dict:
 
 
 def _icl_rows(plan: Plan, pieces: dict) -> pd.DataFrame:
-    late, early = plan.icl_positions
+    """Per window and condition: loss at the early and late tokens (nats) and the benefit early âˆ’ late."""
     out = []
     for name, arrays in pieces["icl"].arrays.items():
-        s = icl_score.icl_summary(arrays["nll"], late, early)["per_sequence"]
-        out.append(pd.DataFrame({"condition": name, "sequence": np.arange(len(s["benefit"])),
-                                 "loss_early": s["loss_early"], "loss_late": s["loss_late"], "benefit": s["benefit"]}))
+        nll = arrays["nll"]
+        out.append(pd.DataFrame({"condition": name, "sequence": np.arange(len(nll)), "loss_early": nll[:, 0],
+                                 "loss_late": nll[:, 1], "benefit": nll[:, 0] - nll[:, 1]}))
     return pd.concat(out, ignore_index=True)
 
 
