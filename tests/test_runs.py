@@ -81,3 +81,21 @@ def test_check_out_paths(tmp_path):
         ro.mkdir(mode=0o555)
         with pytest.raises(InductionLabError, match="cannot write under"):
             ResumableRun.check_out(ro / "run")
+
+
+def test_a_piece_of_string_columns_loads_back_as_computed(tmp_path):
+    import pandas as pd
+
+    df = pd.DataFrame({"condition": ["intact", "top-1"], "rank": [1, 3]})
+    cols = lambda: {c: df[c].to_numpy() for c in df}          # noqa: E731  pandas gives an object column
+    first = ResumableRun(tmp_path / "o", "toy", {}).arrays("p", cols)
+    again = ResumableRun(tmp_path / "o", "toy", {}).arrays("p", lambda: pytest.fail("recomputed"))
+    assert list(again["condition"]) == ["intact", "top-1"] == list(first["condition"])
+    assert list(again["rank"]) == [1, 3]
+
+
+def test_a_piece_of_other_objects_is_refused_before_writing(tmp_path):
+    run = ResumableRun(tmp_path / "o", "toy", {})
+    with pytest.raises(TypeError, match="dtype object"):
+        run.arrays("p", lambda: {"x": np.array([{"a": 1}], dtype=object)})
+    assert not run.path("p", "npz").exists()

@@ -414,7 +414,9 @@ class ResumableRun:
     def arrays(self, key: str, compute: Callable[[], dict]) -> dict:
         """The piece ``key`` as a dict of numpy arrays: loaded if finished, else computed by
         ``compute()``, written atomically (``.npz``) and returned. A damaged piece file is
-        recomputed (:meth:`_read` says so on stderr)."""
+        recomputed (:meth:`_read` says so on stderr). Columns of Python strings (pandas' object
+        columns) are stored as fixed-width unicode, so the piece loads back without pickle; any other
+        object array raises ``TypeError`` before anything is written."""
         import numpy as np
 
         from .distributed import on_main
@@ -423,7 +425,7 @@ class ResumableRun:
         found, arrays = on_main(lambda: self._read(p, self._read_npz), self.dist)
         if found:
             return arrays
-        arrays = compute()
+        arrays = {k: _loadable(k, v) for k, v in compute().items()}
         if self.is_main:
             buf = io.BytesIO()
             np.savez(buf, **arrays)
@@ -447,3 +449,16 @@ class ResumableRun:
             atomic_write_json(p, value)
             self._saved(key)
         return on_main(lambda: read(p), self.dist)
+
+
+def _loadable(key: str, a) -> "np.ndarray":
+    """``a`` as an array that ``np.load(allow_pickle=False)`` reads back: object arrays of strings become
+    unicode arrays; other object arrays raise ``TypeError`` (they would be written and never load)."""
+    import numpy as np
+
+    a = np.asarray(a)
+    if a.dtype != object:
+        return a
+    if all(isinstance(x, str) for x in a.flat):
+        return a.astype(str)
+    raise TypeError(f"piece array {key!r} has dtype object (not all strings); store numbers or strings only")
