@@ -44,6 +44,20 @@ class LoadedModel:
         return self.identity["n_heads"]
 
 
+def cache_keyword(model) -> str:
+    """The keyword that passes a KV cache to ``model.forward``: ``cache`` where transformers has it
+    (``past_key_values`` is deprecated there), else ``past_key_values``."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def returned_cache(output):
+    """The KV cache a forward returned (``output.cache`` or ``output.past_key_values``), or ``None``."""
+    cache = getattr(output, "cache", None)
+    return getattr(output, "past_key_values", None) if cache is None else cache
+
+
 def ran_identity(loaded: LoadedModel) -> dict:
     """``loaded.identity`` with ``dtype`` and ``device`` read from the model's parameters: what a
     run really ran, even if the model was cast or moved after loading (a result records this; a

@@ -49,7 +49,7 @@ import pandas as pd
 import torch
 
 from ..core.instrument import HeadIntervention, instrument, unwrap_model
-from ..core.models import attention_shape
+from ..core.models import attention_shape, cache_keyword, returned_cache
 from ..errors import InductionLabError
 from ..measures.stats import Z95
 from .icl_tasks import Prompt, Task, make_prompts
@@ -301,12 +301,13 @@ def patched_last_logits(model, ids: Sequence[int], patches: Sequence[Sequence[tu
     changed = np.zeros(len(patches), dtype=bool)
     base = None
     states: dict = {}
+    kv = cache_keyword(model)
     with torch.inference_mode():
         with _under(model, under):
-            prefix = _last_only(model, input_ids=x[:, :-1], use_cache=True).past_key_values
+            prefix = returned_cache(_last_only(model, input_ids=x[:, :-1], use_cache=True))
             if layers is not None:
                 with _recording(layers) as states:
-                    model(input_ids=x[:, -1:], past_key_values=copy.deepcopy(prefix), use_cache=True)
+                    model(input_ids=x[:, -1:], **{kv: copy.deepcopy(prefix)}, use_cache=True)
         for start in range(0, len(order), rows):
             chunk = order[start:start + rows]
             n = len(chunk) + 1
@@ -321,7 +322,7 @@ def patched_last_logits(model, ids: Sequence[int], patches: Sequence[Sequence[tu
             kw = {"input_ids": x[:, -1:].expand(1, n), "position_ids": torch.full((1, n), last, device=p.device),
                   "attention_mask": _copies_mask(model, prefix, last, n, p.dtype, p.device)}
             with instrument(model, [*under, *ivs], strict=False) as inst, _skipping(layers, b, state, tuple_out):
-                logits = model(**kw, past_key_values=copy.deepcopy(prefix), use_cache=True).logits[0].float()
+                logits = model(**kw, **{kv: copy.deepcopy(prefix)}, use_cache=True).logits[0].float()
             base = logits[0] if base is None else base
             for j, i in enumerate(owner):
                 changed[i] |= inst.effect[len(under) + j]

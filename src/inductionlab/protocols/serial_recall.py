@@ -37,7 +37,6 @@ Confidence intervals: 95%, normal approximation over trials (mean ± 1.96·sd/�
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import asdict, dataclass, field
 from functools import partial
 
@@ -47,7 +46,7 @@ import torch
 
 from ..checks import check_loaded, check_type
 from ..core.ablation import Condition, check_conditions
-from ..core.models import LoadedModel
+from ..core.models import LoadedModel, cache_keyword, returned_cache
 from ..core.stimuli import seed_for, single_token_words
 from ..errors import InductionLabError
 from ..measures.crp import lag_crp, prob_lag_crp
@@ -222,16 +221,16 @@ class SerialRecallResult:
 
 def _greedy(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
     """``n`` greedy tokens after ``prompt`` ``[B, P]`` → ``[B, n]`` (KV cache when the model offers one)."""
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache_kw = cache_keyword(model)
     out = model(input_ids=prompt, use_cache=True)
-    past = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    past = returned_cache(out)
     toks = [out.logits[:, -1].argmax(-1)]
     ids = prompt
     for _ in range(n - 1):
         ids = torch.cat([ids, toks[-1][:, None]], 1)
         if past is not None:
             out = model(input_ids=toks[-1][:, None], use_cache=True, **{cache_kw: past})
-            past = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+            past = returned_cache(out)
         else:
             out = model(input_ids=ids)
         toks.append(out.logits[:, -1].argmax(-1))
