@@ -1,0 +1,202 @@
+"""The selection options of analyze / study temporal / evaluate (issue 25): rank by any head score or a
+column of a scores file, exclude another score's top heads, random heads from all or outside the top N.
+With the defaults the conditions are exactly SPEC §4's (:func:`ablation_conditions`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import make_tiny
+from inductionlab.core.ablation import ablation_conditions, random_heads, ranked_conditions, select_heads, top_k_heads
+from inductionlab.core.models import LoadedModel, attention_shape
+from inductionlab.core.stimuli import seed_for
+from inductionlab.errors import InductionLabError
+from inductionlab.measures.stats import ranked_kind
+from inductionlab.protocols.lag_probe import LagProbeConfig
+from inductionlab.studies.analyze import AnalyzeConfig, analyze
+from inductionlab.studies.configs import AblationConfig, HeadScoreConfig
+from inductionlab.studies.spec import RunOptions
+
+QUIET = RunOptions(progress=False)
+
+
+def _tables(seed=0, shape=(3, 6)):
+    rng = np.random.default_rng(seed)
+    return {n: rng.random(shape) for n in ("induction", "previous_token", "fv")}
+
+
+# -- the one function ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_draws, top_n, seed", [(3, None, 0), (2, 4, 7), (0, 0, 1)])
+def test_defaults_equal_ablation_conditions(n_draws, top_n, seed):
+    t = _tables(seed)
+    a = ranked_conditions(t, [1, 3, 5], n_draws=n_draws, exclude_top_n=top_n, seed=seed)
+    b = ablation_conditions(t["induction"], [1, 3, 5], n_draws=n_draws, exclude_top_n=top_n, seed=seed)
+    assert [c.to_dict() for c in a] == [c.to_dict() for c in b]
+
+
+def test_rank_by_and_exclude_by_name_the_ranking():
+    t = _tables(1)
+    cs = ranked_conditions(t, [2, 4], rank_by="previous_token", exclude_by="induction", exclude_fraction=0.2, n_draws=2)
+    ranked = [c for c in cs if c.kind not in ("intact", "random")]
+    assert [c.name for c in ranked] == ["previous_token-excl-induction-2", "previous_token-excl-induction-4"]
+    assert ranked_kind(cs) == "previous_token-excl-induction" and not any(c.kind == "induction" for c in cs)
+    gone = set(top_k_heads(t["induction"], int(0.2 * 18)))
+    for c in ranked:
+        assert c.heads == select_heads(t["previous_token"], k=c.k, exclude_scores=t["induction"], exclude_fraction=0.2)
+        assert not gone & set(c.heads)
+    # random draws: outside the top N of the ranking, the seeds of ablation_conditions
+    top = set(top_k_heads(t["previous_token"], 9))
+    for c in cs:
+        if c.kind == "random":
+            assert c.name == f"random-{c.k}-d{c.draw}"
+            assert c.heads == random_heads((3, 6), c.k, sorted(top), seed_for(0, c.k, c.draw))
+    plain = ranked_conditions(t, [2], rank_by="fv", n_draws=0)
+    assert [c.name for c in plain] == ["intact", "fv-2"] and plain[1].heads == top_k_heads(t["fv"], 2)
+
+
+def test_random_all_draws_from_every_head():
+    t = _tables(2)
+    cs = ranked_conditions(t, [3], random="all", n_draws=3, seed=5)
+    rnd = [c for c in cs if c.kind == "random"]
+    assert [c.name for c in rnd] == ["random-all-3-d0", "random-all-3-d1", "random-all-3-d2"]
+    assert all(c.heads == random_heads((3, 6), 3, (), seed_for(5, 3, c.draw)) for c in rnd)
+    assert [c.name for c in cs if c.kind == "induction"] == ["induction-3"]
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"rank_by": "nope"}, "available: induction, previous_token, fv"),
+    ({"exclude_by": "induction"}, "ranking itself"),
+    ({"random": "some"}, "random="),
+    ({"random": "all", "exclude_top_n": 3}, "exclude_top_n"),
+])
+def test_ranked_conditions_refuse(kw, msg):
+    with pytest.raises(InductionLabError, match=msg):
+        ranked_conditions(_tables(), [1], **kw)
+
+
+# -- the config ------------------------------------------------------------------------------------
+
+def _file(path, L=2, H=8, cols=("fv",), seed=0, **edit):
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame([{"layer": l, "head": h, **{c: float(rng.random()) for c in cols}} for l in range(L) for h in range(H)])
+    for k, v in edit.items():
+        df.loc[0, k] = v
+    df.to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"rank_by": "fv"}, "--rank-by fv: not a head score this command computes"),
+    ({"exclude_by": "fv"}, "--exclude-by fv"),
+    ({"exclude_by": "induction"}, "ranking itself"),
+    ({"random": "any"}, "--random 'any'"),
+    ({"random": "all", "exclude_top_n": 2}, "--exclude-top-n is for --random outside-top-n"),
+    ({"exclude_fraction": 1.0, "exclude_by": "sink"}, "--exclude-fraction 1.0"),
+    ({"exclude_fraction": -0.1, "exclude_by": "sink"}, "--exclude-fraction"),
+    ({"rank_by": ""}, "--rank-by ''"),
+])
+def test_config_refuses_without_a_model(kw, msg):
+    with pytest.raises(InductionLabError, match=msg):
+        AblationConfig(**kw).validate()
+
+
+def test_config_reads_the_file_header(tmp_path):
+    f = _file(tmp_path / "s.csv", cols=("fv", "fv_abs"))
+    AblationConfig(rank_by="fv", exclude_by="induction", scores_file=str(f)).validate()
+    with pytest.raises(InductionLabError, match=r"has no column 'cie'; its score columns: fv, fv_abs"):
+        AblationConfig(rank_by="cie", scores_file=str(f)).validate()
+    with pytest.raises(InductionLabError, match="no --rank-by / --exclude-by names one of its columns"):
+        AblationConfig(scores_file=str(f)).validate()
+    with pytest.raises(InductionLabError, match="cannot read it"):
+        AblationConfig(rank_by="fv", scores_file=str(tmp_path / "missing.csv")).validate()
+
+
+# -- analyze end to end ----------------------------------------------------------------------------
+
+@pytest.fixture
+def loaded(word_tokenizer):
+    model = make_tiny("llama", ctx=64)                 # 2 layers x 8 heads
+    return LoadedModel(model, word_tokenizer, {"name": "tiny", "dtype": "float32", **attention_shape(model.config)})
+
+
+def small(**ab):
+    return AnalyzeConfig(ablation=AblationConfig(ks=(1, 2), n_draws=1, method="mean", **ab),
+                         scores=HeadScoreConfig(seq_len=8, batch_size=4), top=3,
+                         lag=LagProbeConfig(n_permutations=3, list_length=24, cue_position=12, batch_size=3, cues="seed"))
+
+
+def _ranked(res):
+    return {c.name: c.heads for c in res.lag.conditions if c.kind not in ("intact", "random")}
+
+
+def test_analyze_defaults_are_ablation_conditions(loaded, tmp_path):
+    res = analyze(loaded, small(), tmp_path / "run", QUIET)
+    want = ablation_conditions(res.scores["induction"], [1, 2], n_draws=1, seed=0)
+    assert [c.to_dict() for c in res.lag.conditions] == [c.to_dict() for c in want]
+    assert "Induction vs random ablation" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_analyze_rank_by_previous_token_excluding_induction(loaded, tmp_path):
+    res = analyze(loaded, small(rank_by="previous_token", exclude_by="induction", exclude_fraction=0.25),
+                  tmp_path / "run", QUIET)
+    prev, ind = res.scores["previous_token"], res.scores["induction"]
+    gone = set(top_k_heads(ind, 4))
+    ranked = _ranked(res)
+    assert list(ranked) == ["previous_token-excl-induction-1", "previous_token-excl-induction-2"]
+    for k, (name, heads) in zip((1, 2), ranked.items()):
+        assert heads == select_heads(prev, k=k, exclude_scores=ind, exclude_fraction=0.25)
+        assert not gone & set(heads)
+    assert not any(c.kind == "induction" or c.name.startswith("induction") for c in res.lag.conditions)
+    out = tmp_path / "run"
+    rec = json.loads((out / "results.json").read_text())
+    ab = rec["params"]["config"]["ablation"]
+    assert (ab["rank_by"], ab["exclude_by"], ab["exclude_fraction"], ab["random"]) == \
+        ("previous_token", "induction", 0.25, "outside-top-n")
+    assert {"previous_token-excl-induction", "random_minus_previous_token-excl-induction"} <= \
+        set(rec["lag_probe"]["contrasts_lag_plus1"][0])
+    report = (out / "report.md").read_text()
+    assert "Previous_token-excl-induction vs random ablation" in report and "by the previous_token score" in report
+    # a resume with other selection options is refused like any other change
+    with pytest.raises(InductionLabError, match="different parameters"):
+        analyze(loaded, small(rank_by="previous_token"), out, QUIET)
+
+
+def test_analyze_scores_file_fv_column(loaded, tmp_path):
+    f = _file(tmp_path / "head_scores.csv", cols=("fv", "note"), seed=3)
+    res = analyze(loaded, small(rank_by="fv", scores_file=str(f), random="all"), tmp_path / "run", QUIET)
+    df = pd.read_csv(f)
+    fv = df["fv"].to_numpy().reshape(2, 8)
+    assert _ranked(res) == {f"fv-{k}": select_heads(fv, k=k) for k in (1, 2)}
+    assert [c.name for c in res.lag.conditions if c.kind == "random"] == ["random-all-1-d0", "random-all-2-d0"]
+    params = json.loads((tmp_path / "run" / "results.json").read_text())["params"]
+    assert len(params["scores_file_sha256"]) == 64 and params["exclude_top_n"] == 0
+
+
+@pytest.mark.parametrize("make, msg", [
+    (lambda p: _file(p, cols=("fv_abs",)), r"no column 'fv'.*fv_abs"),
+    (lambda p: _file(p, L=2, H=4), "has 8 rows but the model has 2 layers x 8 heads = 16"),
+    (lambda p: _file(p, fv=np.nan), "layer 0, head 0 is nan, not a finite number"),
+    (lambda p: _file(p, fv=np.inf), "not a finite number"),
+    (lambda p: _file(p, head=1), "listed twice"),
+])
+def test_bad_scores_file_leaves_nothing(loaded, tmp_path, make, msg):
+    f = make(tmp_path / "s.csv")
+    out = tmp_path / "run"
+    with pytest.raises(InductionLabError, match=msg) as e:
+        analyze(loaded, small(rank_by="fv", scores_file=str(f)), out, QUIET)
+    assert "\n" not in str(e.value)
+    assert not out.exists()
+
+
+def test_exclusion_leaving_too_few_heads_is_refused_before_the_run(loaded, tmp_path):
+    cfg = small(rank_by="previous_token", exclude_by="induction", exclude_fraction=0.9)
+    cfg = replace(cfg, ablation=replace(cfg.ablation, ks=(1, 3)))
+    with pytest.raises(InductionLabError, match="k=3: only 2 of 16 heads remain after excluding the top 14 by induction"):
+        analyze(loaded, cfg, tmp_path / "run", QUIET)
+    assert not (tmp_path / "run").exists()
