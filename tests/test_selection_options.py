@@ -200,3 +200,78 @@ def test_exclusion_leaving_too_few_heads_is_refused_before_the_run(loaded, tmp_p
     with pytest.raises(InductionLabError, match="k=3: only 2 of 16 heads remain after excluding the top 14 by induction"):
         analyze(loaded, cfg, tmp_path / "run", QUIET)
     assert not (tmp_path / "run").exists()
+
+
+# -- study temporal and the command line -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from _tiny import tiny_llama_dir
+
+    return tiny_llama_dir(tmp_path_factory.mktemp("tiny") / "model", n_layers=2, n_heads=4)   # 8 heads
+
+
+@pytest.mark.parametrize("command", ["analyze", "study temporal"])
+def test_help_lists_the_selection_flags(command):
+    from click.testing import CliRunner
+
+    from inductionlab.cli import main
+
+    r = CliRunner().invoke(main, [*command.split(), "--help"], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    for flag in ("--rank-by", "--exclude-by", "--exclude-fraction", "--random", "--scores-file"):
+        assert flag in r.output, flag
+
+
+TEMPORAL = ["--permutations", "4", "--list-length", "20", "--cue-position", "10", "--recall-trials", "2",
+            "--recall-list-length", "5", "--recall-shots", "1", "--ks", "1,2", "--n-draws", "1", "--load-bearing-top", "0",
+            "--score-seq-len", "8", "--score-batch-size", "2", "--dtype", "float32", "--no-progress", "--method", "mean"]
+
+
+def test_cli_study_temporal_rank_by(model_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from inductionlab.cli import main
+
+    out = tmp_path / "run"
+    r = CliRunner().invoke(main, ["study", "temporal", "--model", str(model_dir), "--out", str(out), *TEMPORAL,
+                                  "--rank-by", "previous_token", "--random", "all"])
+    assert r.exit_code == 0, r.output
+    rec = json.loads((out / "results.json").read_text())
+    names = [c["name"] for c in rec["conditions"]]
+    assert names == ["intact", "previous_token-1", "random-all-1-d0", "previous_token-2", "random-all-2-d0"]
+    prev = np.asarray(rec["head_scores"]["previous_token"])
+    assert [c["ablated_heads"] for c in rec["conditions"] if c["kind"] == "previous_token"] == \
+        [[list(h) for h in top_k_heads(prev, k)] for k in (1, 2)]
+    head = pd.read_csv(out / "tables" / "headline.csv")
+    assert {"previous_token", "random_minus_previous_token"} <= set(head.columns) and "induction" not in head.columns
+    v = {d["claim"]: d for d in rec["verdicts"]}
+    assert v["B"]["text"].startswith("previous_token-head ablation") and "random_minus_previous_token" in v["B"]["per_k"]["1"]
+    report = (out / "report.md").read_text()
+    assert "| previous_token-k ablated |" in report and "random heads drawn from all heads" in report
+    assert (out / "plots" / "ablation_vs_k.png").stat().st_size > 0
+    # the same command with another ranking is refused (the run's params differ), one line, nothing changed
+    r = CliRunner().invoke(main, ["study", "temporal", "--model", str(model_dir), "--out", str(out), *TEMPORAL])
+    assert r.exit_code == 2 and "different parameters" in r.output
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--rank-by", "fv"], "--rank-by fv: not a head score"),
+    (["--exclude-fraction", "0.1"], "--exclude-fraction has no effect without --exclude-by"),
+    (["--random", "all", "--exclude-top-n", "2"], "--exclude-top-n is for --random outside-top-n"),
+    (["--rank-by", "fv", "--scores-file", "BAD"], "has 3 rows but the model has 2 layers x 4 heads = 8"),
+])
+def test_cli_bad_selection_one_line_nothing_written(model_dir, tmp_path, extra, message):
+    from click.testing import CliRunner
+
+    from inductionlab.cli import main
+
+    bad = _file(tmp_path / "s.csv", L=1, H=3)
+    extra = [str(bad) if x == "BAD" else x for x in extra]
+    out = tmp_path / "out" / "run"
+    r = CliRunner().invoke(main, ["analyze", "--model", str(model_dir), "--out", str(out), "--n-permutations", "3",
+                                  "--list-length", "20", "--cue-position", "10", "--ks", "1", "--quiet", *extra])
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip()
+    assert err.startswith("error:") and message in err and "\n" not in err
+    assert not out.exists() and not out.parent.exists()
