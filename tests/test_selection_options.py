@@ -140,6 +140,11 @@ def test_analyze_defaults_are_ablation_conditions(loaded, tmp_path):
     want = ablation_conditions(res.scores["induction"], [1, 2], n_draws=1, seed=0)
     assert [c.to_dict() for c in res.lag.conditions] == [c.to_dict() for c in want]
     assert "Induction vs random ablation" in (tmp_path / "run" / "report.md").read_text()
+    # the params of a default run are those of the commands before the selection options (a resume of an older
+    # run directory is not refused)
+    params = json.loads((tmp_path / "run" / "results.json").read_text())["params"]
+    assert set(params["config"]["ablation"]) == {"method", "positions", "ks", "n_draws", "exclude_top_n"}
+    assert "scores_file_sha256" not in params
 
 
 def test_analyze_rank_by_previous_token_excluding_induction(loaded, tmp_path):
@@ -156,8 +161,8 @@ def test_analyze_rank_by_previous_token_excluding_induction(loaded, tmp_path):
     out = tmp_path / "run"
     rec = json.loads((out / "results.json").read_text())
     ab = rec["params"]["config"]["ablation"]
-    assert (ab["rank_by"], ab["exclude_by"], ab["exclude_fraction"], ab["random"]) == \
-        ("previous_token", "induction", 0.25, "outside-top-n")
+    assert (ab["rank_by"], ab["exclude_by"], ab["exclude_fraction"]) == ("previous_token", "induction", 0.25)
+    assert "random" not in ab and "scores_file" not in ab          # at their defaults: left out, as before
     assert {"previous_token-excl-induction", "random_minus_previous_token-excl-induction"} <= \
         set(rec["lag_probe"]["contrasts_lag_plus1"][0])
     report = (out / "report.md").read_text()

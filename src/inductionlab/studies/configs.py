@@ -198,6 +198,13 @@ class AblationConfig:
                                  exclude_top_n=None if self.random == "all" else exclude_top_n, seed=seed,
                                  intact=intact)
 
+    @staticmethod
+    def recorded(d: dict) -> dict:
+        """The config's dict (``to_dict``) as a run's params record it: the selection options only where
+        they depart from their defaults, so a run with the defaults has the params (and resumes the run
+        directories) of the commands before these options existed."""
+        return {k: v for k, v in d.items() if k not in SELECTION_DEFAULTS or SELECTION_DEFAULTS[k] != v}
+
     def params(self) -> dict:
         """What the run's params add for this config beyond its fields: the scores file's SHA-256, so a
         resume against a changed file is refused like any other change of options."""
@@ -206,6 +213,11 @@ class AblationConfig:
         import hashlib
 
         return {"scores_file_sha256": hashlib.sha256(_read_bytes(self.scores_file)).hexdigest()}
+
+
+#: The selection options at their defaults (SPEC §4's conditions): left out of a run's params.
+SELECTION_DEFAULTS = {"rank_by": "induction", "exclude_by": None, "exclude_fraction": 0.02, "random": "outside-top-n",
+                      "scores_file": None}
 
 
 def _read_bytes(path) -> bytes:
