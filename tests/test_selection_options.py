@@ -280,3 +280,61 @@ def test_cli_bad_selection_one_line_nothing_written(model_dir, tmp_path, extra, 
     err = r.stderr.strip()
     assert err.startswith("error:") and message in err and "\n" not in err
     assert not out.exists() and not out.parent.exists()
+
+
+# -- evaluate ------------------------------------------------------------------------------------------
+
+def test_load_bearing_conditions_rank_by_and_exclusion():
+    from inductionlab.studies.evaluate import LoadBearingConfig, load_bearing_conditions
+
+    t = _tables(4, shape=(4, 8))
+    plain = load_bearing_conditions(t["induction"], LoadBearingConfig(ablate=("per-layer-20pct", "top-3")), seed=2)
+    same = load_bearing_conditions(t, LoadBearingConfig(ablate=("per-layer-20pct", "top-3")), seed=2)
+    assert [(v, c.to_dict()) for v, c in plain] == [(v, c.to_dict()) for v, c in same]     # the default: induction
+    cfg = LoadBearingConfig(ablate=("per-layer-20pct", "top-3"), rank_by="fv", exclude_by="induction",
+                            exclude_fraction=0.25, random="all", n_draws=2)
+    by = {c.name: c for _, c in load_bearing_conditions(t, cfg, seed=2)}
+    assert list(by) == ["fv-excl-induction-per-layer-20pct", "random-per-layer-20pct-d0", "random-per-layer-20pct-d1",
+                        "fv-excl-induction-top-3", "random-all-top-3-d0", "random-all-top-3-d1"]
+    gone = set(top_k_heads(t["induction"], 8))
+    assert by["fv-excl-induction-top-3"].heads == select_heads(t["fv"], k=3, exclude_scores=t["induction"],
+                                                               exclude_fraction=0.25)
+    per = by["fv-excl-induction-per-layer-20pct"].heads
+    assert len(per) == 4 * 2 and not gone & set(per) and not gone & set(by["fv-excl-induction-top-3"].heads)
+    for layer in range(4):
+        left = [h for h in np.argsort(-t["fv"][layer], kind="stable").tolist() if (layer, h) not in gone]
+        assert [h for l, h in per if l == layer] == left[:2]
+    assert by["random-all-top-3-d1"].heads == random_heads((4, 8), 3, (), seed_for(2, 3, 1))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 2-update cpu-micro training run (2 layers x 4 heads) with its corpus, as test_evaluate builds it."""
+    from test_train_helpers import make_corpus, run_cli, tiny_flags
+
+    tmp = tmp_path_factory.mktemp("evaluate")
+    data = make_corpus(tmp)
+    r = run_cli(["train", *tiny_flags(data, tmp / "run", preset="cpu-micro", tokens=2048, log_checkpoints=0)])
+    assert r.returncode == 0, r.stderr
+    return tmp / "run"
+
+
+def test_cli_evaluate_rank_by(trained, tmp_path):
+    from click.testing import CliRunner
+
+    from inductionlab.cli import main
+
+    out = tmp_path / "ev"
+    r = CliRunner().invoke(main, ["evaluate", str(trained), "--out", str(out), "--prompts", "3", "--quiet",
+                                  "--tasks", "copy,next_letter", "--ablate", "top-2", "--draws", "1",
+                                  "--score-seq-len", "12", "--score-batch-size", "4", "--induction-seq-len", "12",
+                                  "--dtype", "float32", "--rank-by", "previous_token"])
+    assert r.exit_code == 0, r.output
+    rec = json.loads((out / "results.json").read_text())
+    assert [c["name"] for c in rec["conditions"]] == ["previous_token-top-2", "random-top-2-d0"]
+    prev = np.asarray(rec["head_scores"]["previous_token"])
+    assert rec["conditions"][0]["ablated_heads"] == [list(h) for h in top_k_heads(prev, 2)]
+    kinds = set(pd.read_csv(out / "tables" / "drops.csv").kind)
+    assert {"previous_token", "previous_token-random", "random"} <= kinds and "induction" not in kinds
+    assert rec["params"]["config"]["load_bearing"]["rank_by"] == "previous_token"
+    assert "previous_token heads ablated" in (out / "report.md").read_text()

@@ -78,16 +78,25 @@ def top_k_heads(scores: np.ndarray, k: int) -> list[Head]:
     return [(int(i // H), int(i % H)) for i in order]
 
 
-def per_layer_top_p(scores: np.ndarray, p: float) -> list[Head]:
-    """Per layer, the top ``ceil(p * heads_per_layer)`` heads (at least 1). ``p`` in (0, 1]."""
+def per_layer_top_p(scores: np.ndarray, p: float, exclude=()) -> list[Head]:
+    """Per layer, the top ``ceil(p * heads_per_layer)`` heads (at least 1). ``p`` in (0, 1].
+    ``exclude``: heads never chosen (another ranking's top heads); the count stays the one of all the
+    layer's heads.
+
+    Raises:
+        InductionLabError: ``p`` outside (0, 1], a layer with fewer heads left than the count."""
     if not 0 < p <= 1:
         raise InductionLabError(f"fraction p={p} must be in (0, 1]")
     scores = _scores(scores)
     n = max(1, math.ceil(p * scores.shape[1]))
+    banned = set(_heads(exclude, scores.shape, "per_layer_top_p exclude"))
     out = []
     for layer, row in enumerate(scores):
-        for h in np.argsort(-row, kind="stable")[:n]:
-            out.append((layer, int(h)))
+        chosen = _first_allowed(np.argsort(-row, kind="stable"), banned, n, lambda h, layer=layer: (layer, h))
+        if len(chosen) < n:
+            raise InductionLabError(f"layer {layer}: {n} heads per layer requested but only {len(chosen)} remain after "
+                                    "the exclusion; lower the fraction or exclude fewer heads")
+        out += chosen
     return out
 
 

@@ -63,54 +63,29 @@ class HeadScoreConfig:
 
 
 @dataclass
-class AblationConfig:
-    """The ablation conditions of SPEC §4: the top-k induction heads vs k random heads outside the top N
-    (several seeded draws), for each k, with one method. The ranking is any head score (``rank_by``, also a
-    column of ``scores_file``), optionally without another score's top heads (``exclude_by``,
-    ``exclude_fraction``), and the random control may draw from all heads (``random="all"``): SPEC §10's
-    selection (Yin & Steinhardt 2025). The defaults are SPEC §4's conditions, unchanged."""
-    method: str = opt(DEFAULT_METHOD, "Ablation method (zero: the paper's attention scores set to −∞; resample: "
-                                      "the head's output on random tokens).", choices=ablation_method_names())
-    positions: str = opt("all", "Where an output-edit ablation applies: every position, or the last of each forward "
-                                "(Yin & Steinhardt 2025).", choices=ABLATION_POSITIONS)
-    ks: tuple[int, ...] | None = opt(None, "Numbers of heads to ablate, comma-separated.",
-                                     none="10,20,50,100 clipped or scaled to the model's heads")
-    n_draws: int = opt(3, "Random-head draws per k.")
-    exclude_top_n: int | None = opt(None, "Random heads come from outside the top N of the ranking (--rank-by).",
-                                    none="min(300, heads/2)", source="SPEC §4", aliases=("--exclude-top",))
+class SelectionConfig:
+    """How the ablated heads are chosen (SPEC §4 with §10's selection, Yin & Steinhardt 2025): the ranking
+    (``rank_by``, any head score the command computes or a column of ``scores_file``), another score whose
+    top heads are excluded from it (``exclude_by``, ``exclude_fraction``) and the random control (``random``).
+    Shared by :class:`AblationConfig` (``analyze``, ``study temporal``) and ``evaluate``'s load-bearing
+    config. The defaults are SPEC §4's (top-k by induction score, random heads outside the top N) and stay
+    out of a run's params (``omit_default``), so runs recorded before these options resume unchanged."""
     rank_by: str = opt("induction", "Head score whose top-k heads are ablated: one the command computes ("
                                     + ", ".join(SCORE_NAMES) + ") or a column of --scores-file (e.g. fv).",
-                       source="SPEC §4; any ranking: SPEC §10")
+                       source="SPEC §4; any ranking: SPEC §10", omit_default=True)
     exclude_by: str | None = opt(None, "Another score whose top --exclude-fraction of all heads never enter the ranked "
                                        "selection (e.g. --rank-by fv --exclude-by induction).",
-                                 none="no exclusion", source="Yin & Steinhardt 2025")
+                                 none="no exclusion", source="Yin & Steinhardt 2025", omit_default=True)
     exclude_fraction: float = opt(0.02, "Fraction of all heads excluded by --exclude-by: the top int(f x heads) "
                                         "(none under 50 heads at 0.02).", source="Yin & Steinhardt 2025",
-                                  needs="--exclude-by")
-    random: str = opt("outside-top-n", "Random control: k heads outside the top N of the ranking (--exclude-top-n), "
-                                       "or k heads of all.", choices=RANDOM_CONTROLS, source="SPEC §4; 'all': SPEC §10")
+                                  needs="--exclude-by", omit_default=True)
+    random: str = opt("outside-top-n", "Random control: k heads outside the top N of the ranking (--exclude-top-n; "
+                                       "evaluate: per-layer variants draw matched per layer), or k heads of all.", choices=RANDOM_CONTROLS, source="SPEC §4; 'all': SPEC §10",
+                       omit_default=True)
     scores_file: str | None = opt(None, "CSV of per-head scores (columns layer, head and one per score, one row per "
                                         "head of the model), e.g. a study head-types run's head_scores.csv; its "
                                         "columns can be named by --rank-by / --exclude-by.", none="none",
-                                  metavar="CSV")
-
-    def validate(self) -> None:
-        """Raises InductionLabError: unknown method, a k below 1 or repeated, draws outside 1 ..
-        :data:`~inductionlab.checks.MAX_DRAWS`, a negative exclusion."""
-        check_fields(self)
-        check_method(self.method)
-        check_ablation_positions(self.positions)
-        ks = self.ks
-        if ks is not None:
-            if not ks or min(ks) < 1:
-                raise InductionLabError(f"--ks {','.join(map(str, ks)) or '(empty)'}: give at least one k, each >= 1 "
-                                        "(e.g. --ks 5,10,20)")
-            if len(set(ks)) != len(ks):
-                raise InductionLabError(f"--ks {','.join(map(str, ks))} repeats a k; give each k once")
-        check_draws(self.n_draws, "--n-draws")
-        if self.exclude_top_n is not None and self.exclude_top_n < 0:
-            raise InductionLabError(f"--exclude-top-n {self.exclude_top_n} must be >= 0 (or left unset for the default)")
-        self._validate_selection()
+                                  metavar="CSV", omit_default=True)
 
     def _validate_selection(self) -> None:
         """The selection options: known random control, a fraction in [0, 1), score names the command computes
@@ -118,7 +93,7 @@ class AblationConfig:
         :meth:`score_tables`)."""
         if self.random not in RANDOM_CONTROLS:
             raise InductionLabError(f"--random {self.random!r}: use one of {', '.join(RANDOM_CONTROLS)}")
-        if self.random == "all" and self.exclude_top_n is not None:
+        if self.random == "all" and getattr(self, "exclude_top_n", None) is not None:
             raise InductionLabError("--exclude-top-n is for --random outside-top-n; drop it or use that control")
         f = self.exclude_fraction
         if not 0 <= f < 1:
@@ -152,6 +127,76 @@ class AblationConfig:
         :func:`~inductionlab.core.ablation.ranked_label`."""
         return self.rank_by if self.exclude_by is None else f"{self.rank_by}-excl-{self.exclude_by}"
 
+    def check_exclusion(self, ks: Sequence[int], n_total: int) -> None:
+        """Every selection size leaves enough heads after ``--exclude-by``'s top heads are removed.
+
+        Raises:
+            InductionLabError: a size larger than the heads left."""
+        if self.exclude_by is None:
+            return
+        gone = int(self.exclude_fraction * n_total)
+        for k in ks:
+            if k > n_total - gone:
+                raise InductionLabError(f"k={k}: only {n_total - gone} of {n_total} heads remain after excluding the "
+                                        f"top {gone} by {self.exclude_by} (--exclude-fraction {self.exclude_fraction}); "
+                                        "lower k or --exclude-fraction")
+
+    def score_tables(self, shape: tuple[int, int]) -> dict:
+        """The scores file's columns named by ``--rank-by`` / ``--exclude-by`` as ``[n_layers, n_heads]``
+        arrays (empty without a file; a name the command computes is the run's own, never the file's).
+
+        Raises:
+            InductionLabError: a file that does not hold one finite number per head of the model."""
+        if self.scores_file is None:
+            return {}
+        names = [v for v in (self.rank_by, self.exclude_by) if v is not None and v not in SCORE_NAMES]
+        return read_score_file(self.scores_file, shape, names)
+
+    def params(self) -> dict:
+        """What the run's params add for this config beyond its fields: the scores file's SHA-256, so a
+        resume against a changed file is refused like any other change of options."""
+        if self.scores_file is None:
+            return {}
+        import hashlib
+
+        return {"scores_file_sha256": hashlib.sha256(_read_bytes(self.scores_file)).hexdigest()}
+
+
+
+@dataclass
+class AblationConfig(SelectionConfig):
+    """The ablation conditions of SPEC §4: the top-k induction heads vs k random heads outside the top N
+    (several seeded draws), for each k, with one method. The ranking is any head score (``rank_by``, also a
+    column of ``scores_file``), optionally without another score's top heads (``exclude_by``,
+    ``exclude_fraction``), and the random control may draw from all heads (``random="all"``): SPEC §10's
+    selection (Yin & Steinhardt 2025). The defaults are SPEC §4's conditions, unchanged."""
+    method: str = opt(DEFAULT_METHOD, "Ablation method (zero: the paper's attention scores set to −∞; resample: "
+                                      "the head's output on random tokens).", choices=ablation_method_names())
+    positions: str = opt("all", "Where an output-edit ablation applies: every position, or the last of each forward "
+                                "(Yin & Steinhardt 2025).", choices=ABLATION_POSITIONS)
+    ks: tuple[int, ...] | None = opt(None, "Numbers of heads to ablate, comma-separated.",
+                                     none="10,20,50,100 clipped or scaled to the model's heads")
+    n_draws: int = opt(3, "Random-head draws per k.")
+    exclude_top_n: int | None = opt(None, "Random heads come from outside the top N of the ranking (--rank-by).",
+                                    none="min(300, heads/2)", source="SPEC §4", aliases=("--exclude-top",))
+    def validate(self) -> None:
+        """Raises InductionLabError: unknown method, a k below 1 or repeated, draws outside 1 ..
+        :data:`~inductionlab.checks.MAX_DRAWS`, a negative exclusion."""
+        check_fields(self)
+        check_method(self.method)
+        check_ablation_positions(self.positions)
+        ks = self.ks
+        if ks is not None:
+            if not ks or min(ks) < 1:
+                raise InductionLabError(f"--ks {','.join(map(str, ks)) or '(empty)'}: give at least one k, each >= 1 "
+                                        "(e.g. --ks 5,10,20)")
+            if len(set(ks)) != len(ks):
+                raise InductionLabError(f"--ks {','.join(map(str, ks))} repeats a k; give each k once")
+        check_draws(self.n_draws, "--n-draws")
+        if self.exclude_top_n is not None and self.exclude_top_n < 0:
+            raise InductionLabError(f"--exclude-top-n {self.exclude_top_n} must be >= 0 (or left unset for the default)")
+        self._validate_selection()
+
     def top_n(self, n_total: int) -> int:
         """N, the ranking's top heads the random draws avoid: ``--exclude-top-n`` or min(300, heads // 2)
         (SPEC §4); 0 under ``--random all``."""
@@ -168,24 +213,7 @@ class AblationConfig:
         Raises:
             InductionLabError: a k too large for either."""
         check_ks(ks, n_total, self.top_n(n_total))
-        if self.exclude_by is not None:
-            gone = int(self.exclude_fraction * n_total)
-            for k in ks:
-                if k > n_total - gone:
-                    raise InductionLabError(f"k={k}: only {n_total - gone} of {n_total} heads remain after excluding the "
-                                            f"top {gone} by {self.exclude_by} (--exclude-fraction {self.exclude_fraction}); "
-                                            "lower k or --exclude-fraction")
-
-    def score_tables(self, shape: tuple[int, int]) -> dict:
-        """The scores file's columns named by ``--rank-by`` / ``--exclude-by`` as ``[n_layers, n_heads]``
-        arrays (empty without a file; a name the command computes is the run's own, never the file's).
-
-        Raises:
-            InductionLabError: a file that does not hold one finite number per head of the model."""
-        if self.scores_file is None:
-            return {}
-        names = [v for v in (self.rank_by, self.exclude_by) if v is not None and v not in SCORE_NAMES]
-        return read_score_file(self.scores_file, shape, names)
+        self.check_exclusion(ks, n_total)
 
     def conditions(self, scores, ks, *, seed: int = 0, intact: bool = True, exclude_top_n: int | None = None):
         """The conditions of this config (:func:`~inductionlab.core.ablation.ranked_conditions`): ``scores``,
@@ -197,27 +225,6 @@ class AblationConfig:
                                  exclude_fraction=self.exclude_fraction, random=self.random, n_draws=self.n_draws,
                                  exclude_top_n=None if self.random == "all" else exclude_top_n, seed=seed,
                                  intact=intact)
-
-    @staticmethod
-    def recorded(d: dict) -> dict:
-        """The config's dict (``to_dict``) as a run's params record it: the selection options only where
-        they depart from their defaults, so a run with the defaults has the params (and resumes the run
-        directories) of the commands before these options existed."""
-        return {k: v for k, v in d.items() if k not in SELECTION_DEFAULTS or SELECTION_DEFAULTS[k] != v}
-
-    def params(self) -> dict:
-        """What the run's params add for this config beyond its fields: the scores file's SHA-256, so a
-        resume against a changed file is refused like any other change of options."""
-        if self.scores_file is None:
-            return {}
-        import hashlib
-
-        return {"scores_file_sha256": hashlib.sha256(_read_bytes(self.scores_file)).hexdigest()}
-
-
-#: The selection options at their defaults (SPEC §4's conditions): left out of a run's params.
-SELECTION_DEFAULTS = {"rank_by": "induction", "exclude_by": None, "exclude_fraction": 0.02, "random": "outside-top-n",
-                      "scores_file": None}
 
 
 def _read_bytes(path) -> bytes:
@@ -360,6 +367,6 @@ def check_ks(ks: Sequence[int], n_total: int, exclude_top_n: int) -> None:
                                     "lower k or --exclude-top-n")
 
 
-__all__ = ["PAPER_KS", "default_ks", "HeadScoreConfig", "AblationConfig", "RANDOM_CONTROLS", "read_score_file",
+__all__ = ["PAPER_KS", "default_ks", "HeadScoreConfig", "SelectionConfig", "AblationConfig", "RANDOM_CONTROLS", "read_score_file",
            "score_file_columns", "check_lag_headline", "check_trials_fit", "check_trial_ids",
            "check_ks"]

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from ..measures.stats import ranked_kind  # noqa: E402
 from ..runtime.runs import atomic_write_bytes  # noqa: E402
 
 
@@ -305,13 +306,14 @@ def drop_bars(drops: pd.DataFrame, labels: dict[str, str], path, title: str = ""
     measures = [m for m in labels if m in set(drops.get("measure", []))]
     if not measures:
         return
+    arm = ranked_kind(k for k in drops.kind.unique() if not str(k).endswith("-random"))
     fig, axes = plt.subplots(1, len(measures), figsize=(4.2 * len(measures), 3.8), squeeze=False)
     for ax, m in zip(axes[0], measures):
-        shown = (drops.kind == "induction") | ((drops.kind == "random") & (drops.draw == "pooled"))
+        shown = (drops.kind == arm) | ((drops.kind == "random") & (drops.draw == "pooled"))
         d = drops[(drops.measure == m) & shown]
         variants = list(dict.fromkeys(d.variant))
         x = np.arange(len(variants))
-        for i, (kind, color) in enumerate((("induction", "tab:red"), ("random", "tab:grey"))):
+        for i, (kind, color) in enumerate(((arm, "tab:red"), ("random", "tab:grey"))):
             r = d[d.kind == kind].set_index("variant").reindex(variants)
             y = 100 * r["relative"].to_numpy(float)
             err = 100 * np.vstack([r["relative"] - r["ci_low"], r["ci_high"] - r["relative"]]).astype(float)

@@ -73,9 +73,8 @@ def prepare(loaded: LoadedModel, cfg: AnalyzeConfig) -> Plan:
     lag = cfg.protocol()
     check_trial_ids(lag_probe.build_trials(loaded, replace(lag, n_permutations=2)), loaded, "lag probe")
     lag_probe.check_cues(loaded, lag)
-    config = to_dict(cfg)
-    config["ablation"] = ab.recorded(config["ablation"])
-    return Plan(loaded, cfg, ks, N, lag, {"config": config, "ks": ks, "exclude_top_n": N, **ab.params()}, file_scores)
+    return Plan(loaded, cfg, ks, N, lag, {"config": to_dict(cfg), "ks": ks, "exclude_top_n": N, **ab.params()},
+                file_scores)
 
 
 def phases(plan: Plan, ctx: Context) -> dict:

@@ -112,7 +112,6 @@ def prepare(loaded: LoadedModel, cfg: TemporalStudyConfig) -> Plan:
     drop = lambda d: {k: v for k, v in d.items() if k != "batch_size"}  # noqa: E731  (speed only)
     config = to_dict(cfg)
     config["lag"], config["recall"] = drop(to_dict(lag)), drop(to_dict(rec))
-    config["ablation"] = ab.recorded(config["ablation"])
     params = {"config": config, "ks": ks, "exclude_top_n": N, "load_bearing_permutations": cfg.load_bearing_n,
               **ab.params()}
     return Plan(loaded, cfg, ks, N, lag, rec, params, file_scores)
