@@ -122,14 +122,10 @@ def ranked_kind(conditions: Iterable, default: str = "induction") -> str:
     """The kind of the ranked arm among ``conditions`` (objects with ``.kind``, or kind strings): the one
     kind that is not ``intact``, ``random`` or ``single`` — ``induction`` by default, a ranking's label
     (``previous_token``, ``induction-excl-fv``) when the heads were ranked by another score. ``default``
-    when there is none.
-
-    Raises:
-        ValueError: two ranked kinds (a table of one ranked arm per k cannot hold both)."""
+    when there is none or several (``study head-types``' selections: the tables of one ranked arm per k
+    then read the ``induction`` arm, as they always did)."""
     kinds = list(dict.fromkeys(k for k in (getattr(c, "kind", c) for c in conditions) if k not in UNRANKED_KINDS))
-    if len(kinds) > 1:
-        raise ValueError(f"conditions hold several ranked kinds {kinds}; give one ranking per table")
-    return kinds[0] if kinds else default
+    return kinds[0] if len(kinds) == 1 else default
 
 
 def paired_by_k(conditions: Iterable, values, kind: str | None = None) -> list[tuple[int, np.ndarray, np.ndarray]]:

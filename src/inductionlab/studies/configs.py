@@ -63,7 +63,7 @@ class HeadScoreConfig:
 
 
 @dataclass
-class SelectionConfig:
+class RankingConfig:
     """How the ablated heads are chosen (SPEC §4 with §10's selection, Yin & Steinhardt 2025): the ranking
     (``rank_by``, any head score the command computes or a column of ``scores_file``), another score whose
     top heads are excluded from it (``exclude_by``, ``exclude_fraction``) and the random control (``random``).
@@ -164,7 +164,7 @@ class SelectionConfig:
 
 
 @dataclass
-class AblationConfig(SelectionConfig):
+class AblationConfig(RankingConfig):
     """The ablation conditions of SPEC §4: the top-k induction heads vs k random heads outside the top N
     (several seeded draws), for each k, with one method. The ranking is any head score (``rank_by``, also a
     column of ``scores_file``), optionally without another score's top heads (``exclude_by``,
@@ -367,6 +367,6 @@ def check_ks(ks: Sequence[int], n_total: int, exclude_top_n: int) -> None:
                                     "lower k or --exclude-top-n")
 
 
-__all__ = ["PAPER_KS", "default_ks", "HeadScoreConfig", "SelectionConfig", "AblationConfig", "RANDOM_CONTROLS", "read_score_file",
+__all__ = ["PAPER_KS", "default_ks", "HeadScoreConfig", "RankingConfig", "AblationConfig", "RANDOM_CONTROLS", "read_score_file",
            "score_file_columns", "check_lag_headline", "check_trials_fit", "check_trial_ids",
            "check_ks"]

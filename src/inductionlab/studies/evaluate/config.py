@@ -17,7 +17,7 @@ from ...checks import (ABLATION_POSITIONS, check_ablation_positions, check_draws
 from ...config import nested, opt
 from ...errors import InductionLabError
 from ...names import DEFAULT_METHOD, TASK_NAMES, ablation_method_names
-from ..configs import HeadScoreConfig, SelectionConfig, check_trials_fit
+from ..configs import HeadScoreConfig, RankingConfig, check_trials_fit
 from ..spec import StudySpec
 
 TOKEN_POOLS = ("vocab", "shards")
@@ -131,10 +131,10 @@ class PerplexityConfig:
 
 
 @dataclass
-class LoadBearingConfig(SelectionConfig):
+class LoadBearingConfig(RankingConfig):
     """Ablation variants (``per-layer-<p>pct`` | ``top-<k>``), random draws, method, probe shots; the heads
     ranked by ``rank_by`` (default induction), optionally without ``exclude_by``'s top heads
-    (:class:`~inductionlab.studies.configs.SelectionConfig`). ``random`` applies to the ``top-<k>`` variants;
+    (:class:`~inductionlab.studies.configs.RankingConfig`). ``random`` applies to the ``top-<k>`` variants;
     a per-layer variant's random heads are always matched per layer outside the chosen ones."""
     ablate: tuple[str, ...] = opt(("per-layer-2pct", "top-10"),
                                   "Ablation variants: per-layer-<p>pct (top p% heads per layer, ceil, >= 1) and/or "
