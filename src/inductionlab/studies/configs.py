@@ -80,8 +80,8 @@ class RankingConfig:
                                         "(none under 50 heads at 0.02).", source="Yin & Steinhardt 2025",
                                   needs="--exclude-by", omit_default=True)
     random: str = opt("outside-top-n", "Random control: k heads outside the top N of the ranking (--exclude-top-n; "
-                                       "evaluate: per-layer variants draw matched per layer), or k heads of all.", choices=RANDOM_CONTROLS, source="SPEC §4; 'all': SPEC §10",
-                       omit_default=True)
+                                       "evaluate: per-layer variants draw matched per layer), or k heads of all.",
+                      choices=RANDOM_CONTROLS, source="SPEC §4; 'all': SPEC §10", omit_default=True)
     scores_file: str | None = opt(None, "CSV of per-head scores (columns layer, head and one per score, one row per "
                                         "head of the model), e.g. a study head-types run's head_scores.csv; its "
                                         "columns can be named by --rank-by / --exclude-by.", none="none",
@@ -162,7 +162,6 @@ class RankingConfig:
         return {"scores_file_sha256": hashlib.sha256(_read_bytes(self.scores_file)).hexdigest()}
 
 
-
 @dataclass
 class AblationConfig(RankingConfig):
     """The ablation conditions of SPEC §4: the top-k induction heads vs k random heads outside the top N
@@ -179,9 +178,11 @@ class AblationConfig(RankingConfig):
     n_draws: int = opt(3, "Random-head draws per k.")
     exclude_top_n: int | None = opt(None, "Random heads come from outside the top N of the ranking (--rank-by).",
                                     none="min(300, heads/2)", source="SPEC §4", aliases=("--exclude-top",))
+
     def validate(self) -> None:
         """Raises InductionLabError: unknown method, a k below 1 or repeated, draws outside 1 ..
-        :data:`~inductionlab.checks.MAX_DRAWS`, a negative exclusion."""
+        :data:`~inductionlab.checks.MAX_DRAWS`, a negative exclusion, a bad selection option
+        (:meth:`RankingConfig._validate_selection`)."""
         check_fields(self)
         check_method(self.method)
         check_ablation_positions(self.positions)
