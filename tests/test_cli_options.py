@@ -19,7 +19,9 @@ NEW = {("analyze", ("--config",)), ("evaluate", ("--config",)), ("study temporal
        ("study bi-induct", ("--job-threads",)),                   # was the undocumented STUDY_THREADS variable
        ("study temporal", ("--recall-shots",)),                   # was --shots, which evaluate uses for its probes
        ("analyze", ("--positions",)), ("study temporal", ("--positions",)),  # issue 25: position-restricted
-       ("evaluate", ("--positions",))}                                        # ablation (all | last)
+       ("evaluate", ("--positions",)),                                        # ablation (all | last)
+       *{(c, (f,)) for c in ("analyze", "study temporal", "evaluate")        # issue 25: selection by any ranking
+         for f in ("--rank-by", "--exclude-by", "--exclude-fraction", "--random", "--scores-file")}}
 GONE = {("study temporal", ("--shots",))}
 CHANGED = {
     ("evaluate", ("--method",), "type"),                          # free text -> a choice, as in every command

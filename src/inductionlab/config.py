@@ -36,7 +36,8 @@ from .errors import InductionLabError
 def opt(default: Any = MISSING, help: str = "", *, source: str | None = None, flag: str | None = None,
         aliases: tuple[str, ...] = (), choices: tuple[str, ...] | None = None, none: str | None = None,
         cli: bool = True, factory: Callable[[], Any] | None = None, metavar: str | None = None,
-        escapes: bool = False, needs: str | None = None, overrides: str | None = None) -> Any:
+        escapes: bool = False, needs: str | None = None, overrides: str | None = None,
+        omit_default: bool = False) -> Any:
     """A leaf of a config tree: a dataclass field with what the command line and the docs need.
 
     Args:
@@ -58,10 +59,12 @@ def opt(default: Any = MISSING, help: str = "", *, source: str | None = None, fl
             refuses it (``--lm-eval-limit`` needs ``--lm-eval-tasks``).
         overrides: the flag of another leaf this one decides alone: both given, the command refuses them
             (``--span-range`` overrides ``--span-length``).
+        omit_default: left out of :func:`to_dict` (records, a run's params) while at its default: an option
+            added to a config after runs were recorded keeps their params, so they still resume.
     """
     meta = {"help": help, "source": source, "flag": flag, "aliases": tuple(aliases), "choices": choices,
             "none": none, "cli": cli, "metavar": metavar,
-            "escapes": escapes, "needs": needs, "overrides": overrides}
+            "escapes": escapes, "needs": needs, "overrides": overrides, "omit_default": omit_default}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -359,14 +362,18 @@ def load(cls_or_cfg: Any, path: str | Path) -> Any:
 
 
 def to_dict(cfg: Any) -> dict:
-    """The tree as plain JSON-able values (tuples as lists), for records and files."""
+    """The tree as plain JSON-able values (tuples as lists), for records and files; a leaf declared with
+    ``omit_default=True`` is left out while it holds its default."""
     def plain(v):
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)
+                    if not (f.metadata.get("omit_default") and getattr(v, f.name) == f.default)}
         if isinstance(v, dict):
             return {k: plain(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
             return [plain(x) for x in v]
         return v
-    return plain(dataclasses.asdict(cfg))
+    return plain(cfg)
 
 
 __all__ = ["opt", "nested", "default", "Leaf", "leaves", "get", "with_leaf", "coerce", "from_dict", "read_mapping", "load",

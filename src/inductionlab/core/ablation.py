@@ -78,16 +78,25 @@ def top_k_heads(scores: np.ndarray, k: int) -> list[Head]:
     return [(int(i // H), int(i % H)) for i in order]
 
 
-def per_layer_top_p(scores: np.ndarray, p: float) -> list[Head]:
-    """Per layer, the top ``ceil(p * heads_per_layer)`` heads (at least 1). ``p`` in (0, 1]."""
+def per_layer_top_p(scores: np.ndarray, p: float, exclude=()) -> list[Head]:
+    """Per layer, the top ``ceil(p * heads_per_layer)`` heads (at least 1). ``p`` in (0, 1].
+    ``exclude``: heads never chosen (another ranking's top heads); the count stays the one of all the
+    layer's heads.
+
+    Raises:
+        InductionLabError: ``p`` outside (0, 1], a layer with fewer heads left than the count."""
     if not 0 < p <= 1:
         raise InductionLabError(f"fraction p={p} must be in (0, 1]")
     scores = _scores(scores)
     n = max(1, math.ceil(p * scores.shape[1]))
+    banned = set(_heads(exclude, scores.shape, "per_layer_top_p exclude"))
     out = []
     for layer, row in enumerate(scores):
-        for h in np.argsort(-row, kind="stable")[:n]:
-            out.append((layer, int(h)))
+        chosen = _first_allowed(np.argsort(-row, kind="stable"), banned, n, lambda h, layer=layer: (layer, h))
+        if len(chosen) < n:
+            raise InductionLabError(f"layer {layer}: {n} heads per layer requested but only {len(chosen)} remain after "
+                                    "the exclusion; lower the fraction or exclude fewer heads")
+        out += chosen
     return out
 
 
@@ -392,6 +401,71 @@ def selection_conditions(scores, *, fractions=None, ks=None, exclude_scores=None
         for d in range(n_draws):
             out.append(Condition(f"{prefix}-{tag}-d{d}", "random", n, d,
                                  random_heads(scores.shape, n, excluded, seed_for(seed, n, d))))
+    return out
+
+
+RANKED_RANDOM = {"outside-top-n": "random", "all": "random-all"}   # the name prefix of each random control
+
+
+def ranked_label(rank_by: str = "induction", exclude_by: str | None = None) -> str:
+    """The kind of the ranked conditions of :func:`ranked_conditions`: ``rank_by``, or
+    ``<rank_by>-excl-<exclude_by>`` with an exclusion (``induction``, ``previous_token``, ``induction-excl-fv``)."""
+    return rank_by if exclude_by is None else f"{rank_by}-excl-{exclude_by}"
+
+
+def _score(scores, name: str, what: str) -> np.ndarray:
+    if name not in scores:
+        raise InductionLabError(f"{what} {name!r}: no such head score; available: {', '.join(scores)}")
+    return scores[name]
+
+
+def ranked_conditions(scores, ks, *, rank_by: str = "induction", exclude_by: str | None = None,
+                      exclude_fraction: float = 0.02, random: str = "outside-top-n", n_draws: int = 3,
+                      exclude_top_n: int | None = None, seed: int = 0, intact: bool = True) -> list[Condition]:
+    """The ablation conditions of ``analyze``, ``study temporal`` and ``evaluate``: intact, then per k the
+    top-k heads of one score's ranking and ``n_draws`` random-k draws (SPEC §4, with §10's selection).
+
+    With the defaults (rank by ``induction``, no exclusion, random heads outside the top N) this is
+    exactly :func:`ablation_conditions` of ``scores["induction"]``: ``induction-<k>`` and ``random-<k>-d<d>``.
+    Otherwise the ranked conditions carry the ranking's label (:func:`ranked_label`) as name and kind,
+    so a selection by another score is never called "induction":
+
+    * ``<rank_by>-<k>`` — the top k by ``scores[rank_by]``;
+    * ``<rank_by>-excl-<exclude_by>-<k>`` — with ``exclude_by``: the top k after removing the top
+      ``int(exclude_fraction * N)`` heads by ``scores[exclude_by]`` (:func:`select_heads`, Yin & Steinhardt 2025);
+    * ``random-<k>-d<d>`` (``random="outside-top-n"``: outside the top ``exclude_top_n`` by ``scores[rank_by]``,
+      default min(300, N // 2)) or ``random-all-<k>-d<d>`` (``random="all"``: uniform over all heads); kind
+      ``random``; draw ``d`` seeded ``seed_for(seed, k, d)`` as in :func:`ablation_conditions`. The
+      exclusion applies to the ranked selection only.
+
+    Args:
+        scores: score name -> ``[n_layers, n_heads]`` (the run's head scores, plus columns of a scores file).
+
+    Raises:
+        InductionLabError: an unknown score name (the message lists the available ones), ``exclude_by``
+            equal to ``rank_by``, an unknown ``random``, ``exclude_top_n`` with ``random="all"``, and what
+            :func:`ablation_conditions` / :func:`select_heads` refuse.
+    """
+    rank = _scores(_score(scores, rank_by, "rank_by"))
+    other = None
+    if exclude_by is not None:
+        if exclude_by == rank_by:
+            raise InductionLabError(f"exclude_by {exclude_by!r} is the ranking itself; exclude another score's top heads")
+        other = _score(scores, exclude_by, "exclude_by")
+    if random not in RANKED_RANDOM:
+        raise InductionLabError(f"random={random!r}: use one of {', '.join(RANKED_RANDOM)}")
+    if random == "all" and exclude_top_n is not None:
+        raise InductionLabError("exclude_top_n is for random='outside-top-n'; drop it or set that control")
+    out = ablation_conditions(rank, ks, n_draws=n_draws, exclude_top_n=0 if random == "all" else exclude_top_n,
+                              seed=seed, intact=intact)
+    label = ranked_label(rank_by, exclude_by)
+    for c in out:
+        if c.kind == "induction":
+            c.kind, c.name = label, f"{label}-{c.k}"
+            if other is not None:
+                c.heads = select_heads(rank, k=c.k, exclude_scores=other, exclude_fraction=exclude_fraction)
+        elif c.kind == "random":
+            c.name = f"{RANKED_RANDOM[random]}-{c.k}-d{c.draw}"
     return out
 
 

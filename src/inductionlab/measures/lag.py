@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .stats import arm_values, mean_ci, paired_by_k, put_ci
+from .stats import arm_values, mean_ci, paired_by_k, put_ci, ranked_kind
 
 FLOOR = 1e-30                  # probabilities are clamped below at this before a log
 CURVE_POOLED_DRAW = "pooled"   # draw label of a pooled random-k arm in the curve tables (lag_curves*.csv)
@@ -174,12 +174,14 @@ def contrast_table(conditions, values, lag: int, cue_position: int) -> pd.DataFr
     (probabilities, or log-enrichment in nats). Columns k, lag, induction, random (means),
     random_minus_induction, ci_low, ci_high."""
     col = column(lag, cue_position)
+    conditions = list(conditions)
+    arm = ranked_kind(conditions)
     rows = []
-    for k, ind, rnd in paired_by_k(conditions, values):
+    for k, ind, rnd in paired_by_k(conditions, values, arm):
         pi, pr = ind[:, col].astype(np.float64), rnd[:, col].astype(np.float64)
         m, half = mean_ci(pr - pi)
-        rows.append({"k": k, "lag": lag, "induction": pi.mean(), "random": pr.mean(),
-                     "random_minus_induction": float(m), "ci_low": float(m - half), "ci_high": float(m + half)})
+        rows.append({"k": k, "lag": lag, arm: pi.mean(), "random": pr.mean(),
+                     f"random_minus_{arm}": float(m), "ci_low": float(m - half), "ci_high": float(m + half)})
     return pd.DataFrame(rows)
 
 

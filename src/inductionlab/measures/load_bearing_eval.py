@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InductionLabError
-from .stats import Z95
+from .stats import Z95, ranked_kind
 
 def _paired(intact, ablated) -> tuple[np.ndarray, np.ndarray]:
     i = np.asarray(intact, np.float64).reshape(-1)
@@ -109,7 +109,9 @@ def drops_table(rows: pd.DataFrame, value: str = "value", unit: str = "unit") ->
 
     Args:
         rows: one row per (condition, unit) with columns ``variant`` (e.g. ``per-layer-2pct``;
-            ``intact`` for the intact model), ``kind`` (``intact`` | ``induction`` | ``random``),
+            ``intact`` for the intact model), ``kind`` (``intact`` | ``induction`` | ``random``; the ranked
+            kind may be another ranking's label, :func:`~inductionlab.measures.stats.ranked_kind`, which then
+            replaces ``induction`` in the output's kinds),
             ``draw`` (int), ``unit`` and the measure ``value``. Every condition must cover the
             intact units.
 
@@ -132,10 +134,11 @@ def drops_table(rows: pd.DataFrame, value: str = "value", unit: str = "unit") ->
             raise ValueError("an ablated condition does not cover exactly the intact units")
         return s.reindex(units).to_numpy(np.float64)
 
+    arm = ranked_kind(rows["kind"].unique())
     for variant, gv in rows[rows["kind"] != "intact"].groupby("variant", sort=False):
-        ind = gv[gv["kind"] == "induction"]
+        ind = gv[gv["kind"] == arm]
         rnd = {d: vec(g) for d, g in gv[gv["kind"] == "random"].groupby("draw")}
-        for kind, g in (("induction", ind),):
+        for kind, g in ((arm, ind),):
             if len(g):
                 out.append({"variant": variant, "kind": kind, "draw": str(g["draw"].iloc[0]),
                             **relative_change(base.to_numpy(), vec(g)), **absolute_change(base.to_numpy(), vec(g))})
@@ -148,7 +151,7 @@ def drops_table(rows: pd.DataFrame, value: str = "value", unit: str = "unit") ->
                         **relative_change(base.to_numpy(), pooled), **absolute_change(base.to_numpy(), pooled)})
             if len(ind):
                 c = relative_contrast(base.to_numpy(), vec(ind), pooled)
-                out.append({"variant": variant, "kind": "induction-random", "draw": "pooled", "n": c["n"],
+                out.append({"variant": variant, "kind": f"{arm}-random", "draw": "pooled", "n": c["n"],
                             "relative": c["contrast"], "ci_low": c["ci_low"], "ci_high": c["ci_high"],
                             "headline": headline(c["contrast"]),
                             **absolute_change(base.to_numpy(), vec(ind), pooled.mean(0))})

@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from .lag import FLOOR, log_baseline
-from .stats import Z95, arm_values, mean_ci, paired_by_k, put_ci
+from .stats import Z95, arm_values, mean_ci, paired_by_k, put_ci, ranked_kind
 
 N_BANDS = 10            # decision: cue-position bands of the lag-CRP heat map (10 = deciles of a full list)
 BAND_MAX_LAG = 50       # decision: lags kept in lag_crp_bands.csv (|lag| ≤ 50; the figure shows ±10)
@@ -324,15 +324,16 @@ def cue_contrasts(res, lag: int = 1) -> pd.DataFrame:
     col = lag + res.config.list_length - 1
     measures = {m: (lambda n, f=f: f(n)[:, col]) for m, f in _curve_measures(res).items()}
     measures["temporal_factor"] = lambda n: _tf_per_list(res, n)
+    arm = ranked_kind(res.conditions)
     rows = []
     for measure, f in measures.items():
-        for k, pi, pr in paired_by_k(res.conditions, f):
+        for k, pi, pr in paired_by_k(res.conditions, f, arm):
             m, half = mean_ci(pr - pi)
             rows.append({"k": k, "measure": measure, "lag": lag if measure != "temporal_factor" else np.nan,
-                         "induction": float(pi.mean()), "random": float(pr.mean()),
-                         "random_minus_induction": float(m), "ci_low": float(m - half), "ci_high": float(m + half),
+                         arm: float(pi.mean()), "random": float(pr.mean()),
+                         f"random_minus_{arm}": float(m), "ci_low": float(m - half), "ci_high": float(m + half),
                          "z": float(m / (half / Z95)) if half > 0 else np.nan})
-    return pd.DataFrame(rows, columns=["k", "measure", "lag", "induction", "random", "random_minus_induction",
+    return pd.DataFrame(rows, columns=["k", "measure", "lag", arm, "random", f"random_minus_{arm}",
                                        "ci_low", "ci_high", "z"])
 
 

@@ -114,13 +114,29 @@ def arm_values(conditions: Iterable, values, kind: str = "random",
     return out
 
 
-def paired_by_k(conditions: Iterable, values) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """``[(k, induction-k values, random-k values), …]`` for every k that has both an induction
-    condition and random draws, by k: the induction arm's ``[n_trials, ...]`` array and the random
-    draws' per-trial mean (:func:`pooled`), for a paired random − induction contrast.
+#: Condition kinds that are not a ranked selection (the rest are: ``induction``, ``previous_token``, ...).
+UNRANKED_KINDS = ("intact", "random", "single")
+
+
+def ranked_kind(conditions: Iterable, default: str = "induction") -> str:
+    """The kind of the ranked arm among ``conditions`` (objects with ``.kind``, or kind strings): the one
+    kind that is not ``intact``, ``random`` or ``single`` — ``induction`` by default, a ranking's label
+    (``previous_token``, ``induction-excl-fv``) when the heads were ranked by another score. ``default``
+    when there is none or several (``study head-types``' selections: the tables of one ranked arm per k
+    then read the ``induction`` arm, as they always did)."""
+    kinds = list(dict.fromkeys(k for k in (getattr(c, "kind", c) for c in conditions) if k not in UNRANKED_KINDS))
+    return kinds[0] if len(kinds) == 1 else default
+
+
+def paired_by_k(conditions: Iterable, values, kind: str | None = None) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """``[(k, ranked-k values, random-k values), …]`` for every k that has both a ranked condition
+    (``kind``, default :func:`ranked_kind`: ``induction-k``) and random draws, by k: the ranked arm's
+    ``[n_trials, ...]`` array and the random draws' per-trial mean (:func:`pooled`), for a paired
+    random − induction contrast.
     ``values``: condition name -> ``[n_trials, ...]``, a mapping or a callable (called once per condition)."""
     get = _getter(values)
     conditions = list(conditions)
     random = draws_by_k(conditions)
+    kind = ranked_kind(conditions) if kind is None else kind
     return [(k, get(ind[0]), pooled({n: get(n) for n in random[k]}, random[k]))
-            for k, ind in draws_by_k(conditions, "induction").items() if k in random]
+            for k, ind in draws_by_k(conditions, kind).items() if k in random]

@@ -8,12 +8,15 @@ from the API. No torch here: the configs' ``validate()`` runs before a model loa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from ..checks import ABLATION_POSITIONS, check_ablation_positions, check_draws, check_fields, check_method
 from ..config import opt
 from ..errors import InductionLabError
-from ..names import DEFAULT_METHOD, ablation_method_names
+from ..names import DEFAULT_METHOD, SCORE_NAMES, ablation_method_names
+
+RANDOM_CONTROLS = ("outside-top-n", "all")   # the random draws of AblationConfig (core.ablation.RANKED_RANDOM)
 
 
 PAPER_KS = (10, 20, 50, 100)   # SPEC §4: the seed protocol's k list (models of ~1,000 heads)
@@ -60,9 +63,112 @@ class HeadScoreConfig:
 
 
 @dataclass
-class AblationConfig:
+class RankingConfig:
+    """How the ablated heads are chosen (SPEC §4 with §10's selection, Yin & Steinhardt 2025): the ranking
+    (``rank_by``, any head score the command computes or a column of ``scores_file``), another score whose
+    top heads are excluded from it (``exclude_by``, ``exclude_fraction``) and the random control (``random``).
+    Shared by :class:`AblationConfig` (``analyze``, ``study temporal``) and ``evaluate``'s load-bearing
+    config. The defaults are SPEC §4's (top-k by induction score, random heads outside the top N) and stay
+    out of a run's params (``omit_default``), so runs recorded before these options resume unchanged."""
+    rank_by: str = opt("induction", "Head score whose top-k heads are ablated: one the command computes ("
+                                    + ", ".join(SCORE_NAMES) + ") or a column of --scores-file (e.g. fv).",
+                       source="SPEC §4; any ranking: SPEC §10", omit_default=True)
+    exclude_by: str | None = opt(None, "Another score whose top --exclude-fraction of all heads never enter the ranked "
+                                       "selection (e.g. --rank-by fv --exclude-by induction).",
+                                 none="no exclusion", source="Yin & Steinhardt 2025", omit_default=True)
+    exclude_fraction: float = opt(0.02, "Fraction of all heads excluded by --exclude-by: the top int(f x heads) "
+                                        "(none under 50 heads at 0.02).", source="Yin & Steinhardt 2025",
+                                  needs="--exclude-by", omit_default=True)
+    random: str = opt("outside-top-n", "Random control: k heads outside the top N of the ranking (--exclude-top-n; "
+                                       "evaluate: per-layer variants draw matched per layer), or k heads of all.",
+                      choices=RANDOM_CONTROLS, source="SPEC §4; 'all': SPEC §10", omit_default=True)
+    scores_file: str | None = opt(None, "CSV of per-head scores (columns layer, head and one per score, one row per "
+                                        "head of the model), e.g. a study head-types run's head_scores.csv; its "
+                                        "columns can be named by --rank-by / --exclude-by.", none="none",
+                                  metavar="CSV", omit_default=True)
+
+    def _validate_selection(self) -> None:
+        """The selection options: known random control, a fraction in [0, 1), score names the command computes
+        or the scores file holds (its header is read here; its rows are checked against the model in
+        :meth:`score_tables`)."""
+        if self.random not in RANDOM_CONTROLS:
+            raise InductionLabError(f"--random {self.random!r}: use one of {', '.join(RANDOM_CONTROLS)}")
+        if self.random == "all" and getattr(self, "exclude_top_n", None) is not None:
+            raise InductionLabError("--exclude-top-n is for --random outside-top-n; drop it or use that control")
+        f = self.exclude_fraction
+        if not 0 <= f < 1:
+            raise InductionLabError(f"--exclude-fraction {f} must be in [0, 1) (a fraction of all heads, e.g. 0.02)")
+        for flag, v in (("--rank-by", self.rank_by), ("--exclude-by", self.exclude_by)):
+            if v is not None and (not isinstance(v, str) or not v.strip()):
+                raise InductionLabError(f"{flag} {v!r}: give a score name, e.g. {', '.join(SCORE_NAMES[:3])}")
+        if self.exclude_by is not None and self.exclude_by == self.rank_by:
+            raise InductionLabError(f"--exclude-by {self.exclude_by} is the ranking itself (--rank-by); exclude another "
+                                    "score's top heads")
+        wanted = [(fl, v) for fl, v in (("--rank-by", self.rank_by), ("--exclude-by", self.exclude_by))
+                  if v is not None and v not in SCORE_NAMES]
+        if self.scores_file is None:
+            for fl, v in wanted:
+                raise InductionLabError(f"{fl} {v}: not a head score this command computes ({', '.join(SCORE_NAMES)}); "
+                                        f"give --scores-file with a {v} column to rank by a score from another run")
+            return
+        if not wanted:
+            raise InductionLabError(f"--scores-file {self.scores_file}: no --rank-by / --exclude-by names one of its "
+                                    f"columns (the computed scores {', '.join(SCORE_NAMES)} are the run's own); "
+                                    "name a column or drop the file")
+        columns = score_file_columns(self.scores_file)
+        for fl, v in wanted:
+            if v not in columns:
+                raise InductionLabError(f"{fl} {v}: --scores-file {self.scores_file} has no column {v!r}; its score "
+                                        f"columns: {', '.join(columns) or '(none)'}")
+
+    @property
+    def label(self) -> str:
+        """The ranked conditions' kind (``induction``, ``previous_token``, ``fv-excl-induction``):
+        :func:`~inductionlab.core.ablation.ranked_label`."""
+        return self.rank_by if self.exclude_by is None else f"{self.rank_by}-excl-{self.exclude_by}"
+
+    def check_exclusion(self, ks: Sequence[int], n_total: int) -> None:
+        """Every selection size leaves enough heads after ``--exclude-by``'s top heads are removed.
+
+        Raises:
+            InductionLabError: a size larger than the heads left."""
+        if self.exclude_by is None:
+            return
+        gone = int(self.exclude_fraction * n_total)
+        for k in ks:
+            if k > n_total - gone:
+                raise InductionLabError(f"k={k}: only {n_total - gone} of {n_total} heads remain after excluding the "
+                                        f"top {gone} by {self.exclude_by} (--exclude-fraction {self.exclude_fraction}); "
+                                        "lower k or --exclude-fraction")
+
+    def score_tables(self, shape: tuple[int, int]) -> dict:
+        """The scores file's columns named by ``--rank-by`` / ``--exclude-by`` as ``[n_layers, n_heads]``
+        arrays (empty without a file; a name the command computes is the run's own, never the file's).
+
+        Raises:
+            InductionLabError: a file that does not hold one finite number per head of the model."""
+        if self.scores_file is None:
+            return {}
+        names = [v for v in (self.rank_by, self.exclude_by) if v is not None and v not in SCORE_NAMES]
+        return read_score_file(self.scores_file, shape, names)
+
+    def params(self) -> dict:
+        """What the run's params add for this config beyond its fields: the scores file's SHA-256, so a
+        resume against a changed file is refused like any other change of options."""
+        if self.scores_file is None:
+            return {}
+        import hashlib
+
+        return {"scores_file_sha256": hashlib.sha256(_read_bytes(self.scores_file)).hexdigest()}
+
+
+@dataclass
+class AblationConfig(RankingConfig):
     """The ablation conditions of SPEC §4: the top-k induction heads vs k random heads outside the top N
-    (several seeded draws), for each k, with one method."""
+    (several seeded draws), for each k, with one method. The ranking is any head score (``rank_by``, also a
+    column of ``scores_file``), optionally without another score's top heads (``exclude_by``,
+    ``exclude_fraction``), and the random control may draw from all heads (``random="all"``): SPEC §10's
+    selection (Yin & Steinhardt 2025). The defaults are SPEC §4's conditions, unchanged."""
     method: str = opt(DEFAULT_METHOD, "Ablation method (zero: the paper's attention scores set to −∞; resample: "
                                       "the head's output on random tokens).", choices=ablation_method_names())
     positions: str = opt("all", "Where an output-edit ablation applies: every position, or the last of each forward "
@@ -70,12 +176,13 @@ class AblationConfig:
     ks: tuple[int, ...] | None = opt(None, "Numbers of heads to ablate, comma-separated.",
                                      none="10,20,50,100 clipped or scaled to the model's heads")
     n_draws: int = opt(3, "Random-head draws per k.")
-    exclude_top_n: int | None = opt(None, "Random heads come from outside the top N by induction score.",
+    exclude_top_n: int | None = opt(None, "Random heads come from outside the top N of the ranking (--rank-by).",
                                     none="min(300, heads/2)", source="SPEC §4", aliases=("--exclude-top",))
 
     def validate(self) -> None:
         """Raises InductionLabError: unknown method, a k below 1 or repeated, draws outside 1 ..
-        :data:`~inductionlab.checks.MAX_DRAWS`, a negative exclusion."""
+        :data:`~inductionlab.checks.MAX_DRAWS`, a negative exclusion, a bad selection option
+        (:meth:`RankingConfig._validate_selection`)."""
         check_fields(self)
         check_method(self.method)
         check_ablation_positions(self.positions)
@@ -89,6 +196,123 @@ class AblationConfig:
         check_draws(self.n_draws, "--n-draws")
         if self.exclude_top_n is not None and self.exclude_top_n < 0:
             raise InductionLabError(f"--exclude-top-n {self.exclude_top_n} must be >= 0 (or left unset for the default)")
+        self._validate_selection()
+
+    def top_n(self, n_total: int) -> int:
+        """N, the ranking's top heads the random draws avoid: ``--exclude-top-n`` or min(300, heads // 2)
+        (SPEC §4); 0 under ``--random all``."""
+        from ..core.ablation import default_exclude_top_n   # here: this module loads no torch
+
+        if self.random == "all":
+            return 0
+        return default_exclude_top_n(n_total) if self.exclude_top_n is None else int(self.exclude_top_n)
+
+    def check_model(self, ks: Sequence[int], n_total: int) -> None:
+        """The checks that need the model's head count, before anything runs: every k leaves room for the
+        random draws (:func:`check_ks`) and for the ranked selection after the exclusion.
+
+        Raises:
+            InductionLabError: a k too large for either."""
+        check_ks(ks, n_total, self.top_n(n_total))
+        self.check_exclusion(ks, n_total)
+
+    def conditions(self, scores, ks, *, seed: int = 0, intact: bool = True, exclude_top_n: int | None = None):
+        """The conditions of this config (:func:`~inductionlab.core.ablation.ranked_conditions`): ``scores``,
+        name -> ``[n_layers, n_heads]`` (the run's head scores with :meth:`score_tables`); ``exclude_top_n``:
+        N as the run settled it (:meth:`top_n`), ignored under ``--random all``."""
+        from ..core.ablation import ranked_conditions
+
+        return ranked_conditions(scores, ks, rank_by=self.rank_by, exclude_by=self.exclude_by,
+                                 exclude_fraction=self.exclude_fraction, random=self.random, n_draws=self.n_draws,
+                                 exclude_top_n=None if self.random == "all" else exclude_top_n, seed=seed,
+                                 intact=intact)
+
+
+def _read_bytes(path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise InductionLabError(f"--scores-file {path}: cannot read it ({e.strerror or e}); give a CSV of per-head "
+                                "scores, e.g. RUN/head_scores.csv") from None
+
+
+def _read_score_csv(path):
+    import io
+
+    import pandas as pd
+
+    raw = _read_bytes(path)
+    try:
+        df = pd.read_csv(io.BytesIO(raw))
+    except Exception as e:   # noqa: BLE001  (pandas raises several kinds for a file that is not a CSV)
+        raise InductionLabError(f"--scores-file {path}: not a CSV table ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                                "give columns layer, head and one per score") from None
+    missing = [c for c in ("layer", "head") if c not in df.columns]
+    if missing:
+        raise InductionLabError(f"--scores-file {path}: no {' or '.join(missing)} column; a scores file has columns "
+                                f"layer, head and one per score (it has: {', '.join(map(str, df.columns)) or 'none'})")
+    return df
+
+
+def score_file_columns(path) -> list[str]:
+    """The score columns of a scores file (every column but ``layer`` and ``head``).
+
+    Raises:
+        InductionLabError: the file cannot be read, is not a CSV, or has no ``layer`` / ``head`` column."""
+    return [str(c) for c in _read_score_csv(path).columns if c not in ("layer", "head")]
+
+
+def read_score_file(path, shape: tuple[int, int], names) -> dict:
+    """``{name: [n_layers, n_heads] float64}`` of the columns ``names`` of a scores file with one row per
+    head (``layer``, ``head``, score columns; e.g. the ``head_scores.csv`` of any run).
+
+    Raises:
+        InductionLabError: a missing column (the message lists the file's score columns), a row count other
+            than the model's heads, a head out of range or listed twice, a value that is not a finite number."""
+    import numpy as np
+
+    df = _read_score_csv(path)
+    L, H = shape
+    cols = [str(c) for c in df.columns if c not in ("layer", "head")]
+    for n in names:
+        if n not in df.columns:
+            raise InductionLabError(f"--scores-file {path} has no column {n!r}; its score columns: {', '.join(cols) or '(none)'}")
+    if len(df) != L * H:
+        raise InductionLabError(f"--scores-file {path} has {len(df)} rows but the model has {L} layers x {H} heads = "
+                                f"{L * H}; give the scores of this model (one row per head)")
+    idx = {}
+    for c in ("layer", "head"):
+        v = pd_numeric(df[c])
+        if not np.isfinite(v).all() or (v != np.round(v)).any():
+            raise InductionLabError(f"--scores-file {path}: column {c} holds a value that is not an integer")
+        idx[c] = v.astype(np.int64)
+    if (idx["layer"] < 0).any() or (idx["layer"] >= L).any() or (idx["head"] < 0).any() or (idx["head"] >= H).any():
+        raise InductionLabError(f"--scores-file {path}: a (layer, head) outside the model's {L} layers (0-{L - 1}) x "
+                                f"{H} heads (0-{H - 1}); give the scores of this model")
+    flat = idx["layer"] * H + idx["head"]
+    if len(set(flat.tolist())) != L * H:
+        raise InductionLabError(f"--scores-file {path}: a head is listed twice (and another not at all); give one "
+                                "row per head")
+    out = {}
+    for n in names:
+        v = pd_numeric(df[n])
+        bad = ~np.isfinite(v)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InductionLabError(f"--scores-file {path}: column {n} at layer {idx['layer'][i]}, head {idx['head'][i]} "
+                                    f"is {str(df[n].iloc[i]) or 'empty'}, not a finite number")
+        t = np.empty(L * H)
+        t[flat] = v
+        out[n] = t.reshape(L, H)
+    return out
+
+
+def pd_numeric(column):
+    """A column as float64, NaN where a value is not a number."""
+    import numpy as np
+    import pandas as pd
+
+    return pd.to_numeric(column, errors="coerce").to_numpy(np.float64)
 
 
 def check_lag_headline(lag) -> None:
@@ -144,5 +368,6 @@ def check_ks(ks: Sequence[int], n_total: int, exclude_top_n: int) -> None:
                                     "lower k or --exclude-top-n")
 
 
-__all__ = ["PAPER_KS", "default_ks", "HeadScoreConfig", "AblationConfig", "check_lag_headline", "check_trials_fit", "check_trial_ids",
+__all__ = ["PAPER_KS", "default_ks", "HeadScoreConfig", "RankingConfig", "AblationConfig", "RANDOM_CONTROLS", "read_score_file",
+           "score_file_columns", "check_lag_headline", "check_trials_fit", "check_trial_ids",
            "check_ks"]

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from ..measures.stats import ranked_kind  # noqa: E402
 from ..runtime.runs import atomic_write_bytes  # noqa: E402
 
 
@@ -50,15 +51,26 @@ def head_heatmaps(scores: dict[str, np.ndarray], path: str | Path, title: str = 
     save(fig, path)
 
 
+def _k_of(name: str) -> int | None:
+    """The k of a condition name: its first all-digit part (``induction-10``, ``induction-excl-fv-10``,
+    ``random-all-10-d0`` -> 10); None for ``intact``."""
+    nums = [p for p in name.split("-") if p.isdigit()]
+    return int(nums[0]) if nums else None
+
+
+def _ks(conditions) -> list[int]:
+    return sorted({k for k in map(_k_of, conditions) if k is not None})
+
+
 def _style(name: str, ks: list[int]) -> dict:
-    """Colour families: intact black; induction-k solid, random-k dashed, one hue per k."""
+    """Colour families: intact black; ranked-k (``induction-k``, ``previous_token-k``, ``induction-excl-fv-k``)
+    solid, random-k (``random-k``, ``random-all-k``, their draws) dashed, one hue per k."""
     if name == "intact":
         return {"color": "black", "ls": "-", "lw": 2.0}
-    kind, _, rest = name.partition("-")
-    k = int(rest.split("-")[0]) if rest.split("-")[0].isdigit() else None
+    parts, k = name.split("-"), _k_of(name)
     cmap = plt.get_cmap("viridis")
     color = cmap(0.15 + 0.7 * ks.index(k) / max(1, len(ks) - 1)) if k in ks else None
-    return {"color": color, "ls": "-" if kind == "induction" else "--", "lw": 1.4}
+    return {"color": color, "ls": "--" if parts[0] == "random" else "-", "lw": 1.4}
 
 
 def lag_curves(summary: pd.DataFrame, path: str | Path, lags=range(-10, 11), conditions=None,
@@ -77,7 +89,7 @@ def lag_curves(summary: pd.DataFrame, path: str | Path, lags=range(-10, 11), con
     df = summary[summary["lag"].isin(list(lags))]
     if conditions is None:
         conditions = list(dict.fromkeys(df["condition"]))
-    ks = sorted({int(c.split("-")[1]) for c in conditions if c.count("-") >= 1 and c.split("-")[1].isdigit()})
+    ks = _ks(conditions)
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
     for name in conditions:
         d = df[df["condition"] == name].sort_values("lag")
@@ -110,7 +122,7 @@ def serial_position_curve(table: pd.DataFrame, path: str | Path, conditions=None
     cue_position, mean, ci_low, ci_high)."""
     if conditions is None:
         conditions = list(dict.fromkeys(table["condition"]))
-    ks = sorted({int(c.split("-")[1]) for c in conditions if c.count("-") >= 1 and c.split("-")[1].isdigit()})
+    ks = _ks(conditions)
     fig, axes = plt.subplots(1, len(measures), figsize=(5.2 * len(measures), 3.9), squeeze=False)
     for ax, (m, label) in zip(axes[0], measures):
         for name in conditions:
@@ -169,18 +181,19 @@ def lag_crp_heatmap(bands: pd.DataFrame, path: str | Path, conditions, lags=rang
     save(fig, path)
 
 
-def ablation_vs_k(head: pd.DataFrame, labels: dict[str, str], path, title: str = "") -> None:
-    """One panel per measure: mean vs k for induction vs random ablation, intact as a band; 95% CIs.
+def ablation_vs_k(head: pd.DataFrame, labels: dict[str, str], path, title: str = "", ranked: str = "induction") -> None:
+    """One panel per measure: mean vs k for ranked (induction) vs random ablation, intact as a band; 95% CIs.
 
-    ``head``: tidy table with columns ``measure, k`` and ``intact / induction / random`` each with
-    ``_ci_low`` / ``_ci_high`` (:func:`inductionlab.studies.temporal.verdicts.headline_table`).
+    ``head``: tidy table with columns ``measure, k`` and ``intact / <ranked> / random`` each with
+    ``_ci_low`` / ``_ci_high`` (:func:`inductionlab.studies.temporal.verdicts.headline_table`); ``ranked``:
+    the ranked arm's kind (``induction``, ``previous_token``, ...).
     ``labels``: measure -> panel title; measures missing from ``head`` are skipped, in ``labels`` order.
     """
     measures = [m for m in labels if m in set(head.measure)]
     fig, axes = plt.subplots(1, len(measures), figsize=(4.6 * len(measures), 3.8), squeeze=False)
     for ax, m in zip(axes[0], measures):
         d = head[head.measure == m].sort_values("k")
-        for arm, mk in (("induction", "o"), ("random", "s")):
+        for arm, mk in ((ranked, "o"), ("random", "s")):
             err = np.vstack([d[arm] - d[arm + "_ci_low"], d[arm + "_ci_high"] - d[arm]])
             ax.errorbar(d.k, d[arm], yerr=err, marker=mk, capsize=3, label=f"{arm} heads ablated")
         ax.axhline(d.intact.iloc[0], color="k", lw=1, label="intact")
@@ -293,13 +306,14 @@ def drop_bars(drops: pd.DataFrame, labels: dict[str, str], path, title: str = ""
     measures = [m for m in labels if m in set(drops.get("measure", []))]
     if not measures:
         return
+    arm = ranked_kind(k for k in drops.kind.unique() if not str(k).endswith("-random"))
     fig, axes = plt.subplots(1, len(measures), figsize=(4.2 * len(measures), 3.8), squeeze=False)
     for ax, m in zip(axes[0], measures):
-        shown = (drops.kind == "induction") | ((drops.kind == "random") & (drops.draw == "pooled"))
+        shown = (drops.kind == arm) | ((drops.kind == "random") & (drops.draw == "pooled"))
         d = drops[(drops.measure == m) & shown]
         variants = list(dict.fromkeys(d.variant))
         x = np.arange(len(variants))
-        for i, (kind, color) in enumerate((("induction", "tab:red"), ("random", "tab:grey"))):
+        for i, (kind, color) in enumerate(((arm, "tab:red"), ("random", "tab:grey"))):
             r = d[d.kind == kind].set_index("variant").reindex(variants)
             y = 100 * r["relative"].to_numpy(float)
             err = 100 * np.vstack([r["relative"] - r["ci_low"], r["ci_high"] - r["relative"]]).astype(float)

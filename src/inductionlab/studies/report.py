@@ -15,8 +15,29 @@ import numpy as np
 import pandas as pd
 
 from ..measures import serial_position
+from ..measures.stats import ranked_kind
 from ..runtime.runs import atomic_write_text
 from . import plots
+
+
+def ranked_arm(conditions) -> str:
+    """The ranked conditions' kind of a run (``induction`` by default; a ranking's label such as
+    ``previous_token`` or ``induction-excl-fv`` under ``--rank-by`` / ``--exclude-by``): the one kind that
+    is not intact, random or single (:func:`~inductionlab.measures.stats.ranked_kind`). Reports, tables,
+    figures and verdicts find the ranked arm through it, never by the literal ``induction``."""
+    return ranked_kind(conditions)
+
+
+def selection_line(conditions) -> str:
+    """One report line saying which heads the ranked conditions ablate, for a ranking other than
+    induction (the random arm's pool is named too)."""
+    arm = ranked_arm(conditions)
+    rank_by, _, other = arm.partition("-excl-")
+    rnd = [c.name for c in conditions if c.kind == "random"]
+    pool = "all heads" if rnd and rnd[0].startswith("random-all-") else f"heads outside the top N by {rank_by}"
+    return (f"Ranked heads: the top k by the {rank_by} score"
+            + (f", after removing the top heads by {other}" if other else "")
+            + f" (conditions `{arm}-<k>`); random heads: k of {pool}.")
 
 
 def model_line(identity: dict) -> str:
@@ -76,10 +97,11 @@ def corrected_lines(lag) -> list[str]:
                      f"{row_ci(r, 'lag_plus1_log_enrichment', fmt_signed3)} | "
                      f"{row_ci(r, 'lag_minus1_log_enrichment', fmt_signed3)} |")
     con = lag.contrasts(1, corrected=True)
+    arm = ranked_kind(lag.conditions)
     if len(con):
-        lines += ["", "| k | random − induction, log-enrichment lag +1 [95% CI] |", "|---|---|"]
+        lines += ["", f"| k | random − {arm}, log-enrichment lag +1 [95% CI] |", "|---|---|"]
         for _, r in con.iterrows():
-            lines.append(f"| {int(r['k'])} | {r['random_minus_induction']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] |")
+            lines.append(f"| {int(r['k'])} | {r[f'random_minus_{arm}']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] |")
     return lines
 
 
@@ -125,14 +147,15 @@ def cue_lines(lag, figs: str = "") -> list[str]:
                   for x in ("first", "middle", "last")]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     con = t["cue_contrasts"]
+    arm = ranked_kind(lag.conditions)
     if len(con):
-        lines += ["", "Random − induction, paired per list (random = mean of draws):", "",
-                  "| k | measure | induction | random | random − induction [95% CI] | z |", "|---|---|---|---|---|---|"]
+        lines += ["", f"Random − {arm}, paired per list (random = mean of draws):", "",
+                  f"| k | measure | {arm} | random | random − {arm} [95% CI] | z |", "|---|---|---|---|---|---|"]
         for _, r in con.iterrows():
             fmt = fmt_signed3 if r["measure"] != "prob" else lambda m, lo, hi: f"{m:+.3g} [{lo:+.3g}, {hi:+.3g}]"
             lines.append(f"| {int(r['k'])} | {r['measure']}{' +1' if r['measure'] != 'temporal_factor' else ''} | "
-                         f"{r['induction']:.4g} | {r['random']:.4g} | "
-                         f"{fmt(r['random_minus_induction'], r['ci_low'], r['ci_high'])} | "
+                         f"{r[arm]:.4g} | {r['random']:.4g} | "
+                         f"{fmt(r[f'random_minus_{arm}'], r['ci_low'], r['ci_high'])} | "
                          f"{'—' if pd.isna(r['z']) else format(r['z'], '.1f')} |")
     lines += ["", f"![serial position]({figs}serial_position.png)", "",
               f"![lag-CRP by cue band]({figs}lag_crp_bands.png)", ""]

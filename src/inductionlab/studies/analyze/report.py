@@ -19,7 +19,7 @@ from ...measures import serial_position
 from ...runtime.runs import atomic_write_bytes, atomic_write_text
 from ...measures.serial_position import cue_tables
 from ..report import (CUE_FILES, ENRICH_LABEL, corrected_lines, cue_lines, fmt_ci4, model_line, pooled_headline_rows,
-                      row_ci, write_cue_outputs)
+                      ranked_arm, row_ci, selection_line, write_cue_outputs)
 
 
 def analyze_report(res) -> str:
@@ -33,6 +33,7 @@ def analyze_report(res) -> str:
     near = cur[cur["lag"].abs() <= 10]
     peak_near = int(near.loc[near["mean"].idxmax(), "lag"])
     chance = intact["list_mass"] / lc.list_length
+    arm = ranked_arm(res.lag.conditions)
     lines = [f"# inductionlab analyze — {idn['name']}", "",
              model_line(idn), "",
              "## Top induction heads", "", "| rank | layer | head | induction score |", "|---|---|---|---|"]
@@ -60,11 +61,13 @@ def analyze_report(res) -> str:
     lines += ["", f"{verdict}. Lag +1 = {intact['lag_plus1']:.4f} [{intact['lag_plus1_ci_low']:.4f}, "
               f"{intact['lag_plus1_ci_high']:.4f}] vs {chance:.4f} if the list mass were spread evenly over the list; "
               f"the highest lag over all lags is {peak:+d} (one word per lag and trial, so single lags are noisy).", "",
-              "Induction vs random ablation at lag +1 (paired over the same trials; random = mean of draws):", "",
-              "| k | induction-k | random-k | random − induction [95% CI] |", "|---|---|---|---|"]
+              f"{arm[:1].upper() + arm[1:]} vs random ablation at lag +1 (paired over the same trials; random = mean "
+              "of draws):", "",
+              f"| k | {arm}-k | random-k | random − {arm} [95% CI] |", "|---|---|---|---|"]
+    lines[-4:-4] = [selection_line(res.lag.conditions), ""] if arm != "induction" else []
     for _, r in res.lag.contrasts(1).iterrows():
-        lines.append(f"| {int(r['k'])} | {r['induction']:.4f} | {r['random']:.4f} | "
-                     f"{r['random_minus_induction']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] |")
+        lines.append(f"| {int(r['k'])} | {r[arm]:.4f} | {r['random']:.4f} | "
+                     f"{r[f'random_minus_{arm}']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] |")
     lines += corrected_lines(res.lag)
     lines += ["",
               "Random rows pool the draws (per-trial mean over draws); per-draw rows are in `lag_headline.csv`."]
@@ -98,8 +101,9 @@ def write_analyze_outputs(d: Path, res) -> None:
     atomic_write_bytes(d / "lag_trials.npz", buf.getvalue())
     name = res.loaded.identity["name"]
     plots.head_heatmaps(hs.scores, d / "head_scores.png", title=name)
+    arm = ranked_arm(res.lag.conditions)
     shown = ["intact"] + [c for c in summary["condition"].unique()
-                          if c.startswith("induction-") or (c.startswith("random-") and "-d" not in c)]
+                          if c.startswith(f"{arm}-") or (c.startswith("random-") and "-d" not in c)]
     lc = res.lag.config
     sub = f"{lc.n_permutations} trials/condition, {lc.method} ablation, random = mean of draws"
     intact = headline[headline["condition"] == "intact"].iloc[0]
@@ -112,8 +116,8 @@ def write_analyze_outputs(d: Path, res) -> None:
         atomic_write_text(d / "lag_curves_corrected.csv", corrected.to_csv(index=False))
         plots.lag_curves(corrected, d / "lag_curve_corrected.png", conditions=shown, ylabel=ENRICH_LABEL, zero_line=True,
                          title=f"{name}: lag probe, word-prior corrected\n{sub}")
-    kmax = max((c.k for c in res.lag.conditions if c.kind == "induction"), default=None)
-    write_cue_outputs(d, d, res.lag, name, shown, ["intact", f"induction-{kmax}", f"random-{kmax}"], sub)
+    kmax = max((c.k for c in res.lag.conditions if c.kind == arm), default=None)
+    write_cue_outputs(d, d, res.lag, name, shown, ["intact", f"{arm}-{kmax}", f"random-{kmax}"], sub)
 
 
 def write(out: Path, res) -> None:

@@ -10,13 +10,13 @@ with ``prepare`` / ``phases`` / ``result``, ``report.py`` with ``write``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from ...config import to_dict
-from ...core.ablation import ablation_conditions, default_exclude_top_n, top_k_heads
+from ...core.ablation import top_k_heads
 from ...core.instrument import self_check
 from ...core.models import LoadedModel, ran_identity
 from ...core.scores import HeadScores
@@ -24,7 +24,7 @@ from ...errors import InductionLabError
 from ...measures import serial_position
 from ...protocols import lag_probe
 from ...protocols.lag_probe import LagProbeConfig, LagProbeResult
-from ..configs import check_ks, check_trial_ids, default_ks
+from ..configs import check_trial_ids, default_ks
 from ..engine import Context, Phase, StudyResult, run_study
 from ..spec import RunOptions
 from .config import SPEC, AnalyzeConfig
@@ -34,13 +34,14 @@ from .report import summary, write  # noqa: F401  (the engine reads write and su
 @dataclass
 class Plan:
     """What :func:`prepare` settles for this model: the ks, the exclusion N, the lag probe's config with the
-    job's seed and method, and the run's ``params``."""
+    job's seed and method, the scores file's columns the selection names, and the run's ``params``."""
     loaded: LoadedModel
     cfg: AnalyzeConfig
     ks: list[int]
     exclude_top_n: int
     lag: LagProbeConfig
     params: dict
+    file_scores: dict = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -60,18 +61,20 @@ def prepare(loaded: LoadedModel, cfg: AnalyzeConfig) -> Plan:
     ident = ran_identity(loaded)
     n_total = ident["n_layers"] * ident["n_heads"]
     ab = cfg.ablation
-    N = default_exclude_top_n(n_total) if ab.exclude_top_n is None else ab.exclude_top_n
+    N = ab.top_n(n_total)
     ks = list(ab.ks) if ab.ks else default_ks(n_total, N)
     for k in ks:
         if k > n_total:
             raise InductionLabError(f"k={k} heads requested but the model has {n_total}; use k <= {n_total}")
-    check_ks(ks, n_total, N)
+    ab.check_model(ks, n_total)
+    file_scores = ab.score_tables((ident["n_layers"], ident["n_heads"]))
     if cfg.top > n_total:
         raise InductionLabError(f"--top {cfg.top} exceeds the model's {n_total} heads")
     lag = cfg.protocol()
     check_trial_ids(lag_probe.build_trials(loaded, replace(lag, n_permutations=2)), loaded, "lag probe")
     lag_probe.check_cues(loaded, lag)
-    return Plan(loaded, cfg, ks, N, lag, {"config": to_dict(cfg), "ks": ks, "exclude_top_n": N})
+    return Plan(loaded, cfg, ks, N, lag, {"config": to_dict(cfg), "ks": ks, "exclude_top_n": N, **ab.params()},
+                file_scores)
 
 
 def phases(plan: Plan, ctx: Context) -> dict:
@@ -79,8 +82,8 @@ def phases(plan: Plan, ctx: Context) -> dict:
     cfg = plan.cfg
     check = ctx.piece("self_check", lambda: _self_check(plan.loaded, cfg.seed), save=False)
     scores = ctx.head_scores(cfg.scores, seed=cfg.seed)
-    conditions = ablation_conditions(scores["induction"], plan.ks, n_draws=cfg.ablation.n_draws,
-                                     exclude_top_n=plan.exclude_top_n, seed=cfg.seed)
+    conditions = cfg.ablation.conditions({**plan.file_scores, **scores.scores}, plan.ks, seed=cfg.seed,
+                                         exclude_top_n=plan.exclude_top_n)
     runs = ctx.measure(Phase("lag", lag_probe.probe(plan.lag), conditions, plan.lag.n_permutations, timing="lag_probe"))
     return {"self_check": check, "scores": scores, "conditions": conditions, "lag": runs["lag"]}
 

@@ -17,7 +17,7 @@ from ...checks import (ABLATION_POSITIONS, check_ablation_positions, check_draws
 from ...config import nested, opt
 from ...errors import InductionLabError
 from ...names import DEFAULT_METHOD, TASK_NAMES, ablation_method_names
-from ..configs import HeadScoreConfig, check_trials_fit
+from ..configs import HeadScoreConfig, RankingConfig, check_trials_fit
 from ..spec import StudySpec
 
 TOKEN_POOLS = ("vocab", "shards")
@@ -131,8 +131,11 @@ class PerplexityConfig:
 
 
 @dataclass
-class LoadBearingConfig:
-    """Ablation variants (``per-layer-<p>pct`` | ``top-<k>``), random draws, method, probe shots."""
+class LoadBearingConfig(RankingConfig):
+    """Ablation variants (``per-layer-<p>pct`` | ``top-<k>``), random draws, method, probe shots; the heads
+    ranked by ``rank_by`` (default induction), optionally without ``exclude_by``'s top heads
+    (:class:`~inductionlab.studies.configs.RankingConfig`). ``random`` applies to the ``top-<k>`` variants;
+    a per-layer variant's random heads are always matched per layer outside the chosen ones."""
     ablate: tuple[str, ...] = opt(("per-layer-2pct", "top-10"),
                                   "Ablation variants: per-layer-<p>pct (top p% heads per layer, ceil, >= 1) and/or "
                                   "top-<k>.", source="SPEC §8")
@@ -151,6 +154,7 @@ class LoadBearingConfig:
         if len(set(self.ablate)) != len(self.ablate):
             raise InductionLabError(f"--ablate {','.join(self.ablate)} repeats a variant; give each once")
         check_draws(self.n_draws, "--draws")
+        self._validate_selection()
 
 
 @dataclass

@@ -14,7 +14,7 @@ import pandas as pd
 
 from .. import plots
 from ...runtime.runs import atomic_write_text
-from ..report import model_line, row_ci
+from ..report import model_line, ranked_arm, row_ci, selection_line
 from .tables import SEQUENCE_MEASURES
 
 EVAL_MEASURES = {n: m.label for n, m in SEQUENCE_MEASURES.items() if m.label}   # the report's drops table
@@ -115,13 +115,16 @@ def _load_bearing_lines(res) -> list[str]:
               f"({100 * conc['top_n'] / conc['n_heads']:.1f}%) hold {100 * conc['top_share']:.1f}% of the total; "
               f"Gini {conc['gini']:.3f}; max {conc['max']:.3f} at L{conc['strongest'][0]}H{conc['strongest'][1]}; "
               "heads above " + ", ".join(f"{t:g}: {n}" for t, n in conc["above"].items()) + ".", ""]
+    arm = ranked_arm(res.conditions)
+    if arm != "induction":
+        lines += [selection_line(res.conditions) + " Per-layer variants: random heads matched per layer.", ""]
     for v in dict.fromkeys(res.variants.values()):
-        ind = next(c for c in res.conditions if res.variants[c.name] == v and c.kind == "induction")
-        lines.append(f"- `{v}`: {len(ind.heads)} induction heads ablated "
+        ind = next(c for c in res.conditions if res.variants[c.name] == v and c.kind == arm)
+        lines.append(f"- `{v}`: {len(ind.heads)} {arm} heads ablated "
                      f"({', '.join(f'L{l}H{h}' for l, h in ind.heads[:12])}{', …' if len(ind.heads) > 12 else ''}).")
     lines += ["", "Relative change vs intact (ablated mean / intact mean − 1), paired 95% CI; random = pooled matched "
-              "draws; *induction − random* in units of the intact mean.", "",
-              "| measure | variant | intact | induction heads ablated | random heads ablated | induction − random |",
+              f"draws; *{arm} − random* in units of the intact mean.", "",
+              f"| measure | variant | intact | {arm} heads ablated | random heads ablated | {arm} − random |",
               "| --- | --- | --- | --- | --- | --- |"]
     d = res.drops
     labels = _eval_labels(lb.shots)
@@ -129,9 +132,9 @@ def _load_bearing_lines(res) -> list[str]:
         for m in labels:
             for v in dict.fromkeys(d[d.measure == m].variant):
                 g = d[(d.measure == m) & (d.variant == v)]
-                ind = g[g.kind == "induction"].to_dict("records")
+                ind = g[g.kind == arm].to_dict("records")
                 rnd = g[(g.kind == "random") & (g.draw == "pooled")].to_dict("records")
-                con = g[g.kind == "induction-random"].to_dict("records")
+                con = g[g.kind == f"{arm}-random"].to_dict("records")
                 if not ind:
                     continue
                 if not ind[0]["intact"] > 0:     # a relative change of a non-positive benefit means nothing
@@ -188,13 +191,14 @@ def write_evaluate_outputs(out: Path, res) -> None:
     arms = [(f"intact, {k} shots", {"condition": "intact", "shots": k, "control": "intact"})
             for k in res.config.probes.shots]
     arms += [(f"permuted labels, {lb.shots} shots", {"condition": "intact", "shots": lb.shots, "control": "permuted"})]
+    arm = ranked_arm(res.conditions)
     for v in dict.fromkeys(res.variants.values()):
-        arms += [(f"induction {v} ablated, {lb.shots} shots", {"condition": f"induction-{v}", "shots": lb.shots}),
+        arms += [(f"{arm} {v} ablated, {lb.shots} shots", {"condition": f"{arm}-{v}", "shots": lb.shots}),
                  (f"random {v} ablated (pooled), {lb.shots} shots", {"condition": f"random-{v}", "shots": lb.shots})]
     plots.hits_by_task(res.hits, arms, figs / "hits_by_task.png", title=f"{name}: function-style ICL probes, HITS@1 "
                        "(95% CI)")
     plots.head_heatmaps(hs.scores, figs / "head_scores.png", title=name)
-    positive = set(res.drops[(res.drops.kind == "induction") & (res.drops.intact > 0)].measure) if len(res.drops) else ()
+    positive = set(res.drops[(res.drops.kind == arm) & (res.drops.intact > 0)].measure) if len(res.drops) else ()
     labels = {m: lab for m, lab in _eval_labels(lb.shots).items() if m in positive}   # relative to ≤ 0 means nothing
     if labels:
         plots.drop_bars(res.drops, labels, figs / "drops.png",
@@ -218,11 +222,11 @@ def summary(res) -> list[str]:
     lines.append(f"induction benefit: {row_ci(i0, 'induction_benefit')} nats")
     if res.perplexity:
         lines.append(f"held-out perplexity: {res.perplexity['perplexity']:.3f} ({res.perplexity['n_scored']:,} tokens)")
-    d = res.drops
+    d, arm = res.drops, ranked_arm(res.conditions)
     if len(d):
-        lines.append("relative change under ablation (induction heads | matched random, pooled):")
+        lines.append(f"relative change under ablation ({arm} heads | matched random, pooled):")
         for (m, v), g in d.groupby(["measure", "variant"], sort=False):
-            ind = g[g.kind == "induction"].iloc[0]
+            ind = g[g.kind == arm].iloc[0]
             rnd = g[(g.kind == "random") & (g.draw == "pooled")]
             lines.append(f"  {m:<18s} {v:<15s} {ind['headline']:>8s} | "
                          f"{rnd['headline'].iloc[0] if len(rnd) else '—':>8s}")

@@ -49,7 +49,7 @@ the config is in :mod:`~inductionlab.studies.evaluate.config`, the tidy tables i
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -128,6 +128,7 @@ class Plan:
     bos: int | None                       # the probes' BOS (None without ``cfg.probes.bos``)
     notes: list[str]                      # what was skipped and why
     params: dict
+    file_scores: dict = field(default_factory=dict)   # the scores file's columns the selection names
 
     @property
     def ablation_prompts(self) -> list[Prompt]:
@@ -163,7 +164,9 @@ def prepare(loaded: LoadedModel, cfg: EvaluateConfig) -> Plan:
     _check_lm_eval(cfg, tok)
     if shards is None:
         notes.append("no --shards: the ICL score (natural held-out text) and the perplexity guard were skipped")
-    return Plan(loaded, cfg, shards, windows, pool, prompts, bos, notes, _params(cfg, shards))
+    ident = loaded.identity
+    file_scores = cfg.load_bearing.score_tables((ident["n_layers"], ident["n_heads"]))
+    return Plan(loaded, cfg, shards, windows, pool, prompts, bos, notes, _params(cfg, shards), file_scores)
 
 
 def _params(cfg: EvaluateConfig, shards) -> dict:
@@ -177,7 +180,7 @@ def _params(cfg: EvaluateConfig, shards) -> dict:
         shard_id = {"path": str(shards.path), "corpus_sha256": m.get("corpus_sha256"),
                     "heldout_sha256": m["splits"]["heldout"].get("sha256"),
                     "tokenizer": m.get("tokenizer", {}).get("spec")}
-    return {"config": config, "shards": shard_id}
+    return {"config": config, "shards": shard_id, **cfg.load_bearing.params()}
 
 
 def _check_fits_model(loaded: LoadedModel, cfg: EvaluateConfig, prompts: list[Prompt]) -> None:
@@ -194,7 +197,8 @@ def _check_fits_model(loaded: LoadedModel, cfg: EvaluateConfig, prompts: list[Pr
         if ctx and 2 * T + 1 > int(ctx):
             raise InductionLabError(f"{what}: [BOS] S S of 2 x {T} + 1 tokens exceeds the model's context of {ctx}; "
                                     f"lower {opt} to <= {(int(ctx) - 1) // 2}")
-    load_bearing_conditions(np.zeros((ident["n_layers"], ident["n_heads"])), cfg.load_bearing, cfg.seed)  # sizes
+    lb, zeros = cfg.load_bearing, np.zeros((ident["n_layers"], ident["n_heads"]))
+    load_bearing_conditions({n: zeros for n in (lb.rank_by, lb.exclude_by) if n}, lb, cfg.seed)  # sizes
 
 
 def _open_shards(shards, loaded: LoadedModel):
@@ -266,7 +270,7 @@ def phases(plan: Plan, ctx: Context) -> dict:
     and associative recall intact and under every ablation; lm-eval (rank 0 alone)."""
     cfg = plan.cfg
     scores = ctx.head_scores(cfg.scores, seed=cfg.seed, pool=None if cfg.token_pool == "vocab" else plan.pool)
-    pairs = load_bearing_conditions(scores["induction"], cfg.load_bearing, cfg.seed)
+    pairs = load_bearing_conditions({**plan.file_scores, **scores.scores}, cfg.load_bearing, cfg.seed)
     conditions, variants = [c for _, c in pairs], {c.name: v for v, c in pairs}
     ppl = ctx.piece("perplexity", partial(_perplexity, plan, ctx)) if plan.shards is not None else None
     probes = _probes(plan)

@@ -16,11 +16,12 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ...core.ablation import (Condition, ablation_conditions, default_exclude_top_n, matched_random_heads,
-                              per_layer_top_p)
+from ...core.ablation import (RANKED_RANDOM, Condition, default_exclude_top_n, matched_random_heads, per_layer_top_p,
+                              ranked_conditions, top_k_heads)
 from ...measures.load_bearing_eval import drops_table
 from ...measures.stats import pooled, put_ci
 from ...protocols.function_probes import summarize_hits
+from ...errors import InductionLabError
 from ..configs import check_ks
 from .config import LoadBearingConfig, parse_variant
 
@@ -61,35 +62,52 @@ def per_sequence(summaries: dict) -> dict[str, np.ndarray | None]:
             for n, m in SEQUENCE_MEASURES.items()}
 
 
-def load_bearing_conditions(induction: np.ndarray, cfg: LoadBearingConfig,
-                            seed: int = 0) -> list[tuple[str, Condition]]:
-    """``(variant, condition)`` pairs: per variant the induction heads, then ``cfg.n_draws`` random draws.
+def load_bearing_conditions(scores, cfg: LoadBearingConfig, seed: int = 0) -> list[tuple[str, Condition]]:
+    """``(variant, condition)`` pairs: per variant the ranked heads, then ``cfg.n_draws`` random draws.
 
     * ``per-layer-<p>pct``: ``induction-<variant>`` = :func:`~inductionlab.core.ablation.per_layer_top_p`;
       ``random-<variant>-d<d>`` = :func:`~inductionlab.core.ablation.matched_random_heads` (same count
       per layer, chosen heads excluded, seeded by ``(seed, d)``).
-    * ``top-<k>``: :func:`~inductionlab.core.ablation.ablation_conditions` (top-k vs k random heads
-      outside the top N = min(300, heads // 2), seeded by ``(seed, k, d)``).
+    * ``top-<k>``: :func:`~inductionlab.core.ablation.ranked_conditions` (top-k vs k random heads
+      outside the top N = min(300, heads // 2), seeded by ``(seed, k, d)``; ``random-all-<variant>-d<d>``
+      from all heads under ``cfg.random == "all"``).
 
-    Args: induction ``[n_layers, n_heads]`` induction scores.
+    The heads are ranked by ``cfg.rank_by`` (default induction); with ``cfg.exclude_by`` the top
+    ``int(cfg.exclude_fraction * N)`` heads by that score are never chosen (per layer too). The ranked
+    conditions' kind and name prefix are ``cfg.label`` (``induction``, ``previous_token``,
+    ``fv-excl-induction``).
+
+    Args: scores: name -> ``[n_layers, n_heads]`` (the run's head scores and the scores file's columns),
+        or one ``[n_layers, n_heads]`` array of induction scores.
 
     Raises: InductionLabError: k larger than the heads left outside the top N, a layer too small
-    for its matched draw."""
-    shape = tuple(np.asarray(induction).shape)
+    for its matched draw, a score name not in ``scores``."""
+    if not isinstance(scores, dict):
+        scores = {"induction": np.asarray(scores)}
+    for name in (cfg.rank_by, cfg.exclude_by):
+        if name is not None and name not in scores:
+            raise InductionLabError(f"load-bearing ranking {name!r}: no such head score; available: {', '.join(scores)}")
+    rank, label = np.asarray(scores[cfg.rank_by]), cfg.label
+    shape = tuple(rank.shape)
     n_total = shape[0] * shape[1]
+    excluded = [] if cfg.exclude_by is None else top_k_heads(scores[cfg.exclude_by], int(cfg.exclude_fraction * n_total))
     out: list[tuple[str, Condition]] = []
     for v in cfg.ablate:
         kind, x = parse_variant(v)
         if kind == "per-layer":
-            chosen = per_layer_top_p(induction, x)
-            out.append((v, Condition(f"induction-{v}", "induction", len(chosen), 0, chosen)))
+            chosen = per_layer_top_p(rank, x, exclude=excluded)
+            out.append((v, Condition(f"{label}-{v}", label, len(chosen), 0, chosen)))
             out += [(v, Condition(f"random-{v}-d{d}", "random", len(chosen), d,
                                   matched_random_heads(shape, chosen, seed=seed, draw=d))) for d in range(cfg.n_draws)]
         else:
-            N = default_exclude_top_n(n_total)
+            N = default_exclude_top_n(n_total) if cfg.random == "outside-top-n" else 0
             check_ks([x], n_total, N)
-            for c in ablation_conditions(induction, [x], n_draws=cfg.n_draws, exclude_top_n=N, seed=seed, intact=False):
-                c.name = f"induction-{v}" if c.kind == "induction" else f"random-{v}-d{c.draw}"
+            cfg.check_exclusion([x], n_total)
+            for c in ranked_conditions(scores, [x], rank_by=cfg.rank_by, exclude_by=cfg.exclude_by,
+                                       exclude_fraction=cfg.exclude_fraction, random=cfg.random, n_draws=cfg.n_draws,
+                                       exclude_top_n=N if cfg.random == "outside-top-n" else None, seed=seed,
+                                       intact=False):
+                c.name = f"{label}-{v}" if c.kind == label else f"{RANKED_RANDOM[cfg.random]}-{v}-d{c.draw}"
                 out.append((v, c))
     return out
 

@@ -15,7 +15,8 @@ from .. import plots
 
 from ...measures.crp import lag_probe_crp
 from ...runtime.runs import atomic_write_text
-from ..report import ENRICH_LABEL, corrected_lines, cue_lines, fmt_ci, model_line, row_ci, write_cue_outputs
+from ..report import (ENRICH_LABEL, corrected_lines, cue_lines, fmt_ci, model_line, ranked_arm, row_ci, selection_line,
+                      write_cue_outputs)
 
 
 def temporal_report(study, measures: dict[str, str]) -> str:
@@ -25,9 +26,11 @@ def temporal_report(study, measures: dict[str, str]) -> str:
                                                            study.concentration, study.headline,
                                                            study.record["verdicts"], study.record, study.ks)
     ident = study.loaded.identity
+    arm, ab = ranked_arm(lag.conditions), study.config.ablation
+    pool = "from all heads" if ab.random == "all" else f"outside the top {study.exclude_top_n} by {ab.rank_by} score"
     lines = [f"# Temporal-dependencies study: {ident['name']}", "", model_line(ident) + " "
-             f"Ablation: **{lag.config.method}**; k ∈ {ks}; random heads drawn outside the top "
-             f"{study.exclude_top_n} by induction score, {study.config.ablation.n_draws} seeded draws per k. "
+             f"Ablation: **{lag.config.method}**; k ∈ {ks}; random heads drawn {pool}, {ab.n_draws} seeded draws "
+             "per k. " + (selection_line(lag.conditions) + " " if arm != "induction" else "") +
              f"Lag probe: {lag.config.n_permutations} permutations of {lag.config.list_length} words, cue at "
              f"{lag.config.cue_position} (seed protocol: 5,000). Serial recall: {recall.config.n_trials} prompts, "
              f"{recall.config.n_shots} shots, lists of {recall.config.list_length}. 95% CIs over trials "
@@ -51,13 +54,13 @@ def temporal_report(study, measures: dict[str, str]) -> str:
               f"{row_ci(intact, 'list_mass')}; p(lag 0, repeating the cue): "
               f"{fmt_ci(intact.lag0, intact.lag0_ci_low, intact.lag0_ci_high, 4)}. A small list mass means the model does not "
               "treat the list as something to recall; the lag curve is then reported as it is, not tuned.", ""]
-    lines += ["## Headline", "", "| measure | k | intact | induction-k ablated | random-k ablated (pooled draws) "
-              "| random − induction (paired) |", "| --- | --- | --- | --- | --- | --- |"]
-    for r in head.itertuples():
-        lines.append(f"| {measures[r.measure]} | {r.k} | {row_ci(r, 'intact')} | "
-                     f"{row_ci(r, 'induction')} | "
+    lines += ["## Headline", "", f"| measure | k | intact | {arm}-k ablated | random-k ablated (pooled draws) "
+              f"| random − {arm} (paired) |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in head.to_dict(orient="records"):
+        lines.append(f"| {measures[r['measure']]} | {r['k']} | {row_ci(r, 'intact')} | "
+                     f"{row_ci(r, arm)} | "
                      f"{row_ci(r, 'random')} | "
-                     f"{row_ci(r, 'random_minus_induction')} |")
+                     f"{row_ci(r, f'random_minus_{arm}')} |")
     lines += ["", "![ablation vs k](plots/ablation_vs_k.png)", ""]
     lines += [f"![lag curves k={k}](plots/lag_curves_k{k}.png)" for k in ks]
     if lag.has_corrected:
@@ -110,6 +113,7 @@ def write_temporal_outputs(out: Path, study, measures: dict[str, str]) -> None:
                                              study.headline, study.scores)
     tables, figs = out / "tables", out / "plots"
     L, H = hs["induction"].shape
+    arm = ranked_arm(lag.conditions)
 
     def csv(df, fname):
         atomic_write_text(tables / fname, df.to_csv(index=False))
@@ -136,23 +140,23 @@ def write_temporal_outputs(out: Path, study, measures: dict[str, str]) -> None:
 
     plots.head_heatmaps(hs.scores, figs / "head_scores.png", title=name)
     for k in ks:
-        plots.lag_curves(summary, figs / f"lag_curves_k{k}.png", conditions=["intact", f"induction-{k}", f"random-{k}"],
+        plots.lag_curves(summary, figs / f"lag_curves_k{k}.png", conditions=["intact", f"{arm}-{k}", f"random-{k}"],
                          title=f"{name}: lag probe, k = {k} heads ablated ({method})")
         if lag.has_corrected:
             plots.lag_curves(corrected, figs / f"lag_curves_corrected_k{k}.png",
-                             conditions=["intact", f"induction-{k}", f"random-{k}"], ylabel=ENRICH_LABEL, zero_line=True,
+                             conditions=["intact", f"{arm}-{k}", f"random-{k}"], ylabel=ENRICH_LABEL, zero_line=True,
                              title=f"{name}: lag probe, word-prior corrected, k = {k} ({method})")
     kmax = ks[-1]
     plots.ablation_vs_k(head, {m: measures[m] for m in ("lag_plus1", "recall_accuracy", "recall_lag_plus1")},
-                        figs / "ablation_vs_k.png", title=f"{name}: induction vs random ablation ({method})")
-    plots.tidy_curves(trans, figs / "recall_transition_curve.png", ["intact", f"induction-{kmax}", f"random-{kmax}"],
+                        figs / "ablation_vs_k.png", title=f"{name}: {arm} vs random ablation ({method})", ranked=arm)
+    plots.tidy_curves(trans, figs / "recall_transition_curve.png", ["intact", f"{arm}-{kmax}", f"random-{kmax}"],
                       "lag (item position − previous item's position)", "p(next = item at lag), renormalised over list",
                       f"{name}: serial recall transitions")
-    shown = ["intact", f"induction-{kmax}"] + [c.name for c in lag.conditions if c.kind == "random" and c.k == kmax][:1]
+    shown = ["intact", f"{arm}-{kmax}"] + [c.name for c in lag.conditions if c.kind == "random" and c.k == kmax][:1]
     plots.tidy_curves(crp[crp.lag.abs() <= 10], figs / "lag_crp_argmax.png", shown, "lag", "CRP (arg-max response)",
                       f"{name}: psifr-style lag-CRP of the arg-max response", value="prob")
-    write_cue_outputs(tables, figs, lag, name, ["intact", f"induction-{kmax}", f"random-{kmax}"],
-                      ["intact", f"induction-{kmax}", f"random-{kmax}"], f"{method} ablation")
+    write_cue_outputs(tables, figs, lag, name, ["intact", f"{arm}-{kmax}", f"random-{kmax}"],
+                      ["intact", f"{arm}-{kmax}", f"random-{kmax}"], f"{method} ablation")
     if lb_table is not None:
         plots.load_bearing_scatter(lb_table, {m: measures[m] for m in conc}, figs / "load_bearing.png",
                                    title=f"{name}: per-head effect of ablating one induction head ({method})")

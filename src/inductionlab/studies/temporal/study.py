@@ -34,13 +34,13 @@ conditions are paired (every condition sees the same trials).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 
 from ...config import to_dict
-from ...core.ablation import Condition, ablation_conditions, default_exclude_top_n
+from ...core.ablation import Condition
 from ...core.models import LoadedModel
 from ...core.scores import HeadScores
 from ...errors import InductionLabError
@@ -51,7 +51,7 @@ from ...protocols.configs import LagProbeConfig, SerialRecallConfig
 from ...protocols.lag_probe import LagProbeResult
 from ...protocols.load_bearing import concentration, load_bearing_table, single_head_conditions
 from ...protocols.serial_recall import SerialRecallResult
-from ..configs import check_ks, check_trial_ids, default_ks
+from ..configs import check_trial_ids, default_ks
 from ..engine import Context, Phase, StudyResult, run_study
 from ..spec import RunOptions
 from .config import SPEC, TemporalStudyConfig
@@ -70,6 +70,7 @@ class Plan:
     lag: LagProbeConfig
     recall: SerialRecallConfig
     params: dict
+    file_scores: dict = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -97,9 +98,10 @@ def prepare(loaded: LoadedModel, cfg: TemporalStudyConfig) -> Plan:
     ident = loaded.identity
     n_total = ident["n_layers"] * ident["n_heads"]
     ab = cfg.ablation
-    N = default_exclude_top_n(n_total) if ab.exclude_top_n is None else int(ab.exclude_top_n)
+    N = ab.top_n(n_total)
     ks = sorted(set(int(k) for k in ab.ks)) if ab.ks else default_ks(n_total, N)
-    check_ks(ks, n_total, N)
+    ab.check_model(ks, n_total)
+    file_scores = ab.score_tables((ident["n_layers"], ident["n_heads"]))
     if cfg.load_bearing_top > n_total:
         raise InductionLabError(f"--load-bearing-top {cfg.load_bearing_top:,} exceeds the model's {n_total} heads; use "
                                 f"at most {n_total}")
@@ -110,8 +112,9 @@ def prepare(loaded: LoadedModel, cfg: TemporalStudyConfig) -> Plan:
     drop = lambda d: {k: v for k, v in d.items() if k != "batch_size"}  # noqa: E731  (speed only)
     config = to_dict(cfg)
     config["lag"], config["recall"] = drop(to_dict(lag)), drop(to_dict(rec))
-    params = {"config": config, "ks": ks, "exclude_top_n": N, "load_bearing_permutations": cfg.load_bearing_n}
-    return Plan(loaded, cfg, ks, N, lag, rec, params)
+    params = {"config": config, "ks": ks, "exclude_top_n": N, "load_bearing_permutations": cfg.load_bearing_n,
+              **ab.params()}
+    return Plan(loaded, cfg, ks, N, lag, rec, params, file_scores)
 
 
 def phases(plan: Plan, ctx: Context) -> dict:
@@ -119,8 +122,8 @@ def phases(plan: Plan, ctx: Context) -> dict:
     head ablated alone), as one step over four phases (one progress bar)."""
     cfg = plan.cfg
     scores = ctx.head_scores(cfg.scores, seed=cfg.seed)
-    conditions = ablation_conditions(scores["induction"], plan.ks, n_draws=cfg.ablation.n_draws,
-                                     exclude_top_n=plan.exclude_top_n, seed=cfg.seed)
+    conditions = cfg.ablation.conditions({**plan.file_scores, **scores.scores}, plan.ks, seed=cfg.seed,
+                                         exclude_top_n=plan.exclude_top_n)
     singles = single_head_conditions(scores["induction"], cfg.load_bearing_top) if cfg.load_bearing_top > 0 else []
     lag, recall = lag_probe.probe(plan.lag), serial_recall.probe(plan.recall)
     n_rec = plan.recall.n_trials

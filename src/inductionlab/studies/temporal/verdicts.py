@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ...measures.stats import ci
+from ...measures.stats import ci, ranked_kind
 from ...protocols.lag_probe import LagProbeResult
 from ...protocols.serial_recall import SerialRecallResult
 from ..report import fmt_ci, row_ci
@@ -19,13 +19,12 @@ from ..run import Verdict
 
 
 def _per_trial(lag: LagProbeResult, recall: SerialRecallResult, kind: str, k: int) -> dict[str, np.ndarray]:
-    """Per-trial measures of one arm (intact, induction-k, or random-k pooled over draws)."""
+    """Per-trial measures of one arm (intact, the ranked arm's k condition such as induction-k, or random-k
+    pooled over draws)."""
     if kind == "intact":
         names = ["intact"]
-    elif kind == "induction":
-        names = [f"induction-{k}"]
     else:
-        names = [c.name for c in lag.conditions if c.kind == "random" and c.k == k]
+        names = [c.name for c in lag.conditions if c.kind == kind and c.k == k]
     col = lag.config.cue_position
     out = {"lag_plus1": np.mean([lag.probs[n][:, col] for n in names], axis=0).astype(np.float64)}
     out.update({f"recall_{m}": v for m, v in recall.pooled_measures(names).items()})
@@ -38,18 +37,21 @@ MEASURES = {"lag_plus1": "lag probe p(lag +1)", "recall_accuracy": "serial recal
 
 def headline_table(lag: LagProbeResult, recall: SerialRecallResult, ks: list[int]) -> pd.DataFrame:
     """One row per (measure, k): intact / induction-k / random-k (pooled draws) means with 95% CIs,
-    and paired differences induction − intact, random − intact, random − induction."""
+    and paired differences induction − intact, random − intact, random − induction. ``induction`` in the
+    column names is the ranked arm's kind (:func:`~inductionlab.measures.stats.ranked_kind`:
+    ``previous_token``, ``induction-excl-fv``, ... under another ranking)."""
     rows = []
+    a = ranked_kind(lag.conditions)
     intact = _per_trial(lag, recall, "intact", 0)
     for k in ks:
-        ind, rnd = _per_trial(lag, recall, "induction", k), _per_trial(lag, recall, "random", k)
+        ind, rnd = _per_trial(lag, recall, a, k), _per_trial(lag, recall, "random", k)
         for m in MEASURES:
             if m not in intact:
                 continue
             row = {"measure": m, "k": k}
-            for arm, v in (("intact", intact[m]), ("induction", ind[m]), ("random", rnd[m]),
-                           ("induction_minus_intact", ind[m] - intact[m]), ("random_minus_intact", rnd[m] - intact[m]),
-                           ("random_minus_induction", rnd[m] - ind[m])):
+            for arm, v in (("intact", intact[m]), (a, ind[m]), ("random", rnd[m]),
+                           (f"{a}_minus_intact", ind[m] - intact[m]), ("random_minus_intact", rnd[m] - intact[m]),
+                           (f"random_minus_{a}", rnd[m] - ind[m])):
                 row[arm], row[arm + "_ci_low"], row[arm + "_ci_high"] = ci(v)
             rows.append(row)
     return pd.DataFrame(rows)
@@ -73,10 +75,23 @@ def decide(lag: LagProbeResult, recall: SerialRecallResult, head: pd.DataFrame, 
         holds at every k;
     (D) at k: the paired difference of teacher-forced serial-recall accuracy random − induction
         has a CI above 0; reproduced like (B) (majority of ks, contradicted at none).
+
+    The ranked arm is the run's (:func:`~inductionlab.measures.stats.ranked_kind`): ``induction`` by
+    default; under another ranking its label replaces "induction" in the claims' text and ``per_k`` keys.
     """
+    arm = ranked_kind(lag.conditions)
+    head = head.rename(columns={c: c.replace(arm, "induction") for c in head.columns if arm in c})
     lp = {int(r.k): r for r in head[head.measure == "lag_plus1"].itertuples()}
     ra = {int(r.k): r for r in head[head.measure == "recall_accuracy"].itertuples()}
-    return [_claim_a(lag), *_claims_b_c(lp, ks), _claim_d(ra, ks)]
+    out = [_claim_a(lag), *_claims_b_c(lp, ks), _claim_d(ra, ks)]
+    return out if arm == "induction" else [_relabel(v, arm) for v in out]
+
+
+def _relabel(v: Verdict, arm: str) -> Verdict:
+    """A claim decided on another ranking's arm, with that ranking's label in place of "induction"."""
+    swap = lambda t: t.replace("induction", arm)  # noqa: E731
+    return Verdict(v.claim, text=swap(v.text), status=v.status, rule=swap(v.rule), evidence=swap(v.evidence),
+                   per_k=None if v.per_k is None else {k: {swap(n): x for n, x in d.items()} for k, d in v.per_k.items()})
 
 
 def _majority(per_k: dict, ks: list[int]) -> bool:
