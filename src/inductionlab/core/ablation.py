@@ -112,6 +112,11 @@ def _first_allowed(order, banned: set, n: int, to_head) -> list:
     return out
 
 
+RANDOM_DRAWS = "seeded permutation of all heads, excluded heads skipped"
+"""How :func:`random_heads` draws, recorded in every study's params: a run directory whose random
+heads were drawn another way (before this scheme) is refused on resume instead of mixing two draws."""
+
+
 def random_heads(shape: tuple[int, int], k: int, exclude=(), seed: int = 0) -> list[Head]:
     """``k`` distinct heads drawn uniformly from those not in ``exclude``; sorted; seeded.
 

@@ -35,7 +35,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..checks import check_loaded, check_type
-from ..core.ablation import Condition
+from ..core.ablation import RANDOM_DRAWS, Condition
 from ..core.models import agree_dtype, announce_dtype, params_identity, ran_identity
 from ..core.scores import HeadScores, compute_head_scores
 from ..protocols.runner import Probe, Trials, residual_cache
@@ -239,7 +239,7 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
     if loaded is not None:
         agree_dtype(loaded, opts.dist)               # torchrun: every rank in rank 0's dtype
     plan = impl.prepare(loaded, cfg)                 # model-dependent checks: nothing written yet
-    params = dict(plan.params)
+    params = dict(plan.params) | {"random_draws": RANDOM_DRAWS}
     if loaded is not None:
         params["model"] = params_identity(ran_identity(loaded))   # a resume never mixes two models (nor dtypes)
     run = StudyRun(out, spec.kind, params, overwrite=opts.overwrite, on_checkpoint=opts.on_checkpoint,

@@ -508,7 +508,7 @@ def drop_vs_fraction(drops: pd.DataFrame, measures: dict[str, str], path: str | 
                         marker="o", ms=3, capsize=2, label=kind)
         ax.axhline(0, color="black", lw=0.5)
         ax.set_xlabel("heads ablated (% of all)")
-        ax.set_ylabel(f"drop in {label}")
+        ax.set_ylabel("drop (intact − ablated)")
         ax.set_title(label, fontsize=9)
     axes[0][0].legend(fontsize=7)
     if title:
