@@ -19,7 +19,7 @@ from inductionlab.studies.configs import HeadScoreConfig
 from inductionlab.studies.spec import RunOptions
 from inductionlab.studies.evaluate import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LoadBearingConfig,
                                    PerplexityConfig, ProbeConfig, load_bearing_conditions, parse_variant, run_evaluate)
-from test_train_helpers import make_corpus, run_cli, tiny_flags
+from test_train_helpers import tiny_trained_run
 
 # small sizes: the tiny model's context is 64 tokens
 SMALL = ["--prompts", "3", "--ablate", "per-layer-2pct,top-2", "--draws", "2", "--icl-sequences", "3",
@@ -30,11 +30,7 @@ SMALL = ["--prompts", "3", "--ablate", "per-layer-2pct,top-2", "--draws", "2", "
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """(corpus dir, training run dir): a 2-update cpu-micro run (2 layers x 4 heads, context 64)."""
-    tmp = tmp_path_factory.mktemp("evaluate")
-    data = make_corpus(tmp)
-    r = run_cli(["train", *tiny_flags(data, tmp / "run", preset="cpu-micro", tokens=2048, log_checkpoints=0)])
-    assert r.returncode == 0, r.stderr
-    return data, tmp / "run"
+    return tiny_trained_run(tmp_path_factory.mktemp("evaluate"))
 
 
 def small_config(**over) -> EvaluateConfig:

@@ -309,14 +309,10 @@ def test_load_bearing_conditions_rank_by_and_exclusion():
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A 2-update cpu-micro training run (2 layers x 4 heads) with its corpus, as test_evaluate builds it."""
-    from test_train_helpers import make_corpus, run_cli, tiny_flags
+    """A 2-update cpu-micro training run (2 layers x 4 heads), as test_evaluate builds it."""
+    from test_train_helpers import tiny_trained_run
 
-    tmp = tmp_path_factory.mktemp("evaluate")
-    data = make_corpus(tmp)
-    r = run_cli(["train", *tiny_flags(data, tmp / "run", preset="cpu-micro", tokens=2048, log_checkpoints=0)])
-    assert r.returncode == 0, r.stderr
-    return tmp / "run"
+    return tiny_trained_run(tmp_path_factory.mktemp("evaluate"))[1]
 
 
 def test_cli_evaluate_rank_by(trained, tmp_path):

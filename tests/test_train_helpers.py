@@ -46,6 +46,14 @@ def run_cli(args: list[str], prelude: str = "", **kw) -> subprocess.CompletedPro
                           env=env, **kw)
 
 
+def tiny_trained_run(tmp: Path) -> tuple[Path, Path]:
+    """(corpus dir, training run dir): a 2-update cpu-micro run (2 layers x 4 heads, context 64)."""
+    data = make_corpus(tmp)
+    r = run_cli(["train", *tiny_flags(data, tmp / "run", preset="cpu-micro", tokens=2048, log_checkpoints=0)])
+    assert r.returncode == 0, r.stderr
+    return data, tmp / "run"
+
+
 def losses(run: Path) -> list[float]:
     """The loss of every logged update of a run, from its metrics.jsonl."""
     return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
