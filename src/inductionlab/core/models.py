@@ -18,7 +18,8 @@ from safetensors import SafetensorError
 
 from ..errors import InductionLabError
 from ..runtime.dtype_choice import NAMES, choice_line, mlp_shape, resolve_dtype
-from ..runtime.model_specs import EMBEDDED, EmbeddedModel, _embedded_path, resolve  # noqa: F401 (the torch-free lookup)
+from ..runtime.model_specs import (EMBEDDED, EmbeddedModel, _embedded_path,  # noqa: F401 (the torch-free lookup)
+                                   refuse_cached_custom_code, refuse_custom_code, resolve)
 from ..runtime.run_dir import TrainRun, final_checkpoint  # noqa: F401 (models.final_checkpoint: the one reader)
 from ..runtime.runs import sha256_file
 
@@ -193,7 +194,8 @@ def checkpoint_tokenizer(ckpt: str | os.PathLike):
 
     ckpt = Path(ckpt)
     if any((ckpt / f).is_file() for f in TOKENIZER_FILES):
-        return AutoTokenizer.from_pretrained(ckpt), "checkpoint"
+        refuse_custom_code(ckpt, "tokenizer")
+        return AutoTokenizer.from_pretrained(ckpt, trust_remote_code=False), "checkpoint"
     run = TrainRun.of_checkpoint(ckpt)
     data_path = run.corpus if run is not None else None
     if data_path is None:
@@ -231,7 +233,7 @@ def _config(path, local_files_only: bool):
 
     f = Path(path) / "config.json"
     try:
-        return AutoConfig.from_pretrained(path, local_files_only=local_files_only)
+        return AutoConfig.from_pretrained(path, local_files_only=local_files_only, trust_remote_code=False)
     except (StrictDataclassError, ValueError, TypeError, KeyError, AttributeError) as e:
         detail = _first_sentence(e)
         raise InductionLabError(f"could not load model from {path}: {f} is not a valid model config ({detail}); "
@@ -271,7 +273,8 @@ def _weights(path, *, gguf_file: str | None = None, gguf_fix: str = "", **kw):
     hf_logging.set_verbosity_error()      # the load report table: our one line below says it
     try:
         model, info = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf_file, output_loading_info=True,
-                                                           ignore_mismatched_sizes=True, **kw)
+                                                           ignore_mismatched_sizes=True, **kw,
+                                                           trust_remote_code=False)
     except (RuntimeError, TypeError, StrictDataclassError) as e:
         if "out of memory" in str(e).lower():
             raise
@@ -352,6 +355,11 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dt
         return resolve_dtype(dtype, run_on, mlp_shape(read_config()) if probe else None)
 
     source, path, gguf, name = resolve(spec)
+    # never the folder's own code: refused here, before transformers reads a file of it
+    if source == "hub":
+        refuse_cached_custom_code(str(path))
+    else:
+        refuse_custom_code(Path(path).parent if gguf else path)
     if gguf:
         _check_gguf_header(Path(path), _gguf_fix(spec))
     tok_source = None
@@ -362,7 +370,7 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dt
     try:
         if gguf:
             try:
-                tok = AutoTokenizer.from_pretrained(Path(path).parent, gguf_file=gguf)
+                tok = AutoTokenizer.from_pretrained(Path(path).parent, gguf_file=gguf, trust_remote_code=False)
                 # dequantise in float32 (transformers' fast path), then cast
                 model = _weights(Path(path).parent, gguf_file=gguf, gguf_fix=_gguf_fix(spec),
                                  **{**kw, "dtype": torch.float32})
@@ -380,7 +388,7 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dt
             if source == "checkpoint":
                 tok, tok_source = checkpoint_tokenizer(path)
             else:
-                tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+                tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only, trust_remote_code=False)
             choice = choose(lambda: config)
             model = _weights(path, config=config, local_files_only=local_only, dtype=choice.torch_dtype, **kw)
     except InductionLabError:

@@ -150,8 +150,12 @@ def load_tokenizer(spec: str | os.PathLike) -> TokenizerInfo:
     Raises:
         InductionLabError: unknown spec, or no EOS token can be identified.
     """
+    from ..runtime import model_specs
+
     s = str(spec)
     p = Path(s).expanduser()
+    if p.is_dir() or p.is_file():        # never a folder's own code (its tokenizer_config.json's auto_map)
+        model_specs.refuse_custom_code(p if p.is_dir() else p.parent, "tokenizer")
     if p.is_dir() and (p / "tokenizer.json").is_file():
         p = p / "tokenizer.json"
     if p.is_file() and p.suffix == ".json":
@@ -174,10 +178,10 @@ def load_tokenizer(spec: str | os.PathLike) -> TokenizerInfo:
         return _from_hf(_auto_tokenizer(str(p), s), s)
     if p.exists():
         raise InductionLabError(f"{p}: not a tokenizer.json or a directory holding one")
-    from ..runtime import model_specs
     if s.lower() in model_specs.EMBEDDED:         # the tokenizer from the GGUF's metadata; no weights loaded
         _, path, gguf, _ = model_specs.resolve(s)
         return _from_hf(_auto_tokenizer(str(Path(path).parent), s, gguf_file=gguf), s)
+    model_specs.refuse_cached_custom_code(s, "tokenizer")
     return _from_hf(_auto_tokenizer(s, s), s)   # a hub id already in the local cache
 
 
@@ -185,7 +189,7 @@ def _auto_tokenizer(name: str, spec: str, **kw):
     """``AutoTokenizer.from_pretrained(name, local_files_only=True)``; never the network."""
     from transformers import AutoTokenizer
     try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=True, **kw)
+        return AutoTokenizer.from_pretrained(name, local_files_only=True, trust_remote_code=False, **kw)
     except Exception:  # noqa: BLE001 - transformers raises OSError/ValueError/... here
         pass
     raise InductionLabError(f"unknown tokenizer {spec!r}; use 'bpe', a tokenizer.json path, a "

@@ -9,6 +9,7 @@ use it without importing :mod:`inductionlab.core.models`, the loader built on it
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,3 +83,69 @@ def resolve(spec: str) -> tuple[str, Path | str, str | None, str]:
     if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
         raise InductionLabError(f"model path {spec} does not exist; check the path")
     return "hub", spec, None, spec
+
+
+#: The files of a model or tokenizer folder through which transformers can be asked to import the
+#: folder's own Python (``auto_map``: "class name -> module.Class" of a ``*.py`` beside it).
+CODE_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json",
+              "generation_config.json")
+#: Keys of those files that name code to import (at any depth: a nested ``text_config`` included).
+CODE_KEYS = ("auto_map", "custom_pipelines")
+
+
+def _asks_for_code(doc) -> str | None:
+    """The first of :data:`CODE_KEYS` found anywhere in a parsed JSON document (walked without recursion,
+    so a deeply nested one cannot overflow the stack), or None."""
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in CODE_KEYS:
+                if key in node:
+                    return key
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
+
+
+def refuse_custom_code(folder: str | os.PathLike, what: str = "model") -> None:
+    """The one check before transformers reads a model or tokenizer folder: a folder whose
+    ``config.json`` / ``tokenizer_config.json`` (or another of :data:`CODE_FILES`) names its own code
+    (``auto_map``) is refused. Measuring a model never runs code that came with it; every transformers
+    load also passes ``trust_remote_code=False``, so no prompt can ask, whatever stdin or the terminal says.
+
+    A file that is not JSON is left to the load (its own one-line error): transformers cannot read it either.
+
+    Raises:
+        InductionLabError: naming the file, the key and the fix (a folder without custom code)."""
+    d = Path(folder)
+    for name in CODE_FILES:
+        f = d / name
+        try:
+            if not f.is_file():
+                continue
+            doc = json.loads(f.read_bytes())
+        except (OSError, ValueError, RecursionError):
+            continue
+        key = _asks_for_code(doc)
+        if key is not None:
+            raise InductionLabError(
+                f"{f} names custom code ({key!r}): inductionlab never runs code that comes with a {what}; "
+                "use a model of an architecture transformers ships (without auto_map)")
+
+
+def refuse_cached_custom_code(repo_id: str, what: str = "model") -> None:
+    """:func:`refuse_custom_code` for a hub id: the files of its cached snapshot (the local cache only)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:                        # pragma: no cover - a dependency of transformers
+        return
+    for name in CODE_FILES:
+        try:
+            f = try_to_load_from_cache(repo_id, name)
+        except Exception:  # noqa: BLE001 - an id the hub library refuses: the load says it
+            return
+        if isinstance(f, str):
+            refuse_custom_code(Path(f).parent, what)
+            return

@@ -232,7 +232,7 @@ def _build(cfg: TrainConfig, data: TrainData, dist: D.Dist, resume_dir: Path | N
                         bos_token_id=data.bos_id, eos_token_id=data.eos_id)
     torch.manual_seed(cfg.seed)
     if resume_dir is not None:
-        model = LlamaForCausalLM.from_pretrained(resume_dir, dtype=torch.float32,
+        model = LlamaForCausalLM.from_pretrained(resume_dir, dtype=torch.float32, trust_remote_code=False,
                                                  attn_implementation=cfg.attn_implementation)
     else:
         mcfg._attn_implementation = cfg.attn_implementation
