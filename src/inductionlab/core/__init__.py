@@ -13,6 +13,8 @@
   head) and matched random heads.
 * ``scores`` — head scores (induction, anti-induction, previous-token, duplicate-token, sink).
 * ``reuse`` — the residual-stream cache shared across ablation conditions.
+* ``placement`` — where a model runs (:func:`~inductionlab.core.placement.execution_device`), offloaded
+  models included; a model on the ``meta`` device with nothing to load its weights is refused.
 * ``stimuli`` — word pools, seeds and random token sequences.
 
 Imports ``runtime``, ``data`` and the face. A new head score is a function and a ``SCORES`` entry in

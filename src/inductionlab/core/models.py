@@ -18,6 +18,7 @@ from safetensors import SafetensorError
 
 from ..errors import InductionLabError
 from ..runtime.dtype_choice import NAMES, choice_line, mlp_shape, resolve_dtype
+from .placement import check_weights_present, execution_device
 from ..runtime.model_specs import (EMBEDDED, EmbeddedModel, _embedded_path,  # noqa: F401 (the torch-free lookup)
                                    refuse_cached_custom_code, refuse_custom_code, resolve)
 from ..runtime.run_dir import TrainRun, final_checkpoint  # noqa: F401 (models.final_checkpoint: the one reader)
@@ -67,7 +68,7 @@ def ran_identity(loaded: LoadedModel) -> dict:
     if p is None:
         return dict(loaded.identity)
     ran = str(p.dtype).removeprefix("torch.")
-    out = {**loaded.identity, "dtype": ran, "device": str(p.device)}
+    out = {**loaded.identity, "dtype": ran, "device": str(execution_device(loaded.model))}
     choice = out.get("dtype_choice")
     if choice and choice.get("dtype") != ran:
         out["dtype_choice"] = {**choice, "dtype": ran,
@@ -406,11 +407,16 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dt
                                 "save_pretrained of the model and of its tokenizer)") from e
     if not device_map:
         model.to(device)
+    try:
+        check_weights_present(model)          # a device map of "meta": no numbers to compute with
+    except InductionLabError as e:
+        raise InductionLabError(f"device map {device_map!r} leaves weights unloaded: {e}" if device_map else
+                                str(e)) from None
     model.eval()
     shape = attention_shape(model.config)
     identity = {"name": name, "spec": spec, "source": source, "path": str(path),
                 "architecture": type(model).__name__, "model_type": model.config.model_type,
-                "dtype": choice.dtype, "device": str(next(model.parameters()).device),
+                "dtype": choice.dtype, "device": str(execution_device(model)),
                 **shape, "n_params": sum(p.numel() for p in model.parameters()), "dtype_choice": choice.record()}
     if source == "checkpoint":
         identity["checkpoint"] = _checkpoint_facts(Path(path), tok_source)

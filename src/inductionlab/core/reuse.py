@@ -30,6 +30,8 @@ import contextlib
 
 import torch
 
+from .placement import execution_device
+
 SUPPORTED = ("llama", "qwen2", "gemma3_text", "gpt2", "gpt_neox")   # tested in tests/test_reuse.py
 _IGNORED = ("logits_to_keep", "use_cache")                         # arguments that do not change hidden states
 
@@ -141,7 +143,7 @@ class ResidualCache:
             if hit is None:
                 return None
             state, tuple_out = hit[1]
-            state = state.to(next(model.parameters()).device)
+            state = state.to(execution_device(model))
             out = (state,) if tuple_out else state
             saved = [layer.__dict__.get("forward") for layer in layers[:b]]   # e.g. accelerate's wrapper
             for layer in layers[:b]:

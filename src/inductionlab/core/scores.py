@@ -46,6 +46,7 @@ from ..runtime import distributed as D
 from .attention import gather_targets
 from .instrument import instrument, unwrap_model
 from .models import attention_shape
+from .placement import execution_device
 from .stimuli import ordinary_token_ids, random_sequences
 
 
@@ -334,7 +335,7 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
     batch_size = _count("batch_size", batch_size)
     n_batches = _count("n_batches", n_batches)
     shape = attention_shape(model.config)
-    device = next(model.parameters()).device
+    device = execution_device(model)
     if bos_id is None and tokenizer is not None:
         bos_id = tokenizer.bos_token_id
     need_R = any(s.needs_control for s in specs)

@@ -50,6 +50,7 @@ import torch
 
 from ..core.instrument import HeadIntervention, instrument, unwrap_model
 from ..core.models import attention_shape, cache_keyword, returned_cache
+from ..core.placement import execution_device
 from ..errors import InductionLabError
 from ..measures.stats import Z95
 from .icl_tasks import Prompt, Task, make_prompts
@@ -132,7 +133,7 @@ def head_writes(model, layer: int, values: torch.Tensor) -> torch.Tensor:
     proj = output_projection(model, layer)
     H, D = values.shape
     p = next(proj.parameters())
-    x = torch.zeros(H, H * D, dtype=p.dtype, device=p.device)
+    x = torch.zeros(H, H * D, dtype=p.dtype, device=execution_device(proj))
     for h in range(H):
         x[h, h * D:(h + 1) * D] = values[h].to(p.dtype)
     with torch.inference_mode():
@@ -176,7 +177,7 @@ def clean_means(model, prompts: Sequence[Prompt], *, under: Sequence[HeadInterve
     s = attention_shape(model.config)
     L, H = s["n_layers"], s["n_heads"]
     heads = [(l, h) for l in range(L) for h in range(H)]
-    dev = next(model.parameters()).device
+    dev = execution_device(model)
     total = torch.zeros(L, H, s["head_dim"], dtype=torch.float64)
     p = np.empty(len(prompts))
     with torch.inference_mode(), instrument(model, list(under), capture_heads=heads, strict=False) as inst:
@@ -294,7 +295,8 @@ def patched_last_logits(model, ids: Sequence[int], patches: Sequence[Sequence[tu
     L = attention_shape(model.config)["n_layers"]
     below = min((iv.layer for iv in under), default=L)              # base interventions: nothing skipped above them
     p = next(model.parameters())
-    x = torch.tensor([list(ids)], device=p.device)
+    dev = execution_device(model)
+    x = torch.tensor([list(ids)], device=dev)
     last = x.shape[1] - 1
     order = sorted(range(len(patches)), key=lambda i: min(int(l) for l, _, _ in patches[i]))
     out = [None] * len(patches)
@@ -319,8 +321,8 @@ def patched_last_logits(model, ids: Sequence[int], patches: Sequence[Sequence[tu
                     ivs.append(HeadIntervention(int(l), int(h), "mean", value=v, positions=(last + r + 1,)))
                     owner.append(i)
             state = None if state is None else state.expand(1, n, state.shape[-1])
-            kw = {"input_ids": x[:, -1:].expand(1, n), "position_ids": torch.full((1, n), last, device=p.device),
-                  "attention_mask": _copies_mask(model, prefix, last, n, p.dtype, p.device)}
+            kw = {"input_ids": x[:, -1:].expand(1, n), "position_ids": torch.full((1, n), last, device=dev),
+                  "attention_mask": _copies_mask(model, prefix, last, n, p.dtype, dev)}
             with instrument(model, [*under, *ivs], strict=False) as inst, _skipping(layers, b, state, tuple_out):
                 logits = model(**kw, **{kv: copy.deepcopy(prefix)}, use_cache=True).logits[0].float()
             base = logits[0] if base is None else base

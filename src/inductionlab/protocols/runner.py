@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from ..core.reuse import first_ablated_layer
+from ..core.placement import execution_device
 from ..errors import InductionLabError
 from ..names import ABLATION_METHOD_NEEDS, DEFAULT_METHOD
 from ..runtime import distributed as D
@@ -226,7 +227,8 @@ def auto_batch_size(loaded, seq_len: int, logit_positions: int = 1, cap: int = 6
     occupies.
     """
     params = list(loaded.model.parameters())
-    devs = {p.device for p in params if p.device.type == "cuda"}
+    devs = {p.device for p in params if p.device.type == "cuda"} | \
+        {d for d in [execution_device(loaded.model)] if d.type == "cuda"}     # offloaded weights: on meta
     if not devs:
         return 8
     free = min(torch.cuda.mem_get_info(d)[0] for d in devs)
@@ -366,7 +368,7 @@ def run_conditions(loaded, conditions: Sequence, trials: Trials | Mapping[str, t
     check_loaded(loaded, "run_conditions", needs=("model",))
     check_conditions(conditions, "run_conditions")
     model = loaded.model
-    device = next(model.parameters()).device
+    device = execution_device(model)
     if not isinstance(trials, Trials):
         trials = Trials(dict(trials))
     source_cache = trials.source_outputs
@@ -432,6 +434,6 @@ def last_token_logits(model, seqs: Sequence[Sequence[int]], pad_id: int = 0) -> 
     """Logits at each sequence's last token from one left-padded forward pass: float32 ``[B, V]``.
 
     Asks for the last position only (``logits_to_keep=1``) where the architecture supports it."""
-    device = next(model.parameters()).device
+    device = execution_device(model)
     batch = {k: v.to(device) for k, v in pad_left(seqs, pad_id).items()}
     return forward_logits(model, batch.pop("input_ids"), 1, **batch)[:, -1]

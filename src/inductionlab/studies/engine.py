@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from ..checks import check_loaded, check_type
 from ..core.ablation import RANDOM_DRAWS, Condition
 from ..core.models import agree_dtype, announce_dtype, params_identity, ran_identity
+from ..core.placement import check_weights_present
 from ..core.scores import HeadScores, compute_head_scores
 from ..protocols.runner import Probe, Trials, residual_cache
 from ..runtime.distributed import Dist
@@ -231,6 +232,7 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
     impl = spec.impl
     if spec.model is not None:
         check_loaded(loaded, spec.kind)
+        check_weights_present(loaded.model)       # weights on the meta device, nothing to load them
     check_type(cfg, spec.config, f"{spec.kind}: cfg")
     cfg.validate()
     out = Path(out)

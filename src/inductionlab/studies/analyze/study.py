@@ -19,6 +19,7 @@ from ...config import to_dict
 from ...core.ablation import top_k_heads
 from ...core.instrument import self_check
 from ...core.models import LoadedModel, ran_identity
+from ...core.placement import execution_device
 from ...core.scores import HeadScores
 from ...errors import InductionLabError
 from ...measures import serial_position
@@ -91,7 +92,7 @@ def phases(plan: Plan, ctx: Context) -> dict:
 def _self_check(loaded: LoadedModel, seed: int) -> dict:
     """The instrumentation is live and transparent on this model (:func:`~inductionlab.core.instrument.self_check`)."""
     ident = loaded.identity
-    device = next(loaded.model.parameters()).device
+    device = execution_device(loaded.model)
     gen = torch.Generator().manual_seed(seed)
     V = ident["vocab_size"]
     ids = torch.randint(min(100, V // 2), min(V, 1000), (1, 16), generator=gen).to(device)
