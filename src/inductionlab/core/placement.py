@@ -44,7 +44,10 @@ def execution_device(model) -> torch.device:
 
     Raises:
         InductionLabError: every weight on ``meta`` and no hook to load them (:func:`check_weights_present`)."""
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    try:
+        emb = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):      # not a transformers model (an exact fake)
+        emb = None
     if isinstance(emb, torch.nn.Module):
         dev = _hook_device(emb)
         if dev is not None:

@@ -188,7 +188,7 @@ def run_lm_eval(model, tokenizer, tasks: Sequence[str], *, include_path: str | o
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, trust_remote_code=False)
     with _offline(offline):
         res = simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, batch_size=batch_size,
                               limit=limit, task_manager=tm, random_seed=seed, numpy_random_seed=seed,
