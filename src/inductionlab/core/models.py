@@ -18,11 +18,11 @@ from safetensors import SafetensorError
 
 from ..errors import InductionLabError
 from ..runtime.dtype_choice import NAMES, choice_line, mlp_shape, resolve_dtype
-from .placement import check_weights_present, execution_device
 from ..runtime.model_specs import (EMBEDDED, EmbeddedModel, _embedded_path,  # noqa: F401 (the torch-free lookup)
                                    refuse_cached_custom_code, refuse_custom_code, resolve)
 from ..runtime.run_dir import TrainRun, final_checkpoint  # noqa: F401 (models.final_checkpoint: the one reader)
 from ..runtime.runs import sha256_file
+from .placement import check_weights_present, execution_device
 
 from ..names import DEFAULT_MODEL  # noqa: E402  (declared without torch, for the CLI)
 
@@ -333,7 +333,10 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dt
         InductionLabError: unknown spec or dtype, missing package or file (the message names the install
         command), a hub id absent from the local cache, a bad or absent device
         (:func:`check_device`), a GGUF file that is corrupt or truncated, a model directory whose
-        files do not load.
+        files do not load; a folder (or cached hub snapshot) that names its own code (``auto_map``:
+        :func:`~inductionlab.runtime.model_specs.refuse_custom_code`, before transformers reads it); a
+        ``device_map`` that leaves weights on the meta device
+        (:func:`~inductionlab.core.placement.check_weights_present`).
     """
     from transformers import AutoTokenizer
 
