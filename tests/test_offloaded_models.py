@@ -88,7 +88,6 @@ def _meta_loaded(word_tokenizer):
 
 
 def test_a_model_on_meta_without_hooks_is_refused_before_anything_is_written(tmp_path, word_tokenizer):
-    from inductionlab.protocols.lag_probe import LagProbeConfig
     from inductionlab.studies.analyze.config import AnalyzeConfig
     from inductionlab.studies.analyze.study import analyze
     from inductionlab.studies.configs import AblationConfig, HeadScoreConfig
