@@ -152,9 +152,8 @@ def inside(root: str | os.PathLike, path: str | os.PathLike, what: str = "") -> 
         q = q / part
         if q.is_symlink():
             if _leaves(q, top):
-                raise InductionLabError(f"{label}{q} is a symbolic link to {os.readlink(q)}, outside the run directory "
-                                        f"{root}; a run never writes or reads through it: replace the link by a "
-                                        "folder, or pass another --out")
+                raise InductionLabError(f"{label}{_link_says(q, root)}; a run never writes or reads through it: "
+                                        "replace the link by a folder, or pass another --out")
     return root / rel
 
 
@@ -164,6 +163,16 @@ def _leaves(q: Path, top: Path) -> bool:
         return not q.resolve().is_relative_to(top)
     except (OSError, RuntimeError):
         return True
+
+
+def _link_says(q: Path, root: Path) -> str:
+    """``q is a symbolic link to T, outside the run directory R`` (or ``... a loop``), for messages."""
+    try:
+        q.resolve()
+        where = f"outside the run directory {root}"
+    except (OSError, RuntimeError):
+        where = "a loop that cannot be resolved"
+    return f"{q} is a symbolic link to {os.readlink(q)}, {where}"
 
 
 def links_leaving(root: str | os.PathLike) -> list[Path]:
@@ -181,7 +190,7 @@ def links_leaving(root: str | os.PathLike) -> list[Path]:
     return out
 
 
-def check_no_links_out(root: str | os.PathLike, what: str = "run directory") -> None:
+def check_no_links_out(root: str | os.PathLike) -> None:
     """Raise when a symbolic link under ``root`` leads outside it (:func:`links_leaving`): a run that
     resumes, prunes or overwrites there would write, read or delete through it.
 
@@ -191,6 +200,6 @@ def check_no_links_out(root: str | os.PathLike, what: str = "run directory") -> 
     if bad:
         q = bad[0]
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise InductionLabError(f"{q} is a symbolic link to {os.readlink(q)}, outside the {what} {root}{more}; "
+        raise InductionLabError(f"{_link_says(q, root)}{more}; "
                                 "a run never writes, reads or deletes through it: replace the link by a folder, "
                                 "or pass another --out")

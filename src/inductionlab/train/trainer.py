@@ -35,9 +35,10 @@ import torch
 from transformers import LlamaForCausalLM
 
 from ..errors import InductionLabError
-from ..runtime.outputs import check_output_dir
+from ..runtime.outputs import check_no_links_out, check_output_dir
 from ..runtime.run_dir import TrainRun
-from ..runtime.runs import atomic_write_json, own_entries, remove_stale_partials, timed, versions
+from ..runtime.runs import (atomic_write_json, own_entries, remove_run_dir, remove_stale_partials, run_identity, timed,
+                            versions)
 from . import distributed as D
 from .checkpoint import Checkpointer, CheckpointManager, checkpoint_schedule, set_rng_state
 from .config import TrainConfig, model_config
@@ -254,12 +255,13 @@ def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist, overwrite: bo
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     if overwrite and dist.is_main and run_dir.exists():
-        shutil.rmtree(run_dir)
+        remove_run_dir(run_dir)           # never through a link
     D.barrier(dist)
+    check_no_links_out(run_dir)           # resume, pruning and logs never write through a link out of the run
     steps = cfg.steps
     identity = _identity(cfg, data)
     existing = _prepare_run_dir(run_dir, identity)
-    ckpts = CheckpointManager(run_dir, cfg.keep_resumable)
+    ckpts = CheckpointManager(run_dir, cfg.keep_resumable, run=run_identity("train", identity))
     if existing is not None and existing.get("status") == "complete":
         r = existing.get("results", {})
         return TrainResult(run_dir, steps, existing["budget"]["tokens"], r.get("final_loss"), r.get("tokens_per_s"),
