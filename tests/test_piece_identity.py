@@ -183,3 +183,34 @@ def test_resume_refuses_or_recomputes_what_is_not_its_own(tmp_path):
             np.testing.assert_array_equal(got[k][name], want[k][name], err_msg=f"{k}:{name}")
     _swap_words(model)
     refused(_args("analyze", model, a) + ["--seed", "0"], r"another model \(model.tokenizer_sha256\)", tmp_path)
+
+
+# -- training checkpoints ---------------------------------------------------------------------------------------
+
+
+def test_checkpoint_of_another_training_run_is_refused(tmp_path):
+    """A checkpoint's meta.json records its run's identity: one copied from another run is refused on resume
+    (one of an older layout, without the record, still resumes); a trainer state of another shape is one line."""
+    import torch
+
+    from inductionlab.train.checkpoint import CheckpointManager
+    from test_run_confinement import _ckpts
+
+    run = tmp_path / "run"
+    _ckpts(run, steps=(0,), ident="run-a")
+    assert CheckpointManager(run, run="run-a").latest_resumable()[0] == 0
+    with pytest.raises(InductionLabError, match="was written by another training run"):
+        CheckpointManager(run, run="run-b").latest_resumable()
+    m = CheckpointManager(run, run="run-b")
+    meta_p = m.path(0) / "meta.json"
+    meta = json.loads(meta_p.read_text())
+    meta_p.write_text(json.dumps({k: v for k, v in meta.items() if k != "run"}))
+    assert m.latest_resumable()[0] == 0                                   # older layout: no record, resumes
+    for bad in ({}, [1, 2], {"step": "0", "scheduler": {}, "rng": {}}):
+        torch.save(bad, m.path(0) / "trainer_state.pt")
+        with pytest.raises(InductionLabError, match="trainer_state.pt is not a trainer state"):
+            m.load_trainer_state(m.path(0))
+    for bad in ('[]', '{"sha256": [1]}', '{"sha256": {"a": 3}}', "{" * 50_000):
+        meta_p.write_text(bad)
+        with pytest.raises(InductionLabError, match="is corrupt"):
+            m.verify(m.path(0))

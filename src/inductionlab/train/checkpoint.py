@@ -232,11 +232,22 @@ class CheckpointManager:
 
     @staticmethod
     def load_trainer_state(path: Path) -> dict:
+        """The trainer state of checkpoint ``path``, checked to have the shape :meth:`Checkpointer.save` writes.
+
+        Raises:
+            InductionLabError: unreadable, not a trainer state, or of another shape (one line, never a traceback)."""
+        fix = f"delete {path} to resume from the previous checkpoint"
         try:
-            return torch.load(inside(path, STATE), map_location="cpu", weights_only=True)
+            state = torch.load(inside(path, STATE), map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unpickling failure means a damaged file
-            raise InductionLabError(f"checkpoint {path} is corrupt ({STATE}: {str(e).splitlines()[0]}); "
-                                    f"delete {path} to resume from the previous checkpoint") from None
+            raise InductionLabError(f"checkpoint {path} is corrupt ({STATE}: {str(e).splitlines()[0] if str(e) else e!r}); "
+                                    f"{fix}") from None
+        need = {"step": int, "scheduler": dict, "rng": dict}
+        if not (isinstance(state, dict) and all(isinstance(state.get(k), t) for k, t in need.items())
+                and (state.get("optimizer") is None or isinstance(state["optimizer"], dict))):
+            raise InductionLabError(f"checkpoint {path} is corrupt ({STATE} is not a trainer state: it needs "
+                                    f"{', '.join(need)} and optimizer); {fix}")
+        return state
 
 
 class Checkpointer:

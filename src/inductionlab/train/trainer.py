@@ -164,8 +164,8 @@ def _prepare_run_dir(run_dir: Path, identity: dict) -> dict | None:
     if run.has_record and not run.checkpoints(complete=False):
         return None
     if run.has_record:
-        rec = run.read_record()
-        if rec is None or "identity" not in rec:
+        rec = TrainRun.open(run_dir).record           # damaged or of another shape: one line naming it
+        if "identity" not in rec:
             raise InductionLabError(f"{run.record_path} is unreadable; pass a new --out")
         theirs = rec["identity"]
         diff = _first_difference(json.loads(json.dumps(theirs)), json.loads(json.dumps(identity)))
@@ -263,8 +263,8 @@ def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist, overwrite: bo
     existing = _prepare_run_dir(run_dir, identity)
     ckpts = CheckpointManager(run_dir, cfg.keep_resumable, run=run_identity("train", identity))
     if existing is not None and existing.get("status") == "complete":
-        r = existing.get("results", {})
-        return TrainResult(run_dir, steps, existing["budget"]["tokens"], r.get("final_loss"), r.get("tokens_per_s"),
+        r = existing.get("results") if isinstance(existing.get("results"), dict) else {}
+        return TrainResult(run_dir, steps, existing["budget"].get("tokens"), r.get("final_loss"), r.get("tokens_per_s"),
                            existing)
     if existing is not None and cfg.telemetry:
         check_telemetry(run_dir)        # a damaged checkpoint telemetry.json: refused before any work
@@ -362,11 +362,16 @@ def _resume(parts: _Parts, path: Path, cfg: TrainConfig, dist: D.Dist, fsdp: boo
     if state.get("optimizer_format") != fmt:
         raise InductionLabError(f"checkpoint {path} was written in {state.get('optimizer_format')} "
                                 f"optimizer format; resume it with the same --parallel mode")
-    if state["optimizer"] is not None:
-        D.load_optimizer_state(parts.wrapped, parts.optimizer, state["optimizer"], cfg.parallel, dist)
-    parts.scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    return int(state["step"]), float(state.get("elapsed_s", 0.0))
+    try:                                     # a state of another shape (another model, a hand edit): one line
+        if state["optimizer"] is not None:
+            D.load_optimizer_state(parts.wrapped, parts.optimizer, state["optimizer"], cfg.parallel, dist)
+        parts.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        return int(state["step"]), float(state.get("elapsed_s", 0.0))
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError, RuntimeError) as e:
+        raise InductionLabError(f"checkpoint {path} is corrupt (its trainer state does not fit this run: "
+                                f"{type(e).__name__}: {' '.join(str(e).split())[:160]}); delete {path} to resume "
+                                "from the previous checkpoint") from None
 
 
 def _update(parts: _Parts, batch, cfg: TrainConfig, dist: D.Dist) -> tuple[float, float, float]:
