@@ -214,3 +214,14 @@ def test_checkpoint_of_another_training_run_is_refused(tmp_path):
         meta_p.write_text(bad)
         with pytest.raises(InductionLabError, match="is corrupt"):
             m.verify(m.path(0))
+
+
+def test_run_of_an_older_layout_says_so(tmp_path):
+    """A run directory whose params lack a key this version records (the tokenizer hash): refused, saying the
+    key is not recorded there rather than only 'another model'."""
+    old = ResumableRun(tmp_path / "a", "toy", {"model": {"sha256": "x"}})
+    old.open()
+    old.arrays("p", lambda: {"x": np.zeros(1)})
+    with pytest.raises(InductionLabError, match=r"another model \(model.tokenizer_sha256: not recorded there, "
+                                                r"an older inductionlab wrote it\)"):
+        ResumableRun(tmp_path / "a", "toy", {"model": {"sha256": "x", "tokenizer_sha256": "y"}}).open()

@@ -272,6 +272,18 @@ def remove_run_dir(path: str | os.PathLike) -> None:
     shutil.rmtree(path)
 
 
+_ABSENT = object()
+
+
+def _lookup(d: dict, dotted: str) -> Any:
+    """``d[a][b]`` for ``"a.b"`` (the names :func:`_differences` gives), or ``_ABSENT``."""
+    for k in dotted.split("."):
+        if not isinstance(d, dict) or k not in d:
+            return _ABSENT
+        d = d[k]
+    return d
+
+
 def _differences(old: dict, new: dict) -> list[str]:
     """The keys whose values differ, one level into dicts (``model.dtype``, ``model.sha256``)."""
     out = []
@@ -375,7 +387,9 @@ class ResumableRun:
                                             "or --overwrite")
                 diff = _differences(old, self.params)
                 what = "another model" if any(k.startswith("model") for k in diff) else "different parameters"
-                raise InductionLabError(f"{self.out} holds a {self.kind} run with {what} ({', '.join(diff)}); "
+                named = [f"{k}: not recorded there, an older inductionlab wrote it" if _lookup(old, k) is _ABSENT
+                         else k for k in diff]
+                raise InductionLabError(f"{self.out} holds a {self.kind} run with {what} ({', '.join(named)}); "
                                         "use a new --out, the same model and options, or --overwrite")
         elif any(p.name != "checkpoints" for p in own_entries(self.out)):
             raise InductionLabError(f"output directory {self.out} already exists and is not a {self.kind} run; "
