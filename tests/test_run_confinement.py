@@ -111,6 +111,13 @@ def test_overwrite_never_follows_a_link_out(tmp_path, victim):
     linked.symlink_to(victim, target_is_directory=True)
     with pytest.raises(InductionLabError, match="symbolic link .*--overwrite never deletes through a link"):
         ResumableRun(linked, "toy", {"n": 1}, overwrite=True).open()
+    with pytest.raises(InductionLabError, match="--overwrite never deletes through a link"):
+        ResumableRun.check_out(linked, overwrite=True)              # refused up front, before a model loads
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "lag").symlink_to(victim / "lag")
+    with pytest.raises(InductionLabError, match="lag is a symbolic link to .*outside the run directory"):
+        ResumableRun.check_out(out)
+    ResumableRun.check_out(out, overwrite=True)                     # the link would be removed, not followed
 
 
 def test_analyze_with_checkpoints_linked_out_is_refused(tmp_path, victim):

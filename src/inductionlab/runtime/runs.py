@@ -258,10 +258,9 @@ def run_identity(kind: str, params: dict) -> str:
     return hashlib.sha256(doc.encode("utf-8")).hexdigest()
 
 
-def remove_run_dir(path: str | os.PathLike) -> None:
-    """Delete the run directory ``path`` (``--overwrite``). Links inside it are removed, never followed
-    (``shutil.rmtree``); ``path`` itself a link is refused, as deleting through it would empty a folder
-    elsewhere.
+def check_overwritable(path: str | os.PathLike) -> None:
+    """Raise when ``--overwrite`` may not delete ``path``: it is a symbolic link (deleting through it would
+    empty a folder elsewhere).
 
     Raises:
         InductionLabError: ``path`` is a symbolic link."""
@@ -269,6 +268,15 @@ def remove_run_dir(path: str | os.PathLike) -> None:
     if path.is_symlink():
         raise InductionLabError(f"--out {path} is a symbolic link (to {os.readlink(path)}); --overwrite never deletes "
                                 "through a link: pass the folder itself, or a new --out")
+
+
+def remove_run_dir(path: str | os.PathLike) -> None:
+    """Delete the run directory ``path`` (``--overwrite``). Links inside it are removed, never followed
+    (``shutil.rmtree``); ``path`` itself a link is refused (:func:`check_overwritable`).
+
+    Raises:
+        InductionLabError: ``path`` is a symbolic link."""
+    check_overwritable(path)
     shutil.rmtree(path)
 
 
@@ -346,10 +354,15 @@ class ResumableRun:
         Raises:
             InductionLabError: ``out`` is a file, lies under a file, its nearest existing folder is
                 not writable, is or contains one of ``inputs``, or it holds files of something other
-                than a resumable run (without ``overwrite``)."""
+                than a resumable run or a symbolic link leading out of it (without ``overwrite``), or it
+                is itself a link (with ``overwrite``)."""
         from .outputs import check_output_dir
 
         out = check_output_dir(out, "--out", inputs)       # a file, under a file, not writable (also as root)
+        if overwrite:
+            check_overwritable(out)                         # --overwrite never deletes through a link
+        if not overwrite:
+            check_no_links_out(out)                         # a resume would write or read through it
         if (not overwrite and out.is_dir() and not (out / manifest).exists()
                 and any(p.name != "checkpoints" for p in own_entries(out))):
             raise InductionLabError(f"output directory {out} already exists and is not a resumable run; "
