@@ -151,6 +151,20 @@ def _ckpts(run: Path, steps=(0, 1), ident: str = "run-a") -> CheckpointManager:
     return m
 
 
+def test_a_relative_run_directory(tmp_path, monkeypatch):
+    """Paths of a run given relative to the working directory (the usual ``--out runs/x``) stay the run's."""
+    monkeypatch.chdir(tmp_path)
+    m = _ckpts(Path("runs/x"))
+    assert [c.path for c in TrainRun("runs/x").checkpoints()] == [Path("runs/x/checkpoints/step_00000000"),
+                                                                  Path("runs/x/checkpoints/step_00000001")]
+    assert m.latest_resumable()[1] == Path("runs/x/checkpoints/step_00000001")
+    run = ResumableRun("runs/y", "toy", {})
+    run.open()
+    assert run.path("lag/a", "npz") == Path("runs/y/checkpoints/lag/a.npz")
+    run.arrays("lag/a", lambda: {"x": np.zeros(1)})
+    assert (tmp_path / "runs" / "y" / "checkpoints" / "lag" / "a.npz").is_file()
+
+
 def test_newest_checkpoint_linked_out_is_refused_by_resume_save_and_prune(tmp_path, victim):
     run = tmp_path / "run"
     m = _ckpts(run)

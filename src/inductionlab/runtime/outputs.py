@@ -133,6 +133,9 @@ def inside(root: str | os.PathLike, path: str | os.PathLike, what: str = "") -> 
     with ``..`` or an absolute path elsewhere, and a symbolic link (at any depth, the last name included)
     whose target lies outside ``root``, are refused. Links that stay inside are followed.
 
+    ``path`` relative is taken from ``root`` (``"checkpoints/a.npz"``), whatever ``root`` is; absolute, it must
+    lie under ``root`` (also absolute).
+
     Returns:
         ``root / path`` as given (not resolved), so messages keep the user's spelling.
 

@@ -194,7 +194,7 @@ class TrainRun:
 
         if not inside(self.path, CHECKPOINTS, "checkpoints folder").is_dir():
             return []
-        out = [Checkpoint(s, inside(self.path, p, "checkpoint")) for p in self.checkpoints_dir.iterdir()
+        out = [Checkpoint(s, inside(self.path, Path(CHECKPOINTS) / p.name, "checkpoint")) for p in self.checkpoints_dir.iterdir()
                if (s := _step_of(p)) is not None and p.is_dir()]
         return sorted((c for c in out if c.complete or not complete), key=lambda c: c.step)
 

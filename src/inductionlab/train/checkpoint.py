@@ -142,7 +142,7 @@ class CheckpointManager:
         """
         inside(self.run_dir, CHECKPOINTS, "checkpoints folder").mkdir(parents=True, exist_ok=True)
         self.list()                           # refuses a step_N linking out of the run before anything is written
-        final = inside(self.run_dir, self.path(step), "checkpoint")
+        final = inside(self.run_dir, Path(CHECKPOINTS) / self.name(step), "checkpoint")
         stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=self.dir))
         from transformers.utils import logging as hf_logging
         bars = hf_logging.is_progress_bar_enabled()
