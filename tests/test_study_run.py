@@ -40,7 +40,7 @@ def test_piece_is_timed_and_loaded_on_rerun(tmp_path):
     calls = []
     value = run.piece("icl/intact", lambda: calls.append(1) or {"x": [1, 2]}, timing="icl")
     assert value == {"x": [1, 2]} and calls == [1]
-    assert json.loads((out / "checkpoints" / "icl" / "intact.json").read_text()) == {"x": [1, 2]}
+    assert json.loads((out / "checkpoints" / "icl" / "intact.json").read_text())["value"] == {"x": [1, 2]}
     assert set(run.timings) == {"icl_s"} and run.timings["icl_s"] >= 0
     again = StudyRun(out, "study-test", {"seed": 0})
     assert again.open() is True

@@ -63,7 +63,10 @@ def returned_cache(output):
 def ran_identity(loaded: LoadedModel) -> dict:
     """``loaded.identity`` with ``dtype`` and ``device`` read from the model's parameters: what a
     run really ran, even if the model was cast or moved after loading (a result records this; a
-    ``dtype_choice`` that no longer holds then says so)."""
+    ``dtype_choice`` that no longer holds then says so), and ``tokenizer_sha256`` (:func:`tokenizer_sha256`:
+    the identity of a model folder covers its tokenizer, not only its weights)."""
+    if "tokenizer_sha256" not in loaded.identity:      # computed once per loaded model, then kept
+        loaded.identity["tokenizer_sha256"] = tokenizer_sha256(loaded.tokenizer)
     p = next(loaded.model.parameters(), None)
     if p is None:
         return dict(loaded.identity)
@@ -75,6 +78,28 @@ def ran_identity(loaded: LoadedModel) -> dict:
                                "reason": f"cast to {ran} after loading (load_model chose {choice['dtype']}: "
                                          f"{choice.get('reason')})"}
     return out
+
+
+def tokenizer_sha256(tok) -> str | None:
+    """SHA-256 of what a tokenizer does: its class, its whole pipeline (a fast tokenizer's ``tokenizer.json``
+    as the backend serialises it: vocabulary, merges, normaliser, pre- and post-processing, added tokens;
+    a slow one's vocabulary) and its special tokens. Two folders with the same weights and another word
+    list hash differently, so a run's identity (and its resume) tells them apart. None for an object that
+    is not a tokenizer (a test's fake)."""
+    import hashlib
+    import json
+
+    backend = getattr(tok, "backend_tokenizer", None)
+    try:
+        body = backend.to_str() if backend is not None else json.dumps(sorted(tok.get_vocab().items()))
+        special = json.dumps(getattr(tok, "special_tokens_map", {}), sort_keys=True, default=str)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    h = hashlib.sha256()
+    for part in (type(tok).__name__, special, body):
+        h.update(part.encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()
 
 
 def params_identity(identity: dict) -> dict:

@@ -14,6 +14,10 @@ is refused with the system's cause (:func:`~inductionlab.errors.os_error`).
 Both probe the nearest existing ancestor by creating (and removing) a temporary directory in it,
 so a read-only mount, a folder without write permission (as any user) and a full path through a
 file are all caught, with one line naming the option and the fix.
+
+Inside a run directory, :func:`inside` is the one check of every path a run writes, reads back or
+deletes (pieces, checkpoints, the names a checkpoint's meta.json lists): it must stay inside the
+directory, through no link that leads out (:func:`check_no_links_out` refuses such links up front).
 """
 
 from __future__ import annotations
@@ -119,3 +123,86 @@ def check_output_file(path: str | os.PathLike, option: str = "--out", inputs=())
         raise InductionLabError(f"{option} {p} is a directory; pass a file path")
     _probe(_nearest_existing(p.parent), p, option)
     return p
+
+
+def inside(root: str | os.PathLike, path: str | os.PathLike, what: str = "") -> Path:
+    """``path`` (relative to the run directory ``root``, or a path under it), once it is known to stay inside
+    ``root``: the one check of every path a run writes, reads back or deletes in its own directory.
+
+    ``root`` itself is taken as it resolves (``--out`` may be a link the user made); below it, a name
+    with ``..`` or an absolute path elsewhere, and a symbolic link (at any depth, the last name included)
+    whose target lies outside ``root``, are refused. Links that stay inside are followed.
+
+    ``path`` relative is taken from ``root`` (``"checkpoints/a.npz"``), whatever ``root`` is; absolute, it must
+    lie under ``root`` (also absolute).
+
+    Returns:
+        ``root / path`` as given (not resolved), so messages keep the user's spelling.
+
+    Raises:
+        InductionLabError: the path leaves ``root``; the message names the path and, for a link, its target.
+    """
+    root = Path(root)
+    p = Path(path)
+    rel = p.relative_to(root) if p.is_absolute() and p.is_relative_to(root) else p
+    label = f"{what} " if what else ""
+    if rel.is_absolute() or ".." in rel.parts:
+        raise InductionLabError(f"{label}{root / rel} leaves the run directory {root} (the name {str(rel)!r}); "
+                                "a run only writes and reads inside its own directory: remove or correct that name")
+    top = root.resolve()
+    q = root
+    for part in rel.parts:
+        q = q / part
+        if q.is_symlink():
+            if _leaves(q, top):
+                raise InductionLabError(f"{label}{_link_says(q, root)}; a run never writes or reads through it: "
+                                        "replace the link by a folder, or pass another --out")
+    return root / rel
+
+
+def _leaves(q: Path, top: Path) -> bool:
+    """Whether the link ``q`` resolves outside ``top`` (a loop counts as leaving: it cannot be checked)."""
+    try:
+        return not q.resolve().is_relative_to(top)
+    except (OSError, RuntimeError):
+        return True
+
+
+def _link_says(q: Path, root: Path) -> str:
+    """``q is a symbolic link to T, outside the run directory R`` (or ``... a loop``), for messages."""
+    try:
+        q.resolve()
+        where = f"outside the run directory {root}"
+    except (OSError, RuntimeError):
+        where = "a loop that cannot be resolved"
+    return f"{q} is a symbolic link to {os.readlink(q)}, {where}"
+
+
+def links_leaving(root: str | os.PathLike) -> list[Path]:
+    """The symbolic links under ``root`` (not followed, so each is met once) whose target lies outside
+    it (dangling ones included: their target may appear later)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    top, out = root.resolve(), []
+    for dirpath, dirnames, filenames in os.walk(root):       # os.walk never descends through a link
+        for name in dirnames + filenames:
+            q = Path(dirpath) / name
+            if q.is_symlink() and _leaves(q, top):
+                out.append(q)
+    return out
+
+
+def check_no_links_out(root: str | os.PathLike) -> None:
+    """Raise when a symbolic link under ``root`` leads outside it (:func:`links_leaving`): a run that
+    resumes, prunes or overwrites there would write, read or delete through it.
+
+    Raises:
+        InductionLabError: naming the first such link and its target."""
+    bad = links_leaving(root)
+    if bad:
+        q = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InductionLabError(f"{_link_says(q, root)}{more}; "
+                                "a run never writes, reads or deletes through it: replace the link by a folder, "
+                                "or pass another --out")

@@ -184,11 +184,18 @@ class TrainRun:
 
     def checkpoints(self, complete: bool = True) -> list[Checkpoint]:
         """The run's ``checkpoints/step_N`` directories, by step; only complete ones (holding
-        config.json) unless ``complete=False``. Hidden staging directories are never listed."""
-        if not self.checkpoints_dir.is_dir():
+        config.json) unless ``complete=False``. Hidden staging directories are never listed.
+
+        Raises:
+            InductionLabError: ``checkpoints`` or a ``step_N`` is a symbolic link that leads outside the run
+                (:func:`~inductionlab.runtime.outputs.inside`): a resume, a pruning or a reader would work
+                on a folder that is not this run's."""
+        from .outputs import inside
+
+        if not inside(self.path, CHECKPOINTS, "checkpoints folder").is_dir():
             return []
-        out = [Checkpoint(s, p) for p in self.checkpoints_dir.iterdir()
-               if p.is_dir() and (s := _step_of(p)) is not None]
+        out = [Checkpoint(s, inside(self.path, Path(CHECKPOINTS) / p.name, "checkpoint")) for p in self.checkpoints_dir.iterdir()
+               if (s := _step_of(p)) is not None and p.is_dir()]
         return sorted((c for c in out if c.complete or not complete), key=lambda c: c.step)
 
     def final_checkpoint(self) -> Path:

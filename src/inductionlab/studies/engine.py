@@ -103,9 +103,16 @@ class Context:
                                          batch_size=cfg.batch_size, n_batches=cfg.n_batches, seed=seed,
                                          progress=bar.update, dist=run.dist, pool=pool)
             return {"scores": hs.scores, "induction_loss": hs.induction_loss, "params": hs.params}
+        def scores(raw) -> HeadScores:               # a piece of another shape raises here: recomputed
+            table = {k: np.asarray(v, dtype=float) for k, v in raw["scores"].items()}
+            shape = {v.shape for v in table.values()}
+            if len(shape) != 1 or len(next(iter(shape))) != 2:
+                raise ValueError(f"head score tables of shapes {sorted(shape)}, not one [layers, heads] shape")
+            return HeadScores(table, raw["induction_loss"], dict(raw["params"]))
+
         with run.timed("head_scores"):
-            raw = run.json("scores", compute)
-        return HeadScores({k: np.asarray(v) for k, v in raw["scores"].items()}, raw["induction_loss"], raw["params"])
+            raw = run.json("scores", compute, check=scores)
+        return scores(raw)
 
     def measure(self, *phases: "Phase") -> dict[str, "PhaseRun"]:
         """Every phase's pieces ``<key>/<condition>`` (:func:`run_phases`). Returns phase key -> :class:`PhaseRun`."""
@@ -190,10 +197,16 @@ def run_phases(ctx: Context, phases: Sequence[Phase]) -> dict[str, PhaseRun]:
                                        reuse=ctx.caches.get(id(ph.probe)) or False)[c.name]
                 return {**out, "words": np.asarray(tr.words)}
 
-            got = dict(run.arrays(key, compute))
+            got = dict(run.arrays(key, compute, check=_phase_piece))
             words[ph.key] = [str(w) for w in got.pop("words")]
             arrays[ph.key][c.name] = got
     return {ph.key: PhaseRun(arrays[ph.key], words.get(ph.key, [])) for ph in phases}
+
+
+def _phase_piece(arrays: dict) -> None:
+    """Raise unless ``arrays`` has the shape of a phase piece: a ``words`` column and one array per measure."""
+    if "words" not in arrays or arrays["words"].ndim != 1 or len(arrays) < 2:
+        raise ValueError("not a phase piece (it needs a 1-d 'words' array and the measures)")
 
 
 # ---- the engine ---------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from ..runtime.outputs import inside
 from ..runtime.runs import ResumableRun, atomic_write_json, timed
 
 
@@ -68,8 +69,8 @@ class StudyRun(ResumableRun):
                 write()
         del self.timings["total_s"]                # set again: the final value, listed last
         self.timings["total_s"] = self.elapsed()
-        atomic_write_json(self.out / "results.json", record)
-        atomic_write_json(self.out / "timing.json", {"resumed": self.resumed, "this_session_s": self.timings})
+        atomic_write_json(inside(self.out, "results.json"), record)
+        atomic_write_json(inside(self.out, "timing.json"), {"resumed": self.resumed, "this_session_s": self.timings})
         return True
 
 

@@ -14,6 +14,12 @@ A checkpoint is assembled in a hidden ``.step_N.partial-*`` directory and publis
 ``os.replace``; a kill at any moment leaves either the previous set of checkpoints or the new one,
 never a half-written ``step_N``. On resume the newest resumable checkpoint is verified against the
 checksums in its ``meta.json``; a mismatch is an error (the user decides whether to delete it).
+
+Every path written, read or deleted stays inside the run directory
+(:func:`~inductionlab.runtime.outputs.inside`): a ``checkpoints`` folder or ``step_N`` that links
+elsewhere, and a name in ``meta.json`` that leaves its checkpoint (``../``), are refused. ``meta.json``
+records the run's identity (``run``: :func:`~inductionlab.runtime.runs.run_identity` of run.json's
+``identity``); a checkpoint of another run is refused on resume.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import torch
 
 from ..errors import InductionLabError
 from ..runtime.run_dir import CHECKPOINTS, TrainRun
+from ..runtime.outputs import inside
 from ..runtime.runs import atomic_write_json, sha256_file, swap_in
 
 META = "meta.json"
@@ -90,9 +97,11 @@ def _as_os_error(e: BaseException, path: Path) -> BaseException:
 class CheckpointManager:
     """Writes, lists, prunes and verifies the checkpoints of one run directory."""
 
-    def __init__(self, run_dir: str | Path, keep_resumable: int = 2):
-        self.dir = Path(run_dir) / CHECKPOINTS
+    def __init__(self, run_dir: str | Path, keep_resumable: int = 2, run: str | None = None):
+        self.run_dir = Path(run_dir)
+        self.dir = self.run_dir / CHECKPOINTS
         self.keep_resumable = keep_resumable
+        self.run = run          # the run's identity, recorded in every meta.json and checked on resume
 
     @staticmethod
     def name(step: int) -> str:
@@ -105,17 +114,17 @@ class CheckpointManager:
         """Published checkpoints, oldest first, as (step, path, meta) (the ``step_N`` directories
         :meth:`~inductionlab.runtime.run_dir.TrainRun.checkpoints` lists, complete or not)."""
         out = []
-        for c in TrainRun(self.dir.parent).checkpoints(complete=False):
+        for c in TrainRun(self.run_dir).checkpoints(complete=False):   # refuses links out of the run
             try:
                 meta = json.loads((c.path / META).read_text())
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):
                 meta = {}
-            out.append((c.step, c.path, meta))
+            out.append((c.step, c.path, meta if isinstance(meta, dict) else {}))
         return out
 
     def clean_partials(self) -> None:
         """Remove staging directories left by a process killed mid-write."""
-        if self.dir.is_dir():
+        if inside(self.run_dir, CHECKPOINTS, "checkpoints folder").is_dir():
             for p in self.dir.glob(".step_*"):
                 shutil.rmtree(p, ignore_errors=True)
 
@@ -131,8 +140,9 @@ class CheckpointManager:
             meta: JSON-able facts about the step (tokens, kind, ...); checksums are added here.
             extra_json: more JSON files to place in the checkpoint, name -> object.
         """
-        self.dir.mkdir(parents=True, exist_ok=True)
-        final = self.path(step)
+        inside(self.run_dir, CHECKPOINTS, "checkpoints folder").mkdir(parents=True, exist_ok=True)
+        self.list()                           # refuses a step_N linking out of the run before anything is written
+        final = inside(self.run_dir, Path(CHECKPOINTS) / self.name(step), "checkpoint")
         stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=self.dir))
         from transformers.utils import logging as hf_logging
         bars = hf_logging.is_progress_bar_enabled()
@@ -157,7 +167,7 @@ class CheckpointManager:
                     os.fsync(f.fileno())
                 sums[str(p.relative_to(stage))] = sha256_file(p)
             atomic_write_json(stage / META, {**meta, "step": step, "resumable": trainer_state is not None,
-                                             "sha256": sums})
+                                             **({"run": self.run} if self.run is not None else {}), "sha256": sums})
             swap_in(stage, final)                         # a re-run of a step after resume replaces it
         except BaseException as e:
             shutil.rmtree(stage, ignore_errors=True)
@@ -177,7 +187,8 @@ class CheckpointManager:
         resumable = [(s, p, m) for s, p, m in self.list() if m.get("resumable")]
         for step, p, meta in resumable[:-self.keep_resumable]:
             meta = {**meta, "resumable": False}
-            meta["sha256"] = {k: v for k, v in meta["sha256"].items() if k != STATE}
+            sums = meta.get("sha256")
+            meta["sha256"] = {k: v for k, v in sums.items() if k != STATE} if isinstance(sums, dict) else {}
             atomic_write_json(p / META, meta)       # first say it is not resumable, then delete
             (p / STATE).unlink(missing_ok=True)
 
@@ -191,10 +202,19 @@ class CheckpointManager:
         try:
             meta = json.loads((path / META).read_text())
             sums = meta["sha256"]
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             raise InductionLabError(f"checkpoint {path} is corrupt (unreadable {META}); {fix}") from None
+        if not (isinstance(sums, dict) and all(isinstance(k, str) and k and isinstance(v, str) for k, v in sums.items())):
+            raise InductionLabError(f"checkpoint {path} is corrupt ({META} has no sha256 table of file -> digest); {fix}")
+        if self.run is not None and meta.get("run", self.run) != self.run:
+            raise InductionLabError(f"checkpoint {path} was written by another training run (its {META} names another "
+                                    f"run identity); {fix}")
         for rel, digest in sums.items():
-            f = path / rel
+            try:
+                f = inside(path, rel)                 # a name with ../ or through a link out is never followed
+            except InductionLabError:
+                raise InductionLabError(f"checkpoint {path} is corrupt ({META} names {rel!r}, outside the checkpoint); "
+                                        f"{fix}") from None
             if not f.is_file():
                 raise InductionLabError(f"checkpoint {path} is corrupt ({rel} is missing); {fix}")
             if sha256_file(f) != digest:
@@ -212,11 +232,22 @@ class CheckpointManager:
 
     @staticmethod
     def load_trainer_state(path: Path) -> dict:
+        """The trainer state of checkpoint ``path``, checked to have the shape :meth:`Checkpointer.save` writes.
+
+        Raises:
+            InductionLabError: unreadable, not a trainer state, or of another shape (one line, never a traceback)."""
+        fix = f"delete {path} to resume from the previous checkpoint"
         try:
-            return torch.load(path / STATE, map_location="cpu", weights_only=True)
+            state = torch.load(inside(path, STATE), map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unpickling failure means a damaged file
-            raise InductionLabError(f"checkpoint {path} is corrupt ({STATE}: {str(e).splitlines()[0]}); "
-                                    f"delete {path} to resume from the previous checkpoint") from None
+            raise InductionLabError(f"checkpoint {path} is corrupt ({STATE}: {str(e).splitlines()[0] if str(e) else e!r}); "
+                                    f"{fix}") from None
+        need = {"step": int, "scheduler": dict, "rng": dict}
+        if not (isinstance(state, dict) and all(isinstance(state.get(k), t) for k, t in need.items())
+                and (state.get("optimizer") is None or isinstance(state["optimizer"], dict))):
+            raise InductionLabError(f"checkpoint {path} is corrupt ({STATE} is not a trainer state: it needs "
+                                    f"{', '.join(need)} and optimizer); {fix}")
+        return state
 
 
 class Checkpointer:

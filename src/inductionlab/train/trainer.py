@@ -35,9 +35,10 @@ import torch
 from transformers import LlamaForCausalLM
 
 from ..errors import InductionLabError
-from ..runtime.outputs import check_output_dir
+from ..runtime.outputs import check_no_links_out, check_output_dir
 from ..runtime.run_dir import TrainRun
-from ..runtime.runs import atomic_write_json, own_entries, remove_stale_partials, timed, versions
+from ..runtime.runs import (atomic_write_json, own_entries, remove_run_dir, remove_stale_partials, run_identity, timed,
+                            versions)
 from . import distributed as D
 from .checkpoint import Checkpointer, CheckpointManager, checkpoint_schedule, set_rng_state
 from .config import TrainConfig, model_config
@@ -163,8 +164,8 @@ def _prepare_run_dir(run_dir: Path, identity: dict) -> dict | None:
     if run.has_record and not run.checkpoints(complete=False):
         return None
     if run.has_record:
-        rec = run.read_record()
-        if rec is None or "identity" not in rec:
+        rec = TrainRun.open(run_dir).record           # damaged or of another shape: one line naming it
+        if "identity" not in rec:
             raise InductionLabError(f"{run.record_path} is unreadable; pass a new --out")
         theirs = rec["identity"]
         diff = _first_difference(json.loads(json.dumps(theirs)), json.loads(json.dumps(identity)))
@@ -254,15 +255,16 @@ def _train(cfg: TrainConfig, data: TrainData | None, dist: D.Dist, overwrite: bo
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     if overwrite and dist.is_main and run_dir.exists():
-        shutil.rmtree(run_dir)
+        remove_run_dir(run_dir)           # never through a link
     D.barrier(dist)
+    check_no_links_out(run_dir)           # resume, pruning and logs never write through a link out of the run
     steps = cfg.steps
     identity = _identity(cfg, data)
     existing = _prepare_run_dir(run_dir, identity)
-    ckpts = CheckpointManager(run_dir, cfg.keep_resumable)
+    ckpts = CheckpointManager(run_dir, cfg.keep_resumable, run=run_identity("train", identity))
     if existing is not None and existing.get("status") == "complete":
-        r = existing.get("results", {})
-        return TrainResult(run_dir, steps, existing["budget"]["tokens"], r.get("final_loss"), r.get("tokens_per_s"),
+        r = existing.get("results") if isinstance(existing.get("results"), dict) else {}
+        return TrainResult(run_dir, steps, existing["budget"].get("tokens"), r.get("final_loss"), r.get("tokens_per_s"),
                            existing)
     if existing is not None and cfg.telemetry:
         check_telemetry(run_dir)        # a damaged checkpoint telemetry.json: refused before any work
@@ -360,11 +362,16 @@ def _resume(parts: _Parts, path: Path, cfg: TrainConfig, dist: D.Dist, fsdp: boo
     if state.get("optimizer_format") != fmt:
         raise InductionLabError(f"checkpoint {path} was written in {state.get('optimizer_format')} "
                                 f"optimizer format; resume it with the same --parallel mode")
-    if state["optimizer"] is not None:
-        D.load_optimizer_state(parts.wrapped, parts.optimizer, state["optimizer"], cfg.parallel, dist)
-    parts.scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    return int(state["step"]), float(state.get("elapsed_s", 0.0))
+    try:                                     # a state of another shape (another model, a hand edit): one line
+        if state["optimizer"] is not None:
+            D.load_optimizer_state(parts.wrapped, parts.optimizer, state["optimizer"], cfg.parallel, dist)
+        parts.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        return int(state["step"]), float(state.get("elapsed_s", 0.0))
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError, RuntimeError) as e:
+        raise InductionLabError(f"checkpoint {path} is corrupt (its trainer state does not fit this run: "
+                                f"{type(e).__name__}: {' '.join(str(e).split())[:160]}); delete {path} to resume "
+                                "from the previous checkpoint") from None
 
 
 def _update(parts: _Parts, batch, cfg: TrainConfig, dist: D.Dist) -> tuple[float, float, float]:
