@@ -26,6 +26,7 @@ from typing import Iterator
 import numpy as np
 
 from ..config import opt
+from ..documents import read_json
 from ..errors import InductionLabError
 from ..runtime.outputs import check_output_dir
 from ..runtime.runs import atomic_write_json, own_entries, sha256_file, staged_run_dir, versions
@@ -80,7 +81,7 @@ class TokenShards:
             raise InductionLabError(f"{path} is not a prepared corpus (no manifest.json); "
                                     "run: inductionlab corpus prepare SOURCE --out DIR")
         try:
-            manifest = json.loads(mf.read_text())
+            manifest = read_json(mf, "corpus manifest")
             fmt = manifest["format"]
             tok = manifest["tokenizer"]
             counts = manifest["splits"]

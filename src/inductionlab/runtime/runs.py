@@ -329,7 +329,8 @@ class ResumableRun:
         created = not self.out.exists()
         if self.manifest.exists():
             try:
-                old = json.loads(self.manifest.read_text())["params"]
+                from ..documents import read_json
+                old = read_json(self.manifest, "study record")["params"]
             except (OSError, ValueError, KeyError) as e:
                 raise InductionLabError(f"{self.manifest} is corrupt ({e}); use a new --out or --overwrite") from e
             if old == self.params:
@@ -437,10 +438,11 @@ class ResumableRun:
         """The piece ``key`` as JSON (``.json``): loaded if finished, else ``compute()`` written
         atomically. Returns what a reload returns (JSON types), so a resumed run sees the same values.
         A damaged piece file is recomputed (:meth:`_read` says so on stderr)."""
+        from ..documents import read_json
         from .distributed import on_main
 
         p = self.path(key, "json")
-        read = lambda f: json.loads(f.read_text())       # noqa: E731
+        read = lambda f: read_json(f, "checkpoint piece")       # noqa: E731
         found, value = on_main(lambda: self._read(p, read), self.dist)
         if found:
             return value

@@ -107,7 +107,8 @@ class CheckpointManager:
         out = []
         for c in TrainRun(self.dir.parent).checkpoints(complete=False):
             try:
-                meta = json.loads((c.path / META).read_text())
+                from ..documents import read_json
+                meta = read_json(c.path / META, "checkpoint meta")
             except (OSError, ValueError):
                 meta = {}
             out.append((c.step, c.path, meta))
@@ -189,7 +190,8 @@ class CheckpointManager:
         """
         fix = f"delete {path} to resume from the previous checkpoint, or pass a new --out"
         try:
-            meta = json.loads((path / META).read_text())
+            from ..documents import read_json
+            meta = read_json(path / META, "checkpoint meta")
             sums = meta["sha256"]
         except (OSError, ValueError, KeyError):
             raise InductionLabError(f"checkpoint {path} is corrupt (unreadable {META}); {fix}") from None
