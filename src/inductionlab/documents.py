@@ -8,8 +8,8 @@ line instead of a ``RecursionError`` traceback, a ``MemoryError`` or a hang:
 1. open it: a regular file only (a named pipe or a device, also through a link, would block or
    never end), read at most ``max_bytes`` (:data:`MAX_BYTES`) plus one byte;
 2. decode it as UTF-8 (a BOM allowed), naming the first bad byte's offset otherwise;
-3. measure its nesting depth *without recursion* (JSON and TOML: the brackets outside strings, one
-   pass in numpy; YAML: the parser's event stream, which PyYAML produces with an explicit stack)
+3. measure its nesting depth *without recursion* (the brackets outside strings, one pass in numpy;
+   YAML also its block nesting, from the parser's event stream, which has no recursion)
    and refuse one deeper than ``max_depth`` (:data:`MAX_DEPTH`) before any recursive parser runs;
 4. parse it (a parser's ``RecursionError`` is still turned into the same line, as a backstop).
 
@@ -85,6 +85,7 @@ def decode(data: bytes, path: str | os.PathLike, what: str = "file") -> str:
 
 
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_YAML_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|\'[^\']*\'|#[^\n]*', re.S)
 _TOML_STRING = re.compile(rb'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"[^"\\\n]*(?:\\.[^"\\\n]*)*"|\'[^\'\n]*\'|#[^\n]*',
                           re.S)
 
@@ -157,7 +158,10 @@ def read_yaml(path: str | os.PathLike, what: str = "YAML file", *, max_bytes: in
     """A YAML document (``yaml.safe_load``), bounded (module docstring)."""
     import yaml
 
-    text = decode(read_bytes(path, what, max_bytes), path, what)
+    data = read_bytes(path, what, max_bytes)
+    text = decode(data, path, what)
+    # flow brackets first (a scan of [[[[... nests in the parsers' own limits, or takes minutes), then blocks
+    _checked_depth(bracket_depth(data, _YAML_STRING), what, path, max_depth)
     _checked_depth(_yaml_depth(text), what, path, max_depth)
     try:
         obj = yaml.safe_load(text)
