@@ -221,3 +221,13 @@ def test_manifest_records_the_file_cap(tmp_path):
     from inductionlab.data.corpus import MAX_FILE_BYTES, resolve_source
 
     assert resolve_source(_source_dir(tmp_path)).describe()["max_file_bytes"] == MAX_FILE_BYTES
+
+
+def test_corpus_tokenizer_nested_too_deep(tmp_path):
+    from test_train_helpers import make_corpus
+    from inductionlab.data.shards import TokenShards
+
+    c = make_corpus(tmp_path, n_lines=200)
+    (c / "tokenizer.json").write_text('{"x": ' + DEEP_JSON + "}")
+    with pytest.raises(DocumentError, match=r"corpus tokenizer .*tokenizer\.json nests"):
+        TokenShards.open(c).tokenizer()
