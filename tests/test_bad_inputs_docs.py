@@ -227,7 +227,7 @@ def test_corpus_tokenizer_nested_too_deep(tmp_path):
     from test_train_helpers import make_corpus
     from inductionlab.data.shards import TokenShards
 
-    c = make_corpus(tmp_path, n_lines=200)
+    c = make_corpus(tmp_path, n_lines=600)
     (c / "tokenizer.json").write_text('{"x": ' + DEEP_JSON + "}")
     with pytest.raises(DocumentError, match=r"corpus tokenizer .*tokenizer\.json nests"):
         TokenShards.open(c).tokenizer()
