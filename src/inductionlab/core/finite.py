@@ -4,7 +4,7 @@ A NaN in one weight spreads through every later layer: each measure then average
 first symptom used to be a pandas error about "all NA values" while the report was written. Two
 checks, both raising one :class:`~inductionlab.errors.InductionLabError` line:
 
-1. :func:`check_finite_weights`, before a study writes anything: the first parameter or buffer (in
+1. :func:`check_finite_weights`, before a study writes anything: the first parameter (in
    the model's own order) holding a NaN or an inf is named, with the counts (``lm_head.weight: 3 NaN
    of 22,528 values``).
 2. :func:`finite_outputs`, while a study runs: a hook on the model's forward checks its logits; on the
@@ -31,10 +31,10 @@ def _counts(t: torch.Tensor) -> str:
 
 
 def first_nonfinite_weight(model: torch.nn.Module) -> tuple[str, torch.Tensor] | None:
-    """The first (name, tensor) of the model's parameters and buffers holding a NaN or an inf; None
-    if all are finite. Weights on the meta device (not loaded) are skipped."""
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if t.is_floating_point() and t.device.type != "meta" and not bool(torch.isfinite(t.detach()).all()):
+    """The first (name, tensor) of the model's parameters holding a NaN or an inf; None if all are finite.
+    Weights on the meta device (not loaded) are skipped; buffers too (a causal mask may hold -inf)."""
+    for name, t in model.named_parameters():
+        if not _finite(t):
             return name, t
     return None
 
@@ -63,7 +63,12 @@ def _tensor(out: Any) -> torch.Tensor | None:
 
 
 def _finite(t: torch.Tensor | None) -> bool:
-    return t is None or not t.is_floating_point() or bool(torch.isfinite(t).all())
+    """No NaN and no inf; the common case from ``aminmax`` (NaN propagates; no tensor of the logits' size
+    is allocated, where ``isfinite`` would take one byte per logit)."""
+    if t is None or not t.is_floating_point() or t.numel() == 0 or t.device.type == "meta":
+        return True
+    lo, hi = torch.aminmax(t.detach())
+    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
 
 
 def _logits_ok(t: torch.Tensor | None) -> bool:
@@ -102,9 +107,12 @@ def _message(model: torch.nn.Module, logits: torch.Tensor, args, kwargs) -> str:
         return (f"the model's logits hold {_counts(logits)}: weight {bad[0]} holds {_counts(bad[1].detach())}; "
                 "repair or re-download the checkpoint")
     dtype = str(logits.dtype).removeprefix("torch.")
-    first = _first_module(model, args, kwargs)
+    try:
+        first = _first_module(model, args, kwargs)
+    except Exception:  # noqa: BLE001 - a forward that cannot run twice (a cache it extends): name no module
+        first = None
     where = (f"they first appear in the output of {first[0]} ({type(first[1]).__name__}: {_counts(first[2])})"
-             if first else "no sub-module's output holds them (they appear in the final step)")
+             if first else "no sub-module could be named as their source")
     fix = ("the activations overflow float16 (largest value 65,504): run with --dtype float32 or bfloat16"
            if logits.dtype == torch.float16 or (first and first[2].dtype == torch.float16) else
            f"every weight is finite, so an activation overflows {dtype}: check the scale of the weights of "
