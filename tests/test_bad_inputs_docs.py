@@ -231,3 +231,13 @@ def test_corpus_tokenizer_nested_too_deep(tmp_path):
     (c / "tokenizer.json").write_text('{"x": ' + DEEP_JSON + "}")
     with pytest.raises(DocumentError, match=r"corpus tokenizer .*tokenizer\.json nests"):
         TokenShards.open(c).tokenizer()
+
+
+def test_yaml_alias_bomb_refused(tmp_path):
+    """Nine levels of nine aliases: 387 million values once expanded, from a few hundred bytes."""
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    f = tmp_path / "bomb.yaml"
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DocumentError, match=r"expands to more than 1,000,000 values"):
+        read_document(f, "config file")

@@ -36,6 +36,7 @@ from .errors import InductionLabError
 MAX_BYTES = 64 * 2 ** 20
 MODEL_FILE_MAX_BYTES = 1024 * 2 ** 20
 MAX_DEPTH = 100
+MAX_VALUES = 1_000_000      # values of a YAML / TOML document once its aliases are expanded
 
 
 class DocumentError(InductionLabError):
@@ -113,15 +114,20 @@ def _yaml_depth(text: str) -> int:
     return deepest
 
 
-def object_depth(obj: Any) -> int:
-    """The nesting depth of parsed lists / dicts (iterative)."""
-    deepest, stack = 0, [(obj, 1)]
+def object_depth(obj: Any, max_values: int = MAX_VALUES, what: str = "document", path: Any = "") -> int:
+    """The nesting depth of parsed lists / dicts (iterative), refusing more than ``max_values`` values
+    in all (YAML aliases repeat one list many times over: "a billion laughs")."""
+    deepest, stack, seen = 0, [(obj, 1)], 0
     while stack:
         o, d = stack.pop()
         if isinstance(o, dict):
             o = list(o.values())
         elif not isinstance(o, list):
             continue
+        seen += len(o)
+        if seen > max_values:
+            raise DocumentError(f"{what} {path} expands to more than {max_values:,} values (through aliases or "
+                                "repeats); check the file (it is not one this tool wrote)")
         deepest = max(deepest, d)
         stack.extend((v, d + 1) for v in o if isinstance(v, (dict, list)))
     return deepest
@@ -167,7 +173,7 @@ def read_yaml(path: str | os.PathLike, what: str = "YAML file", *, max_bytes: in
         obj = yaml.safe_load(text)
     except RecursionError:
         raise _too_deep(what, path, None, max_depth) from None
-    _checked_depth(object_depth(obj), what, path, max_depth)     # aliases can nest what the text does not
+    _checked_depth(object_depth(obj, what=what, path=path), what, path, max_depth)     # aliases can nest what the text does not
     return obj
 
 
@@ -183,7 +189,7 @@ def read_toml(path: str | os.PathLike, what: str = "TOML file", *, max_bytes: in
         obj = tomllib.loads(text)
     except RecursionError:
         raise _too_deep(what, path, None, max_depth) from None
-    _checked_depth(object_depth(obj), what, path, max_depth)     # dotted keys nest without brackets
+    _checked_depth(object_depth(obj, what=what, path=path), what, path, max_depth)     # dotted keys nest without brackets
     return obj
 
 
