@@ -14,6 +14,7 @@
 * ``scores`` — head scores (induction, anti-induction, previous-token, duplicate-token, sink).
 * ``reuse`` — the residual-stream cache shared across ablation conditions.
 * ``stimuli`` — word pools, seeds and random token sequences.
+* ``finite`` — NaN / inf in a model's weights or logits, named where they first appear.
 
 Imports ``runtime``, ``data`` and the face. A new head score is a function and a ``SCORES`` entry in
 ``scores``; a new ablation method a function and an ``ABLATION_METHODS`` entry in ``methods``
