@@ -95,10 +95,10 @@ def bracket_depth(data: bytes, strings: re.Pattern = _JSON_STRING) -> int:
     """The deepest nesting of ``[`` / ``{`` outside strings (no recursion: one numpy pass)."""
     import numpy as np
 
-    rest = np.frombuffer(strings.sub(b"", data), dtype=np.uint8)
-    step = (np.isin(rest, (ord("["), ord("{"))).astype(np.int64)
-            - np.isin(rest, (ord("]"), ord("}"))).astype(np.int64))
-    return int(np.cumsum(step).max()) if step.size else 0
+    table = np.zeros(256, dtype=np.int8)
+    table[[ord("["), ord("{")]], table[[ord("]"), ord("}")]] = 1, -1
+    step = table[np.frombuffer(strings.sub(b"", data), dtype=np.uint8)]
+    return int(np.cumsum(step, dtype=np.int64).max()) if step.size else 0
 
 
 def _yaml_depth(text: str) -> int:
