@@ -241,3 +241,19 @@ def test_yaml_alias_bomb_refused(tmp_path):
     f.write_text("\n".join(lines) + "\n")
     with pytest.raises(DocumentError, match=r"expands to more than 1,000,000 values"):
         read_document(f, "config file")
+
+
+def test_hub_cache_snapshot_nested_too_deep(tmp_path, model_dir):
+    """A hub id found in the local cache: its snapshot's config.json is checked like a folder's."""
+    from test_train_helpers import run_cli
+
+    repo = tmp_path / "hub" / "models--someone--tiny"
+    snap = repo / "snapshots" / ("0" * 40)
+    shutil.copytree(model_dir, snap)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    (snap / "config.json").write_text('{"model_type": "llama", "x": ' + DEEP_JSON + "}")
+    r = run_cli(["analyze", "--model", "someone/tiny", "--out", tmp_path / "out", *ANALYZE],
+                env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert re.search(r"^error: model file .*snapshots/0+/config\.json nests \d+ levels deep", r.stderr), r.stderr

@@ -213,8 +213,16 @@ def check_json(path: str | os.PathLike, what: str = "JSON file", *, max_bytes: i
 def check_model_folder(path: str | os.PathLike, files=None) -> None:
     """Check every JSON file of a model or tokenizer folder (``config.json``, ``tokenizer.json``,
     ``tokenizer_config.json``, ...; or just ``files``) before transformers or tokenizers parse it.
-    Not a folder (a hub id, a GGUF file): nothing to check."""
+    A hub id: its snapshot folder in the local cache, if there is one; a GGUF file: nothing to check."""
     p = Path(path)
+    if not p.is_dir() and not p.exists() and files is None:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(str(path), "config.json")
+        except Exception:  # noqa: BLE001 - not a hub id, or no cache: transformers says what is missing
+            cached = None
+        p = Path(cached).parent if isinstance(cached, str) else p
     if not p.is_dir():
         return
     for f in sorted(p.glob("*.json")) if files is None else files:
