@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import json
 import types
 import typing
 from dataclasses import MISSING, Field
@@ -329,22 +328,13 @@ def read_mapping(path: str | Path) -> dict:
         raise InductionLabError(f"config file {p} does not exist; check the path")
     if p.suffix not in (".yaml", ".yml", ".json", ".toml"):
         raise InductionLabError(f"config file {p} must end in .yaml, .yml, .json or .toml")
+    from .documents import read_document
+
     try:
-        text = p.read_text(encoding="utf-8")
-        if p.suffix == ".toml":
-            import tomllib
-
-            d = tomllib.loads(text)
-        elif p.suffix == ".json":
-            d = json.loads(text)
-        else:
-            import yaml
-
-            d = yaml.safe_load(text) or {}
-    except UnicodeDecodeError:
-        raise InductionLabError(f"config file {p} is not UTF-8 text; save it as UTF-8") from None
-    except RecursionError:
-        raise InductionLabError(f"config file {p} is nested too deeply to read; flatten it") from None
+        d = read_document(p, "config file")
+        d = {} if d is None else d
+    except InductionLabError:
+        raise
     except Exception as e:                       # yaml.YAMLError, json / toml decode errors
         if isinstance(e, OSError):
             raise

@@ -1,6 +1,8 @@
 """The ``inductionlab`` command line: a thin layer that parses options, calls the Python API
 and writes run directories. User mistakes print one line and exit with status 2; so does an error
-of the system (full disk, link loop, name too long: the path and the cause, :func:`~inductionlab.errors.os_error`)."""
+of the system (full disk, link loop, name too long: the path and the cause, :func:`~inductionlab.errors.os_error`).
+Run as a program it works in Python's UTF-8 mode whatever the locale, and a standard stream that cannot be
+written (a full disk, a closed pipe) never changes its exit status."""
 
 from __future__ import annotations
 
@@ -38,7 +40,74 @@ def _sigterm_raises():
         signal.signal(signal.SIGTERM, previous)
 
 
+class _SafeStream:
+    """A standard stream whose writes never fail the command: on the first error (a full disk, a closed
+    pipe, a closed terminal) its descriptor is pointed at ``/dev/null`` and later writes are dropped, so
+    the exit status stays the command's own (not 1 from a traceback, nor 120 from the flush at exit)."""
+
+    def __init__(self, stream):
+        self._stream, self.broken = stream, False
+
+    def _broke(self) -> None:
+        self.broken = True
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+
+    def write(self, text):
+        if not self.broken:
+            try:
+                n = self._stream.write(text)
+                self._stream.flush()
+                return n
+            except (OSError, ValueError):          # ValueError: the stream was closed
+                self._broke()
+        return len(text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        if not self.broken:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError):
+                self._broke()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _utf8_process() -> None:
+    """Run as a program under a locale that is not UTF-8 (``LANG=C``, ``PYTHONUTF8=0``): start again in
+    Python's UTF-8 mode (``-X utf8``), so that non-ASCII paths, YAML and instructions reach every library
+    (tokenizers, json, open) as text, not as undecodable bytes. Once only (an environment marker); if the
+    interpreter cannot be started again, go on, with undecodable output escaped instead of raising."""
+    import codecs
+    import os
+
+    if sys.flags.utf8_mode or codecs.lookup(sys.getfilesystemencoding()).name == "utf-8":
+        return
+    if not os.environ.get("INDUCTIONLAB_UTF8_RESTART") and sys.executable and getattr(sys, "orig_argv", None):
+        os.environ["INDUCTIONLAB_UTF8_RESTART"] = "1"
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execv(sys.executable, [sys.executable, "-X", "utf8", *sys.orig_argv[1:]])
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
+
+
 class _Group(click.Group):
+    def main(self, args=None, *a, **kw):
+        if args is None:                  # run as a program (not click's test runner nor an embedding caller)
+            _utf8_process()
+            sys.stdout, sys.stderr = _SafeStream(sys.stdout), _SafeStream(sys.stderr)
+        return super().main(args, *a, **kw)
+
     def invoke(self, ctx):
         try:
             with _sigterm_raises():

@@ -16,6 +16,7 @@
 * ``placement`` — where a model runs (:func:`~inductionlab.core.placement.execution_device`), offloaded
   models included; a model on the ``meta`` device with nothing to load its weights is refused.
 * ``stimuli`` — word pools, seeds and random token sequences.
+* ``finite`` — NaN / inf in a model's weights or logits, named where they first appear.
 
 Imports ``runtime``, ``data`` and the face. A new head score is a function and a ``SCORES`` entry in
 ``scores``; a new ablation method a function and an ``ABLATION_METHODS`` entry in ``methods``

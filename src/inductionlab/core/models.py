@@ -257,7 +257,10 @@ def _config(path, local_files_only: bool):
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
+    from ..documents import check_model_folder
+
     f = Path(path) / "config.json"
+    check_model_folder(path)                          # size, depth, UTF-8: bounded before transformers parses
     try:
         return AutoConfig.from_pretrained(path, local_files_only=local_files_only, trust_remote_code=False)
     except (StrictDataclassError, ValueError, TypeError, KeyError, AttributeError) as e:
@@ -366,6 +369,7 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dt
     from transformers import AutoTokenizer
 
     from ..checks import check_path_like
+    from ..runtime.model_size import check_model_fits
 
     spec = check_path_like(spec, "load_model: spec")       # a pathlib.Path is a path
     if device_map and device not in (None, "cpu"):
@@ -414,6 +418,7 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dt
         else:
             local_only = source in ("hub", "checkpoint")
             config = _config(path, local_only)              # its errors name config.json
+            check_model_fits(config, dtype, device_map, path)   # before any weight is allocated
             if source == "checkpoint":
                 tok, tok_source = checkpoint_tokenizer(path)
             else:
@@ -458,10 +463,10 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dt
 
 def _checkpoint_facts(ckpt: Path, tokenizer_source: str | None) -> dict:
     """Step, tokens and run of a trainer checkpoint (from its meta.json), for the identity record."""
-    import json
+    from ..documents import read_json
 
     try:
-        meta = json.loads((ckpt / "meta.json").read_text())
+        meta = read_json(ckpt / "meta.json", "checkpoint meta")
     except (OSError, ValueError):
         meta = {}
     run = TrainRun.of_checkpoint(ckpt)

@@ -139,23 +139,56 @@ def chunk_paragraphs(text: str, chunk_chars: int = 4000) -> list[str]:
 MAX_UNDECODABLE = 0.1
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, gunzipped for ``.gz``.
+# Bytes read from one source file at most, after gunzip (decision: the file is held in memory as bytes
+# and as text, so a few GiB at most; a larger corpus is many files). Recorded in the manifest.
+MAX_FILE_BYTES = 2 ** 30
+
+
+def check_regular(path: Path, what: str = "corpus file") -> None:
+    """A regular file (links followed): a named pipe would block, a device (``/dev/zero``) never ends.
 
     Raises:
-        InductionLabError: a ``.gz`` that is not gzip or is truncated.
-    """
+        InductionLabError: anything else, naming it."""
+    import stat
+
     try:
-        if path.name.lower().endswith(".gz"):
-            with gzip.open(path, "rb") as f:
-                return f.read()
-        return path.read_bytes()
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise os_error(e, what) from None
+    if not stat.S_ISREG(mode):
+        kind = ("a named pipe" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise InductionLabError(f"{what} {path} is {kind}, not a regular file; pass regular files only")
+
+
+def _read_bytes(path: Path, max_bytes: int | None = None) -> bytes:
+    """The file's bytes, gunzipped for ``.gz`` (streaming), at most ``max_bytes``
+    (:data:`MAX_FILE_BYTES`).
+
+    Raises:
+        InductionLabError: not a regular file, more than ``max_bytes`` (a gzip bomb included), a
+            ``.gz`` that is not gzip or is truncated.
+    """
+    cap = MAX_FILE_BYTES if max_bytes is None else max_bytes
+    check_regular(path)
+    too_big = InductionLabError(f"{path} holds more than {cap:,} bytes{' once unzipped' if path.name.lower().endswith('.gz') else ''}"
+                                f", the most one corpus file may; split it into several files")
+    try:
+        with open(path, "rb") as raw:
+            f = gzip.GzipFile(fileobj=raw) if path.name.lower().endswith(".gz") else raw
+            out = bytearray()
+            while len(out) <= cap:
+                chunk = f.read(min(2 ** 24, cap + 1 - len(out)))
+                if not chunk:
+                    return bytes(out)
+                out += chunk
+            raise too_big
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise InductionLabError(f"{path}: not a readable gzip file ({e}); check the file or drop the .gz "
                                 "suffix") from None
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, max_bytes: int | None = None) -> str:
     """Decode a text file (``.gz`` allowed) as UTF-8, a BOM removed, CRLF normalised to LF;
     isolated undecodable bytes become U+FFFD.
 
@@ -163,7 +196,7 @@ def read_text(path: Path) -> str:
         InductionLabError: not gzip (for .gz), or more than 10% of the characters undecodable
             (not UTF-8 text: a binary file or another encoding).
     """
-    raw = _read_bytes(path)
+    raw = _read_bytes(path, max_bytes)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -191,17 +224,21 @@ def _is_hf_dataset_dir(path: Path) -> bool:
                               or (path / "state.json").is_file())
 
 
-def _file_documents(path: Path, kind: str, text_field: str, chunk_chars: int) -> Iterator[str]:
+def _file_documents(path: Path, kind: str, text_field: str, chunk_chars: int,
+                    max_bytes: int | None = None) -> Iterator[str]:
     if kind == "text":
-        yield from chunk_paragraphs(read_text(path), chunk_chars)
+        yield from chunk_paragraphs(read_text(path, max_bytes), chunk_chars)
     elif kind == "jsonl":
-        for i, line in enumerate(read_text(path).split("\n"), 1):
+        for i, line in enumerate(read_text(path, max_bytes).split("\n"), 1):
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InductionLabError(f"{path}:{i}: not valid JSON ({e.msg}); "
+                                        "fix the line or remove it") from None
+            except RecursionError:
+                raise InductionLabError(f"{path}:{i}: JSON nested too deeply to read; "
                                         "fix the line or remove it") from None
             if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
                 raise InductionLabError(f"{path}:{i}: no string field {text_field!r}; "
@@ -249,10 +286,13 @@ class CorpusSource:
     skipped: list[str] = field(default_factory=list)
     text_field: str = "text"
     chunk_chars: int = 4000
+    max_file_bytes: int = field(default_factory=lambda: MAX_FILE_BYTES)   # per file, after gunzip
 
     def describe(self) -> dict:
         d = {"spec": self.spec, "kind": self.kind, "text_field": self.text_field,
              "chunk_chars": self.chunk_chars, "files": [str(p) for p in self.files]}
+        if self.kind not in ("demo", "hf_dataset"):
+            d["max_file_bytes"] = self.max_file_bytes
         if self.kind == "demo":
             d.update(package=DEMO_PACKAGE, archive=str(demo_archive()), archive_sha256=DEMO_SHA256)
         if self.skipped:
@@ -273,7 +313,7 @@ class CorpusSource:
             if _is_hf_dataset_dir(p):
                 docs = _hf_documents(p, self.text_field)
             else:
-                docs = _file_documents(p, _suffix_kind(p), self.text_field, self.chunk_chars)
+                docs = _file_documents(p, _suffix_kind(p), self.text_field, self.chunk_chars, self.max_file_bytes)
             yield from (d for d in docs if d.strip())
 
 
@@ -299,7 +339,8 @@ def resolve_source(source: str | os.PathLike, *, text_field: str = "text",
     if _is_hf_dataset_dir(path):
         return CorpusSource(spec, "hf_dataset", [path], text_field=text_field,
                             chunk_chars=chunk_chars)
-    if path.is_file():
+    if not path.is_dir():
+        check_regular(path, "corpus")
         kind = _suffix_kind(path)
         if kind is None:
             raise InductionLabError(f"unknown corpus file type: {path.name}; use .txt, .jsonl, "
@@ -323,10 +364,8 @@ def resolve_source(source: str | os.PathLike, *, text_field: str = "text",
                 continue
             p = root_p / n
             if _suffix_kind(p):
-                try:
-                    os.stat(p)                # a link loop or a dangling link: refused before any work
-                except OSError as e:
-                    raise os_error(e, f"corpus {spec!r}") from None
+                # a link loop, a dangling link, a pipe or a device: refused before any work
+                check_regular(p, f"corpus {spec!r}")
                 files.append(p)
             else:
                 skipped.append(str(p.relative_to(path)))

@@ -26,6 +26,7 @@ from typing import Iterator
 import numpy as np
 
 from ..config import opt
+from ..documents import MODEL_FILE_MAX_BYTES, check_json, read_json
 from ..errors import InductionLabError
 from ..runtime.outputs import check_output_dir
 from ..runtime.runs import atomic_write_json, own_entries, sha256_file, staged_run_dir, versions
@@ -80,7 +81,7 @@ class TokenShards:
             raise InductionLabError(f"{path} is not a prepared corpus (no manifest.json); "
                                     "run: inductionlab corpus prepare SOURCE --out DIR")
         try:
-            manifest = json.loads(mf.read_text())
+            manifest = read_json(mf, "corpus manifest")
             fmt = manifest["format"]
             tok = manifest["tokenizer"]
             counts = manifest["splits"]
@@ -120,6 +121,7 @@ class TokenShards:
         """The ``tokenizers.Tokenizer`` (loaded once)."""
         if self._tok is None:
             from tokenizers import Tokenizer
+            check_json(self.tokenizer_path, "corpus tokenizer", max_bytes=MODEL_FILE_MAX_BYTES)
             self._tok = Tokenizer.from_file(str(self.tokenizer_path))
         return self._tok
 

@@ -12,7 +12,6 @@ checkpoints comparable with that model but slows tiny models several-fold.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from ..documents import check_model_folder, read_json
 from ..errors import InductionLabError
 
 EOS_TOKEN = "<|endoftext|>"
@@ -115,7 +115,7 @@ def _special_from_config(d: Path, tok: Tokenizer) -> tuple[int | None, int | Non
         f = d / name
         if not f.is_file():
             continue
-        cfg = json.loads(f.read_text())
+        cfg = read_json(f, "tokenizer file")
         for key, slot in (("eos_token", "eos"), ("bos_token", "bos")):
             v = cfg.get(key)
             if isinstance(v, dict):
@@ -159,6 +159,7 @@ def load_tokenizer(spec: str | os.PathLike) -> TokenizerInfo:
     if p.is_dir() and (p / "tokenizer.json").is_file():
         p = p / "tokenizer.json"
     if p.is_file() and p.suffix == ".json":
+        check_model_folder(p.parent, [p])
         try:
             tok = Tokenizer.from_file(str(p))
         except Exception as e:
@@ -175,6 +176,7 @@ def load_tokenizer(spec: str | os.PathLike) -> TokenizerInfo:
                                     "with eos_token next to it")
         return TokenizerInfo(tok, "pretrained", s, eos, bos, default_sep_id(tok))
     if p.is_dir():
+        check_model_folder(p)
         return _from_hf(_auto_tokenizer(str(p), s), s)
     if p.exists():
         raise InductionLabError(f"{p}: not a tokenizer.json or a directory holding one")

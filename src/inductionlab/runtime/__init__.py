@@ -6,6 +6,7 @@
 * ``distributed`` — torchrun process groups, sharding and gathering (:class:`~inductionlab.runtime.distributed.Dist`).
 * ``dtype_choice`` — ``dtype="auto"``: bf16 where the device runs it fast.
 * ``model_specs`` — a model spec resolved to where the model lies (torch-free).
+* ``model_size`` — a model's weights estimated from its config, refused above the memory available.
 * ``run_dir`` — :class:`~inductionlab.runtime.run_dir.TrainRun`, the one reader of a training-run directory
   (torch-free; :mod:`inductionlab.train.checkpoint` is its writer).
 

@@ -117,7 +117,8 @@ class TrainRun:
         """``run.json`` as it is now (read afresh, unchecked), or None when it is absent, unreadable,
         not JSON or not an object (a run still being written is read without error)."""
         try:
-            rec = json.loads(self.record_path.read_text())
+            from ..documents import read_json
+            rec = read_json(self.record_path, "training run record")
         except (OSError, ValueError):
             return None
         return rec if isinstance(rec, dict) else None
@@ -125,7 +126,8 @@ class TrainRun:
     def _checked_record(self) -> dict[str, Any]:
         p = self.record_path
         try:
-            rec = json.loads(p.read_text())
+            from ..documents import read_json
+            rec = read_json(p, "training run record")
             ok = isinstance(rec, dict) and isinstance(rec.get("budget"), dict) and isinstance(rec.get("config"), dict)
             why = "no 'budget' and 'config' objects"
         except (OSError, ValueError) as e:

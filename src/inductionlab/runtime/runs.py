@@ -29,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from ..documents import DocumentError
 from ..errors import InductionLabError
 from .outputs import _partial_prefix  # noqa: F401 (declared beside the output checks, which use it too)
 from .outputs import check_no_links_out, inside
@@ -423,9 +424,11 @@ class ResumableRun:
             InductionLabError: a manifest that is unreadable, not JSON or not ``{"kind": str, "params": object}``
                 (another tool's file, a hand edit): one line, never a traceback."""
         fix = "use a new --out, or --overwrite to start afresh"
+        from ..documents import read_json
+
         try:
-            doc = json.loads(self.manifest.read_text())
-        except (OSError, ValueError, RecursionError) as e:
+            doc = read_json(self.manifest, "study record")
+        except (OSError, ValueError, RecursionError, InductionLabError) as e:
             why = " ".join(str(e).split())[:160] or type(e).__name__
             raise InductionLabError(f"{self.manifest} is corrupt ({why}); {fix}") from None
         if not (isinstance(doc, dict) and isinstance(doc.get("kind"), str) and isinstance(doc.get("params"), dict)):
@@ -483,7 +486,7 @@ class ResumableRun:
                 return True, value
             what = why
         except (OSError, ValueError, EOFError, KeyError, TypeError, AttributeError, IndexError, RecursionError,
-                zipfile.BadZipFile, zlib.error) as e:
+                DocumentError, zipfile.BadZipFile, zlib.error) as e:
             detail = " ".join(str(e).split())[:200] or type(e).__name__
             what = f"is damaged or of another shape ({type(e).__name__}: {detail})"
         print(f"note: checkpoint piece {p} {what}; deleting it and computing it again", file=sys.stderr, flush=True)
@@ -523,7 +526,9 @@ class ResumableRun:
 
     @staticmethod
     def _read_json(p: Path) -> tuple[Any, Any]:
-        doc = json.loads(p.read_text())
+        from ..documents import read_json
+
+        doc = read_json(p, "checkpoint piece")
         if isinstance(doc, dict) and set(doc) == {"run", "schema", "value"}:
             return {"run": doc["run"], "schema": doc["schema"]}, doc["value"]
         return None, doc

@@ -229,8 +229,10 @@ class AblationConfig(RankingConfig):
 
 
 def _read_bytes(path) -> bytes:
+    from ..documents import read_bytes
+
     try:
-        return Path(path).read_bytes()
+        return read_bytes(path, "--scores-file")
     except OSError as e:
         raise InductionLabError(f"--scores-file {path}: cannot read it ({e.strerror or e}); give a CSV of per-head "
                                 "scores, e.g. RUN/head_scores.csv") from None

@@ -12,13 +12,14 @@ A study's ``phases(plan, ctx)`` reads as the study's script; each call on ``ctx`
 The engine owns everything around the science, once for every study:
 
 1. the opening: the config's type and ``validate()``, the model's type, ``--out`` checked, the ranks'
-   dtype agreed (torchrun), ``prepare(loaded, cfg)`` (model-dependent checks: nothing is written
+   dtype agreed (torchrun), every weight finite (:mod:`~inductionlab.core.finite`), ``prepare(loaded, cfg)`` (model-dependent checks: nothing is written
    before they pass), the run directory opened or resumed (:class:`~inductionlab.studies.run.StudyRun`:
    a run with other ``params`` is refused), the dtype line logged;
 2. each step: timed (``timings["<name>_s"]``), checkpointed as a piece (a resumed run loads it), sharded
    over torchrun's ranks where it runs the model — :meth:`Context.head_scores`, :meth:`Context.measure`
    (probe phases over conditions: :class:`Phase`, one progress bar, a probe's trials and residual cache
-   shared by its phases), :meth:`Context.piece` (any JSON-able computation);
+   shared by its phases), :meth:`Context.piece` (any JSON-able computation); a forward pass whose logits
+   hold a NaN or an inf stops the run with one line naming the module where they first appear;
 3. the closing: ``result(plan, pieces)``, the **one results header** (:data:`HEADER`: kind, model, params,
    versions, distributed, resumed, timings) before the study's own record, ``write(out, result)``
    (rank 0), then results.json and timing.json (:meth:`~inductionlab.studies.run.StudyRun.finish`).
@@ -26,6 +27,7 @@ The engine owns everything around the science, once for every study:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,7 @@ from tqdm.auto import tqdm
 
 from ..checks import check_loaded, check_type
 from ..core.ablation import RANDOM_DRAWS, Condition
+from ..core.finite import check_finite_weights, finite_outputs
 from ..core.models import agree_dtype, announce_dtype, params_identity, ran_identity
 from ..core.placement import check_weights_present
 from ..core.scores import HeadScores, compute_head_scores
@@ -253,6 +256,7 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
     StudyRun.check_out(out, opts.overwrite, inputs=inputs)
     if loaded is not None:
         agree_dtype(loaded, opts.dist)               # torchrun: every rank in rank 0's dtype
+        check_finite_weights(loaded.model, f"model {loaded.identity.get('spec') or loaded.identity.get('name')}")
     plan = impl.prepare(loaded, cfg)                 # model-dependent checks: nothing written yet
     params = dict(plan.params) | {"random_draws": RANDOM_DRAWS}
     if loaded is not None:
@@ -264,7 +268,8 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
         announce_dtype(ran_identity(loaded), opts.log, run.is_main)
     if run.resumed and opts.log is not None and run.is_main:
         opts.log(f"resuming {out}: finished pieces are loaded, the rest computed")
-    pieces = impl.phases(plan, Context(run, loaded, opts))
+    with finite_outputs(loaded.model) if loaded is not None else contextlib.nullcontext():
+        pieces = impl.phases(plan, Context(run, loaded, opts))   # a NaN logit: one line naming where it starts
     res = impl.result(plan, pieces)
     if res.verdicts and "verdicts" not in res.record:
         res.record["verdicts"] = [v.to_dict() for v in res.verdicts]

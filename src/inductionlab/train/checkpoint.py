@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..documents import DocumentError, read_json
 from ..errors import InductionLabError
 from ..runtime.run_dir import CHECKPOINTS, TrainRun
 from ..runtime.outputs import inside
@@ -116,8 +117,8 @@ class CheckpointManager:
         out = []
         for c in TrainRun(self.run_dir).checkpoints(complete=False):   # refuses links out of the run
             try:
-                meta = json.loads((c.path / META).read_text())
-            except (OSError, ValueError, RecursionError):
+                meta = read_json(c.path / META, "checkpoint meta")
+            except (OSError, ValueError, RecursionError, InductionLabError):
                 meta = {}
             out.append((c.step, c.path, meta if isinstance(meta, dict) else {}))
         return out
@@ -200,9 +201,9 @@ class CheckpointManager:
         """
         fix = f"delete {path} to resume from the previous checkpoint, or pass a new --out"
         try:
-            meta = json.loads((path / META).read_text())
+            meta = read_json(path / META, "checkpoint meta")
             sums = meta["sha256"]
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError, DocumentError):
             raise InductionLabError(f"checkpoint {path} is corrupt (unreadable {META}); {fix}") from None
         if not (isinstance(sums, dict) and all(isinstance(k, str) and k and isinstance(v, str) for k, v in sums.items())):
             raise InductionLabError(f"checkpoint {path} is corrupt ({META} has no sha256 table of file -> digest); {fix}")

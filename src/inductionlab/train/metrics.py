@@ -85,6 +85,6 @@ def read_jsonl(path: str | Path) -> list[dict]:
     for line in p.read_text().splitlines():
         try:
             rows.append(json.loads(line))
-        except ValueError:
+        except (ValueError, RecursionError):
             continue                        # a line torn by a kill
     return rows

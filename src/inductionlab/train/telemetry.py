@@ -24,7 +24,6 @@ the first checkpoint whose maximum induction score exceeds a stated threshold.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import random
 from pathlib import Path
@@ -35,6 +34,7 @@ import pandas as pd
 import torch
 
 from ..core.scores import copy_offset_scores, copy_offset_targets  # noqa: F401 (moved to scores.py; re-exported)
+from ..documents import read_json
 from ..errors import InductionLabError
 from ..runtime.run_dir import TrainRun
 
@@ -146,7 +146,7 @@ def _read_checkpoint_telemetry(p: Path) -> dict[str, Any]:
     def bad(why: str):
         return InductionLabError(f"checkpoint telemetry {p} is damaged ({why}); {fix}")
     try:
-        t = json.loads(p.read_text())
+        t = read_json(p, "checkpoint telemetry")
     except (OSError, ValueError) as e:
         raise bad(" ".join(str(e).split())[:160] or type(e).__name__) from None
     if not isinstance(t, dict):
@@ -172,7 +172,7 @@ def _read_checkpoint_telemetry(p: Path) -> dict[str, Any]:
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise bad(f"{k!r} is {v!r}, not a number")
     try:
-        want = json.loads((p.parent / "meta.json").read_text()).get("sha256", {}).get(p.name)
+        want = read_json(p.parent / "meta.json", "checkpoint meta").get("sha256", {}).get(p.name)
     except (OSError, ValueError, AttributeError):
         want = None
     if isinstance(want, str) and sha256_file(p) != want:

@@ -233,6 +233,9 @@ def _build(cfg: TrainConfig, data: TrainData, dist: D.Dist, resume_dir: Path | N
                         bos_token_id=data.bos_id, eos_token_id=data.eos_id)
     torch.manual_seed(cfg.seed)
     if resume_dir is not None:
+        from ..documents import check_model_folder
+
+        check_model_folder(resume_dir)                # its config.json bounded before transformers parses it
         model = LlamaForCausalLM.from_pretrained(resume_dir, dtype=torch.float32, trust_remote_code=False,
                                                  attn_implementation=cfg.attn_implementation)
     else:

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import subprocess
@@ -14,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ...documents import read_json
 from ...errors import InductionLabError
 from ...runtime.run_dir import TrainRun
 from ...runtime.runs import atomic_write_text
@@ -127,7 +127,7 @@ def run_piece(run_dir: Path) -> dict:
 
 
 def _final_scores(run_dir: Path) -> dict:
-    return json.loads(TrainRun(run_dir).telemetry_files()[-1].read_text())["scores"]
+    return read_json(TrainRun(run_dir).telemetry_files()[-1], "checkpoint telemetry")["scores"]
 
 
 def train_and_check(ctx, cfg: BiInductStudyConfig, budgets: dict) -> tuple[list[tuple[str, str, int]], dict[str, float],
