@@ -248,3 +248,31 @@ def test_train_resume_through_a_linked_checkpoint_is_refused(tmp_path, victim):
     assert _sums(moved) == before
     os.unlink(newest)
     shutil.rmtree(moved)
+
+
+def test_overwrite_refuses_the_current_folder_those_above_it_and_home(tmp_path, monkeypatch):
+    """``--out .`` / ``--out ..`` / the home folder with ``--overwrite`` would delete the user's own folders:
+    one line, nothing deleted; a run folder below the current one is still overwritable."""
+    from inductionlab.runtime.runs import ResumableRun, remove_run_dir
+
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    (tmp_path / "a" / "keep.txt").write_text("x")
+    (work / "keep.txt").write_text("x")
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    for out, what in ((".", "the current folder"), ("..", "a folder above the current one"),
+                      (str(tmp_path), "a folder above the current one"), (str(home), "your home folder")):
+        with pytest.raises(InductionLabError, match=f"is {what}; --overwrite would delete it"):
+            ResumableRun.check_out(out, overwrite=True)
+        with pytest.raises(InductionLabError, match="--overwrite would delete it"):
+            remove_run_dir(out)
+    with pytest.raises(InductionLabError, match="is the file system's root; --overwrite would delete it"):
+        remove_run_dir("/")                       # (check_out may first say / is not writable, as a user)
+    assert (tmp_path / "a" / "keep.txt").exists() and (work / "keep.txt").exists()
+    (work / "run").mkdir()
+    ResumableRun.check_out("run", overwrite=True)
+    remove_run_dir("run")
+    assert not (work / "run").exists()

@@ -261,14 +261,21 @@ def run_identity(kind: str, params: dict) -> str:
 
 def check_overwritable(path: str | os.PathLike) -> None:
     """Raise when ``--overwrite`` may not delete ``path``: it is a symbolic link (deleting through it would
-    empty a folder elsewhere).
+    empty a folder elsewhere), the file system's root, the home folder, or the current folder or one above it
+    (``--out .``, ``--out ..``).
 
     Raises:
-        InductionLabError: ``path`` is a symbolic link."""
+        InductionLabError: one of those, naming it."""
     path = Path(path)
     if path.is_symlink():
         raise InductionLabError(f"--out {path} is a symbolic link (to {os.readlink(path)}); --overwrite never deletes "
                                 "through a link: pass the folder itself, or a new --out")
+    real, cwd = path.resolve(), Path.cwd().resolve()
+    if real == Path(real.anchor) or real == Path.home().resolve() or real == cwd or real in cwd.parents:
+        what = ("the file system's root" if real == Path(real.anchor) else "your home folder"
+                if real == Path.home().resolve() else "the current folder" if real == cwd else "a folder above the current one")
+        raise InductionLabError(f"--out {path} is {what}; --overwrite would delete it: pass the run's own folder "
+                                "(e.g. runs/my-run), or a new --out")
 
 
 def remove_run_dir(path: str | os.PathLike) -> None:
