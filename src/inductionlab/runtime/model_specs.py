@@ -9,7 +9,6 @@ use it without importing :mod:`inductionlab.core.models`, the loader built on it
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,18 +114,21 @@ def refuse_custom_code(folder: str | os.PathLike, what: str = "model") -> None:
     (``auto_map``) is refused. Measuring a model never runs code that came with it; every transformers
     load also passes ``trust_remote_code=False``, so no prompt can ask, whatever stdin or the terminal says.
 
-    A file that is not JSON is left to the load (its own one-line error): transformers cannot read it either.
+    A file that is not JSON, or too large or deep for :func:`~inductionlab.documents.read_json`, is left to
+    the folder check and the load (their own one-line errors): transformers cannot read it either.
 
     Raises:
         InductionLabError: naming the file, the key and the fix (a folder without custom code)."""
+    from ..documents import read_json           # the one bounded reader (size, depth, regular files)
+
     d = Path(folder)
     for name in CODE_FILES:
         f = d / name
         try:
             if not f.is_file():
                 continue
-            doc = json.loads(f.read_bytes())
-        except (OSError, ValueError, RecursionError):
+            doc = read_json(f, f"{what} {name}")
+        except (OSError, ValueError, InductionLabError):
             continue
         key = _asks_for_code(doc)
         if key is not None:
