@@ -27,7 +27,8 @@ CHANGED = {
     ("evaluate", ("--method",), "type"),                          # free text -> a choice, as in every command
     ("analyze", ("--method",), "type"), ("study temporal", ("--method",), "type"),   # issue 25: + resample
     ("study bi-induct", ("--budget",), "type"),                   # float -> integer (1e6 still reads as 1000000)
-}
+    ("analyze", ("--n-permutations", "--permutations"), "default"), ("analyze", ("--cues",), "default"),   # issue 27: 11 lists x
+}                                                                 # 500 cues, sized for 10 min on an AVX2-only CPU
 FILE_OVERRIDES = ("train", "curriculum preview")   # defaults were None ("not given"), now the config's values
 
 

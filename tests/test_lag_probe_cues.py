@@ -232,7 +232,7 @@ def test_two_processes_equal_one_bit_for_bit(tmp_path):
 
 
 def test_analyze_all_cues_keeps_the_seed_headline_and_stores_the_cues(word_tokenizer, tmp_path):
-    """``analyze`` with every cue (its default cues every 10th position: all:10) gives the seed run's headline within 1e-5, and
+    """``analyze`` with every cue (its default cues every position: all) gives the seed run's headline within 1e-5, and
     writes the per-cue arrays to lag_trials.npz and results.json's record."""
     from inductionlab.studies.analyze import AnalyzeConfig, analyze
 
@@ -241,7 +241,7 @@ def test_analyze_all_cues_keeps_the_seed_headline_and_stores_the_cues(word_token
     from inductionlab.studies.configs import AblationConfig, HeadScoreConfig
     from inductionlab.studies.spec import RunOptions
 
-    assert AnalyzeConfig().lag.cues == "all:10" and LagProbeConfig().cues == "seed"
+    assert AnalyzeConfig().lag.cues == "all" and LagProbeConfig().cues == "seed"
 
     def cfg(cues):
         return AnalyzeConfig(ablation=AblationConfig(ks=(1,), n_draws=1), scores=HeadScoreConfig(seq_len=8, batch_size=4),

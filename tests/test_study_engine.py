@@ -160,3 +160,26 @@ def test_a_condition_without_heads_is_refused_before_any_forward(tiny, tmp_path)
 
     with pytest.raises(InductionLabError, match="'induction-1' .induction. ablates no head"):
         lag_probe.probe(LAG).run(tiny, [Condition("intact", "intact"), Condition("induction-1", "induction", 1)])
+
+
+def test_a_phase_logs_its_estimated_time_after_the_first_batch(tiny, tmp_path):
+    """One line, after the first batch: that batch's trials and seconds, and the estimate for every pending trial
+    (here 2 conditions x 3 trials in batches of 2); a resumed run (nothing pending) logs none."""
+    import re
+
+    lines: list[str] = []
+    cfg = ToyConfig()
+    spec = StudySpec("study toy", ToyConfig, "toy", module=__name__)
+    global LAG
+    saved, LAG = LAG, replace(LAG, batch_size=2)
+    try:
+        run_study(spec, tiny, cfg, tmp_path / "toy", RunOptions(progress=False, log=lines.append))
+        est = [ln for ln in lines if "estimated" in ln]
+        assert len(est) == 1, lines
+        m = re.fullmatch(r"lag probe: first batch of (\d+) trials in ([\d.]+) s; estimated (\d+) trials ≈ .*", est[0])
+        assert m and int(m[1]) == 2 and int(m[3]) == 2 * 3, est[0]
+        lines.clear()
+        run_study(spec, tiny, cfg, tmp_path / "toy", RunOptions(progress=False, log=lines.append))
+        assert not [ln for ln in lines if "estimated" in ln]
+    finally:
+        LAG = saved

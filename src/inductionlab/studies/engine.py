@@ -189,6 +189,7 @@ def run_phases(ctx: Context, phases: Sequence[Phase]) -> dict[str, PhaseRun]:
         run.timings.setdefault(f"{ph.timing or ph.key}_s", 0.0)
     total = sum(len(trials(ph)) if ph.n_trials is None else ph.n_trials for ph, _ in pending)
     with tqdm(total=total, desc="conditions", unit="trial", disable=not (ctx.bar and pending)) as bar:
+        progress = _Estimate(ctx, bar, total, ", ".join(dict.fromkeys(ph.probe.name for ph, _ in pending)))
         for ph, c in todo:
             key = f"{ph.key}/{c.name}"
 
@@ -196,7 +197,8 @@ def run_phases(ctx: Context, phases: Sequence[Phase]) -> dict[str, PhaseRun]:
                 with timed(run.timings, ph.timing or ph.key):
                     bar.set_postfix_str(key)
                     tr = trials(ph)
-                    out = ph.probe.run(loaded, [c], tr, progress=bar.update, dist=run.dist,
+                    progress.start()
+                    out = ph.probe.run(loaded, [c], tr, progress=progress, dist=run.dist,
                                        reuse=ctx.caches.get(id(ph.probe)) or False)[c.name]
                 return {**out, "words": np.asarray(tr.words)}
 
@@ -204,6 +206,36 @@ def run_phases(ctx: Context, phases: Sequence[Phase]) -> dict[str, PhaseRun]:
             words[ph.key] = [str(w) for w in got.pop("words")]
             arrays[ph.key][c.name] = got
     return {ph.key: PhaseRun(arrays[ph.key], words.get(ph.key, [])) for ph in phases}
+
+
+class _Estimate:
+    """The progress callback of :func:`run_phases`: advances the bar and, after the first batch of trials, logs
+    the estimated time of all pending trials (the first batch's seconds per trial × trials; the first
+    condition is usually the intact model, which runs every layer, so the estimate errs long)."""
+
+    def __init__(self, ctx: Context, bar, total: int, name: str):
+        self.ctx, self.bar, self.total, self.name = ctx, bar, total, name
+        self.t0: float | None = None
+        self.done = False
+
+    def start(self) -> None:
+        """Called before a condition's first batch: the clock of the first batch starts here."""
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+
+    def __call__(self, n: int) -> None:
+        self.bar.update(n)
+        if not self.done and self.t0 is not None and n > 0:
+            self.done = True
+            s = time.perf_counter() - self.t0
+            est = s / n * self.total
+            self.ctx.log(f"{self.name}: first batch of {n} trials in {s:.1f} s; estimated {self.total} trials "
+                         f"≈ {_duration(est)} (at most: later conditions skip the layers below their first ablated head)")
+
+
+def _duration(s: float) -> str:
+    """``s`` seconds as ``42 s`` or ``6.3 min`` or ``2.1 h``."""
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min" if s < 5400 else f"{s / 3600:.1f} h"
 
 
 def _phase_piece(arrays: dict) -> None:

@@ -128,7 +128,7 @@ def cue_lines(lag, figs: str = "") -> list[str]:
             f"last band ({first['last_band']})")
     lines = ["", "## All-cue lag probe: serial position and temporal factor", "",
              f"Cues at list positions {cp['first']}–{cp['last']} (`--cues {lag.config.cues}`: {cp['n_cues']} cues × "
-             f"{j['n_lists']} lists per condition; the seed numbers above use the cue at "
+             f"{j['n_lists']} lists per condition; the seed-cue tables use the cue at "
              f"{lag.config.cue_position} only). Each measure is reduced per list first (mean over its cues), then "
              "mean [95% CI] over lists — the cues of one list are not independent. Temporal factor: percentile rank "
              "of the lag +1 word's probability among the list words other than the cue (1 = most likely, "

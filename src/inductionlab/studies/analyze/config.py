@@ -17,7 +17,9 @@ from ..spec import StudySpec
 
 @dataclass
 class AnalyzeConfig:
-    """Parameters of the main job; defaults sized for ≤ 10 minutes on 2 CPU cores.
+    """Parameters of the main job; defaults sized for ≤ 10 minutes of analysis on 2 CPU cores without fast bf16
+    (AVX2 only, fp32), with the random − induction contrast of the all-cue temporal factor at z ≥ 20 for every k
+    (docs/cost.md#the-main-job).
 
     ``seed``, ``ablation.method`` and ``ablation.positions`` are the job's: they replace the lag-probe
     config's own. The model,
@@ -28,8 +30,10 @@ class AnalyzeConfig:
     scores: HeadScoreConfig = nested(HeadScoreConfig, "Head scores (SPEC §3).")
     ablation: AblationConfig = nested(lambda: AblationConfig(ks=(5, 10, 20), n_draws=2),
                                       "Top-k induction vs k random heads (SPEC §4).")
-    lag: LagProbeConfig = nested(lambda: LagProbeConfig(n_permutations=64, cues="all:10"),
-                                 "The lag probe (SPEC §4; the seed protocol's 5,000 trials are --n-permutations 5000).")
+    lag: LagProbeConfig = nested(lambda: LagProbeConfig(n_permutations=11, cues="all"),
+                                 "The lag probe (SPEC §4): 11 lists per condition, every position cued (500 cues per "
+                                 "list, the evidence of the headline; sized by bench/main_job_sizing.py); the seed "
+                                 "protocol is --cues seed --n-permutations 5000.")
 
     def protocol(self) -> LagProbeConfig:
         """The lag-probe config with the job's seed and method."""

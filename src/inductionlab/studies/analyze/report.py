@@ -40,11 +40,15 @@ def analyze_report(res) -> str:
     for i, h in enumerate(res.record["top_induction_heads"], 1):
         lines.append(f"| {i} | {h['layer']} | {h['head']} | {h['score']:.3f} |")
     il = res.scores.induction_loss
-    lines += ["", f"Induction loss: first copy {il['first_copy']:.2f} nats, second copy {il['second_copy']:.2f} nats.",
-              "", "## Lag probe", "",
+    cues = cue_lines(res.lag)          # the headline when every list is cued: evidence comes from the cues
+    lines += ["", f"Induction loss: first copy {il['first_copy']:.2f} nats, second copy {il['second_copy']:.2f} nats."]
+    lines += cues
+    lines += ["", "## Lag probe, seed cue only" if cues else "## Lag probe", "",
               f"{lc.n_permutations} trials per condition, list of {lc.list_length} words, cue at "
               f"position {lc.cue_position}, {lc.method} ablation. "
-              "Probabilities are raw next-token probabilities; 95% CIs over trials.", "",
+              "Probabilities are raw next-token probabilities; 95% CIs over trials"
+              + (" (one cue per trial: with few trials these CIs are wide; the seed protocol is "
+                 "`--cues seed --n-permutations 5000`)." if cues else "."), "",
               "| condition | lag +1 | lag -1 | lag 0 | list mass |", "|---|---|---|---|---|"]
     for r in pooled_headline_rows(hl):
         lines.append(f"| {r['condition']} | {row_ci(r, 'lag_plus1', fmt_ci4)} | "
@@ -71,7 +75,6 @@ def analyze_report(res) -> str:
     lines += corrected_lines(res.lag)
     lines += ["",
               "Random rows pool the draws (per-trial mean over draws); per-draw rows are in `lag_headline.csv`."]
-    lines += cue_lines(res.lag)
     lines += ["", "## Timings", ""]
     lines += [f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in res.timings.items()]
     lines += ["", "Files: `results.json` (everything, incl. parameters and versions), `head_scores.csv`, "
@@ -132,16 +135,32 @@ def summary(res) -> list[str]:
     lines = [f"Top {len(res.record['top_induction_heads'])} induction heads ({res.loaded.identity['name']}):"]
     lines += [f"  {i:2d}. L{h['layer']:<2d} H{h['head']:<2d}  {h['score']:.3f}"
               for i, h in enumerate(res.record["top_induction_heads"], 1)]
-    lines += ["", "Lag probe, lag +1 probability [95% CI] per condition:"]
-    lines += [f"  {r['condition']:<14s} {r['lag_plus1']:.4f} [{r['lag_plus1_ci_low']:.4f}, "
-              f"{r['lag_plus1_ci_high']:.4f}]   lag -1 {r['lag_minus1']:.4f}   list mass {r['list_mass']:.3f}"
-              for r in pooled_headline_rows(res.lag.headline())]
+    seed = [f"  {r['condition']:<14s} {r['lag_plus1']:.4f} [{r['lag_plus1_ci_low']:.4f}, "
+            f"{r['lag_plus1_ci_high']:.4f}]   lag -1 {r['lag_minus1']:.4f}   list mass {r['list_mass']:.3f}"
+            for r in pooled_headline_rows(res.lag.headline())]
+    lc = res.lag.config
     if serial_position.has_cues(res.lag):
-        tf = cue_tables(res.lag)["temporal_factor"]
-        lines += ["", f"All cues (--cues {res.lag.config.cues}, {len(res.lag.cue_positions)} per list): temporal "
-                      "factor [95% CI over lists] (0.5 = chance; serial_position.csv, report.md):"]
-        lines += [f"  {r['condition']:<14s} {r['temporal_factor']:.3f} [{r['temporal_factor_ci_low']:.3f}, "
-                  f"{r['temporal_factor_ci_high']:.3f}]" for r in pooled_headline_rows(tf)]
+        t = cue_tables(res.lag)
+        curve = t["lag_cues_curve"]
+        p1 = curve[(curve.lag == 1) & (curve.measure == "prob")].set_index("condition")
+        arm = ranked_arm(res.lag.conditions)
+        lines += ["", f"Lag probe, all cues (--cues {lc.cues}: {len(res.lag.cue_positions)} per list, "
+                      f"{lc.n_permutations} lists per condition): pooled p(lag +1) and temporal factor (0.5 = chance), "
+                      "[95% CI over lists]:"]
+        lines += [f"  {r['condition']:<14s} p(+1) {p1.loc[r['condition'], 'mean']:.4f} "
+                  f"[{p1.loc[r['condition'], 'ci_low']:.4f}, {p1.loc[r['condition'], 'ci_high']:.4f}]   "
+                  f"temporal factor {r['temporal_factor']:.3f} [{r['temporal_factor_ci_low']:.3f}, "
+                  f"{r['temporal_factor_ci_high']:.3f}]" for r in pooled_headline_rows(t["temporal_factor"])]
+        con = t["cue_contrasts"]
+        con = con[con.measure == "temporal_factor"]
+        if len(con):
+            lines += ["", f"Random − {arm}, temporal factor, paired per list:"]
+            lines += [f"  k={int(r['k']):<3d} {r[f'random_minus_{arm}']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
+                      f"   z {r['z']:.1f}" for _, r in con.iterrows()]
+        lines += ["", f"Seed cue only (position {lc.cue_position}; {lc.n_permutations} trials, so wide CIs), "
+                      "lag +1 probability [95% CI]:"] + seed
+    else:
+        lines += ["", "Lag probe, lag +1 probability [95% CI] per condition:"] + seed
     t = res.timings
     lines += ["", f"Scores {t['head_scores_s']:.0f} s, lag probe {t['lag_probe_s']:.0f} s."]
     return lines
