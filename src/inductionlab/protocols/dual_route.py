@@ -409,9 +409,12 @@ class RouteScores:
 
 
 def bare_forward_seconds(model, sequences: Sequence[Sequence[int]]) -> float:
-    """Wall time of one plain forward per sequence (no instrumentation): the cost unit of SPEC §10."""
+    """Wall time of one plain forward per sequence (no instrumentation, after one warm-up forward of the first):
+    the cost unit of SPEC §10."""
     model = unwrap_model(model)
     dev = execution_device(model)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([list(sequences[0])], device=dev), use_cache=False)
     t = time.perf_counter()
     with torch.inference_mode():
         for ids in sequences:
