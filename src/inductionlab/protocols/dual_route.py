@@ -18,7 +18,7 @@ second half) in the corrupted run is set to its value there in the clean run. Th
 (the authors' ``m1`` and ``m2``; a head at −2 that carries the whole word raises the token two steps ahead).
 Words come from the model's own tokenizer: wordfreq's most frequent English words that the tokenizer splits
 into 2–5 tokens (with a leading space, as in running text), balanced over the lengths as the authors balance
-CounterFact subjects; the random-token words are ordinary ids drawn uniformly (the authors shuffle Pile
+CounterFact subjects (:func:`~inductionlab.core.stimuli.sample_multi_token_words`); the random-token words are ordinary ids drawn uniformly (the authors shuffle Pile
 tokens; this project has no outside text), and R, R′ are ordinary ids too. Probabilities are softmax
 probabilities in float64. [Authors: 1,024 prompts per score, seq_len 30, seed 8.]
 
@@ -49,72 +49,19 @@ import torch
 from ..core.instrument import HeadIntervention, instrument, unwrap_model
 from ..core.models import attention_shape, cache_keyword, returned_cache
 from ..core.placement import execution_device
-from ..core.stimuli import ordinary_token_ids
+from ..core.stimuli import WORD_LENGTHS, ordinary_token_ids
+from ..core.stimuli import multi_token_words as word_pool, random_token_words as random_words
+from ..core.stimuli import sample_multi_token_words as sample_words
 from ..errors import InductionLabError
 from ..measures.stats import Z95
 from .function_vectors import _last_only, _recording, _skipping, _under
 
 #: The four per-head scores, in table order.
 ROUTE_SCORES = ("concept_copying", "token_copying", "concept_attention", "token_attention")
-WORD_LENGTHS = (2, 3, 4, 5)
 
 
 # ---------------------------------------------------------------------------------------------
 # Words and prompts
-
-
-def word_pool(tokenizer, *, lengths: Sequence[int] = WORD_LENGTHS, top_n: int = 50_000) -> dict[int, list[tuple[int, ...]]]:
-    """Multi-token words of the tokenizer: wordfreq's ``top_n`` most frequent English words (alphabetic ASCII),
-    each encoded with a leading space and no special tokens, kept when it splits into one of ``lengths`` tokens.
-
-    Returns: ``{length: [token ids, ...]}`` in frequency order (distinct id tuples)."""
-    from wordfreq import top_n_list
-
-    want = {int(n) for n in lengths}
-    out: dict[int, list[tuple[int, ...]]] = {n: [] for n in sorted(want)}
-    seen = set()
-    for w in top_n_list("en", int(top_n)):
-        if not (w.isascii() and w.isalpha()):
-            continue
-        ids = tuple(tokenizer.encode(" " + w, add_special_tokens=False))
-        if len(ids) in want and ids not in seen:
-            seen.add(ids)
-            out[len(ids)].append(ids)
-    return out
-
-
-def _per_length(n: int, lengths: Sequence[int]) -> list[int]:
-    k = len(lengths)
-    return [n // k + (i < n % k) for i in range(k)]
-
-
-def sample_words(tokenizer, n: int, *, seed: int = 0, lengths: Sequence[int] = WORD_LENGTHS,
-                 top_n: int = 50_000) -> list[tuple[int, ...]]:
-    """``n`` distinct words of :func:`word_pool`, split evenly over ``lengths`` (the first ``n mod |lengths|``
-    lengths one more), drawn without replacement by ``seed``; shortest words first.
-
-    Raises: InductionLabError when a length has fewer words than needed (one line naming the fix)."""
-    pool = word_pool(tokenizer, lengths=lengths, top_n=top_n)
-    rng = np.random.default_rng(int(seed))
-    out = []
-    for length, k in zip(sorted(pool), _per_length(int(n), sorted(pool))):
-        words = pool[length]
-        if len(words) < k:
-            raise InductionLabError(f"only {len(words)} words of {length} tokens among wordfreq's top {top_n} under "
-                                    f"this tokenizer, {k} needed; lower the number of words or lengths")
-        out += [words[i] for i in sorted(rng.choice(len(words), size=k, replace=False))]
-    return out
-
-
-def random_words(ids: torch.Tensor, n: int, *, seed: int = 0, lengths: Sequence[int] = WORD_LENGTHS) -> list[tuple[int, ...]]:
-    """``n`` random-token "words" (the authors' ``--random_tok_entities``) of distinct ids drawn uniformly from
-    ``ids`` (LongTensor ``[V']``), split over ``lengths`` as :func:`sample_words`."""
-    g = torch.Generator().manual_seed(int(seed))
-    out = []
-    for length, k in zip(sorted(lengths), _per_length(int(n), sorted(lengths))):
-        for _ in range(k):
-            out.append(tuple(int(i) for i in ids[torch.randperm(len(ids), generator=g)[:length]]))
-    return out
 
 
 @dataclass(frozen=True)
