@@ -74,7 +74,7 @@ def _authors_loop(model, prompt):
     return out, (b1, b2)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma3"])     # gemma3: sliding-window layers
 def test_the_batched_path_equals_the_authors_per_head_loop(arch, prompts):
     model = make_tiny(arch)
     for pr in (prompts[0][0], prompts[1][-1]):                  # a 2-token word, a 5-token random word
@@ -120,6 +120,27 @@ def test_value_weighted_attention_equals_raw_attention_when_every_value_has_the_
                     [p[0, :, -1, pr.last].numpy() for p in inst.patterns]])
     assert np.allclose(got, raw, atol=1e-6)
     assert not np.allclose(D.attention_scores(make_tiny("gpt2"), pr), raw, atol=1e-4)   # weighting matters
+
+
+def test_value_weighting_reads_each_query_heads_kv_group_under_gqa(llama, prompts):
+    """Llama, 8 query heads on 2 KV heads: value norms read off ``v_proj``'s output by a hook, query head h
+    weighted by its group's (h // 4) norms, against the package's value-weighted scores."""
+    s = attention_shape(llama.config)
+    L, H, KV, D_ = s["n_layers"], s["n_heads"], s["n_kv_heads"], s["head_dim"]
+    pr = prompts[2][2]
+    vals = {}
+    hooks = [llama.model.layers[l].self_attn.v_proj.register_forward_hook(
+        lambda m, a, o, l=l: vals.__setitem__(l, o[0].detach().view(-1, KV, D_).norm(dim=-1).T)) for l in range(L)]
+    with torch.inference_mode(), instrument(llama, keep_patterns=True) as inst:
+        llama(input_ids=torch.tensor([pr.ids]))
+    for h in hooks:
+        h.remove()
+    got = D.attention_scores(llama, pr)
+    for l in range(L):
+        for h in range(H):
+            w = inst.patterns[l][0, h, -1].double() * vals[l][h // (H // KV)].double()
+            w = w / w.sum()
+            assert abs(got[0, l, h] - w[pr.first]) < 1e-6 and abs(got[1, l, h] - w[pr.last]) < 1e-6
 
 
 def test_words_have_2_to_5_tokens_and_are_deterministic_by_seed(bpe):

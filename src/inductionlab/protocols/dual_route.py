@@ -288,13 +288,14 @@ def attention_scores(model, prompt: AttentionPrompt, *, under: Sequence[HeadInte
     s = attention_shape(model.config)
     L, H = s["n_layers"], s["n_heads"]
     x = torch.tensor([list(prompt.ids)], device=execution_device(model))
-    with torch.inference_mode(), instrument(model, list(under), keep_patterns=True, strict=False) as inst:
-        cache = returned_cache(model(input_ids=x, use_cache=True))
+    with torch.inference_mode(), instrument(model, list(under), keep_patterns=True, capture_value_norms=True,
+                                            strict=False) as inst:
+        model(input_ids=x, use_cache=False)
     out = np.empty((2, L, H))
     for l in range(L):
         a = inst.patterns[l][0, :, -1]                                          # [H, K]
-        v = cache.layers[l].values[0].float().norm(dim=-1).cpu()                # [H_kv, K]
-        v = v.repeat_interleave(H // v.shape[0], dim=0)[:, -a.shape[-1]:]
+        v = inst.value_norms[l][0]                                              # [H_kv, K]
+        v = v.repeat_interleave(H // v.shape[0], dim=0)
         vw = value_weighted(a, v)
         out[0, l], out[1, l] = vw[:, prompt.first].numpy(), vw[:, prompt.last].numpy()
     return out
