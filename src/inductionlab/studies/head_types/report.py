@@ -166,5 +166,8 @@ def summary(res) -> list[str]:
               for h in res.record["top_fv_heads"][:5]]
     r = res.overlap.iloc[0]
     lines += ["", f"Top-5% induction ∩ FV: {r.overlap} of {r.n_top} (chance {r.expected:.2f}, P = {r.p_value:.3g})", ""]
+    for r in res.overlap[res.overlap.a.isin(["induction", "concept_copying"]) &
+                         res.overlap.b.isin(["token_copying", "token_attention"])].itertuples():
+        lines.insert(-1, f"Spearman {r.a} vs {r.b}: {r.spearman:+.2f} (P = {r.spearman_p:.3g})")
     lines += [f"{v.claim} {v.status}: {v.evidence}" for v in res.verdicts]
     return lines
