@@ -17,7 +17,7 @@ from conftest import make_tiny
 from inductionlab.cli import main
 from inductionlab.core.ablation import Condition, select_heads
 from inductionlab.errors import InductionLabError
-from inductionlab.protocols.configs import FVScoreConfig, LagProbeConfig
+from inductionlab.protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig
 from inductionlab.studies.configs import HeadScoreConfig
 from inductionlab.studies.head_types.config import (HeadTypesConfig, ProbesConfig, SelectionConfig,
                                                     TokenLossConfig)
@@ -48,6 +48,7 @@ def small(text: Path, **over) -> HeadTypesConfig:
     cfg = HeadTypesConfig(
         scores=HeadScoreConfig(seq_len=12, batch_size=4),
         fv=FVScoreConfig(tasks=("copy", "next_letter"), shots=3, n_prompts=3, zero_shot_prompts=3, top=3),
+        route=DualRouteConfig(n_words=4, n_attention=4, word_pool=5000),
         selection=SelectionConfig(fractions=(0.1, 0.25), exclude_fraction=0.2),
         probes=ProbesConfig(n_prompts=2), icl=TokenLossConfig(text=str(text), late=40, early=10, n_sequences=3),
         lag=LagProbeConfig(list_length=20, cue_position=10, n_permutations=4, cues="all:5", pool_size=200))
@@ -84,6 +85,24 @@ def test_the_fv_column_is_the_aie_over_tasks_and_prompts(study):
     per_task = fv[fv.task != "all"].groupby(["layer", "head"]).aie.mean()
     assert np.allclose(heads.set_index(["layer", "head"]).fv.loc[per_task.index], per_task, atol=1e-12)
     assert np.allclose(heads.fv.to_numpy().reshape(2, 8), res.fv.cie.mean(axis=(0, 1)), atol=1e-12)
+
+
+def test_the_dual_route_columns_are_rankings_for_every_ablation_option(study):
+    """The four dual-route scores join head_scores.csv as the means of the piece's per-prompt arrays, and the
+    ranking config reads them as a --scores-file column; the overlap table carries their Spearman ρ."""
+    from inductionlab.studies.configs import RankingConfig
+    res, out = study
+    heads = pd.read_csv(out / "head_scores.csv")
+    cc = np.load(out / "checkpoints" / "dual_route.npz")["word"][:, 0].mean(0)
+    assert np.allclose(heads.concept_copying.to_numpy().reshape(2, 8), cc, atol=1e-12)
+    rc = RankingConfig(rank_by="concept_copying", scores_file=str(out / "head_scores.csv"))
+    table = rc.score_tables((2, 8))["concept_copying"]
+    assert select_heads(table, k=3) == select_heads(cc, k=3)
+    ov = pd.read_csv(out / "overlap.csv")
+    assert {("induction", "token_copying"), ("induction", "token_attention")} <= set(zip(ov.a, ov.b))
+    rec = json.loads((out / "results.json").read_text())["dual_route"]
+    assert rec["params"]["cost"]["ratio"] > 1 and len(rec["top"]["token_copying"]) == 10
+    assert (out / "route_scatter.png").is_file() and (out / "route_scores.csv").is_file()
 
 
 def test_exclusive_selections_never_hold_the_other_rankings_top_heads(study):

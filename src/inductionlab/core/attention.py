@@ -224,12 +224,14 @@ class Instrumentation:
             :func:`~inductionlab.core.instrument.head_output_means`).
         captured: ``(layer, head)`` -> the head's output ``[B, Q, head_dim]`` (model dtype) in the last
             call, for each head of ``capture_heads`` (see :func:`~inductionlab.core.instrument.head_outputs`).
+        value_norms: list (per layer) of float32 ``[B, n_kv_heads, K]``, the L2 norm of each key slot's value
+            vector in the last call, if ``capture_value_norms`` (value-weighted attention; slots as ``patterns``).
         calls: number of attention calls seen (per forward: one per layer).
     """
 
     def __init__(self, model, interventions: Sequence[HeadIntervention], reductions: Mapping[str, torch.Tensor],
                  keep_patterns: bool, capture_head_means: bool, need_probs: bool | None, capture_heads=(),
-                 mean_positions="all"):
+                 mean_positions="all", capture_value_norms: bool = False):
         self.model = model
         self.shape = attention_shape(model.config)
         L, H = self.shape["n_layers"], self.shape["n_heads"]
@@ -255,6 +257,8 @@ class Instrumentation:
         self.head_output_count = 0
         self.capture_heads = {(int(l), int(h)) for l, h in capture_heads}
         self.captured: dict[tuple[int, int], torch.Tensor] = {}
+        self.capture_value_norms = capture_value_norms
+        self.value_norms: list[torch.Tensor | None] = [None] * L
         self.need_probs = bool(reductions) or keep_patterns if need_probs is None else need_probs
         # reductions alone: the attention from the fused kernel (SDPA's CPU flash attention) and the
         # target probability from its log-sum-exp; no [B, H, Q, K] pattern is built
@@ -549,6 +553,8 @@ class Instrumentation:
         kernel = None if self._fused_ok(module, query, kwargs) else self._base(module, kwargs)   # None: fused
         mask, row_dead = self._edit_mask(cuts, attention_mask, pos, query, K, kernel)             # 1.
         out, weights, fused = self._kernel(kernel, module, query, key, value, mask, kwargs, bool(cuts))  # 2.
+        if self.capture_value_norms:
+            self.value_norms[layer] = value.detach().float().norm(dim=-1).cpu()
         out, weights, zeroed = self._edit_output(replaces, out, weights, row_dead, pos)           # 3.
         self._reductions(layer, pos, out, weights, fused, row_dead, zeroed)                       # 4.
         return out, weights

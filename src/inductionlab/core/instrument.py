@@ -110,7 +110,7 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
                reductions: Mapping[str, torch.Tensor] | None = None, keep_patterns: bool = False,
                capture_head_means: bool = False, need_probs: bool | None = None,
                strict: bool = True, capture_heads: Iterable[tuple[int, int]] = (),
-               mean_positions="all") -> Iterator[Instrumentation]:
+               mean_positions="all", capture_value_norms: bool = False) -> Iterator[Instrumentation]:
     """Point ``model`` at the inductionlab attention function for the duration of the block.
 
     Args:
@@ -125,6 +125,8 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
             ``mean_positions``: ``"all"``, ``"last"`` or positions, as :attr:`HeadIntervention.positions`).
         capture_heads: ``(layer, head)`` pairs whose output ``[B, Q, head_dim]`` each call keeps in
             ``inst.captured`` (the source run of activation patching; :func:`head_outputs`).
+        capture_value_norms: keep each layer's value-vector norms ``[B, n_kv_heads, K]`` of the last call in
+            ``inst.value_norms`` (value-weighted attention, Kobayashi et al. 2020; slots as ``patterns``).
         need_probs: force (True) or forbid (False) the eager path; default: eager only when
             probabilities are needed or the model was loaded with eager attention.
         strict: on exit, raise :class:`NoOpIntervention` if an intervention changed nothing.
@@ -148,7 +150,7 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
     """
     model = unwrap_model(model)
     inst = Instrumentation(model, list(interventions), reductions or {}, keep_patterns,
-                           capture_head_means, need_probs, capture_heads, mean_positions)
+                           capture_head_means, need_probs, capture_heads, mean_positions, capture_value_norms)
     with inst.attach(), eval_mode(model):
         yield inst
     if inst.calls == 0 and (inst.interventions or inst.reduction_targets):

@@ -6,6 +6,7 @@ Everything is built as token ids, never by decoding to text and re-tokenising.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -86,3 +87,65 @@ def single_token_words(tokenizer, n: int | None = None, *, prefix: str = " ", la
 def seed_for(*parts: int) -> int:
     """A 32-bit seed derived from integers (numpy SeedSequence), for per-trial / per-draw seeds."""
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
+
+# Multi-token words (Feucht et al. 2025's entities of 2-5 tokens; protocols.dual_route)
+
+#: Word lengths in tokens of the dual-route scores (Feucht et al. 2025).
+WORD_LENGTHS = (2, 3, 4, 5)
+
+
+def multi_token_words(tokenizer, *, lengths: Sequence[int] = WORD_LENGTHS,
+                      top_n: int = 50_000) -> dict[int, list[tuple[int, ...]]]:
+    """Multi-token words of the tokenizer: wordfreq's ``top_n`` most frequent English words (alphabetic ASCII),
+    each encoded with a leading space and no special tokens, kept when it splits into one of ``lengths`` tokens.
+
+    Returns: ``{length: [token ids, ...]}`` in frequency order (distinct id tuples)."""
+    from wordfreq import top_n_list
+
+    want = {int(n) for n in lengths}
+    out: dict[int, list[tuple[int, ...]]] = {n: [] for n in sorted(want)}
+    seen = set()
+    for w in top_n_list("en", int(top_n)):
+        if not (w.isascii() and w.isalpha()):
+            continue
+        ids = tuple(tokenizer.encode(" " + w, add_special_tokens=False))
+        if len(ids) in want and ids not in seen:
+            seen.add(ids)
+            out[len(ids)].append(ids)
+    return out
+
+
+def _per_length(n: int, lengths: Sequence[int]) -> list[int]:
+    k = len(lengths)
+    return [n // k + (i < n % k) for i in range(k)]
+
+
+def sample_multi_token_words(tokenizer, n: int, *, seed: int = 0, lengths: Sequence[int] = WORD_LENGTHS,
+                 top_n: int = 50_000) -> list[tuple[int, ...]]:
+    """``n`` distinct words of :func:`multi_token_words`, split evenly over ``lengths`` (the first ``n mod |lengths|``
+    lengths one more), drawn without replacement by ``seed``; shortest words first.
+
+    Raises: InductionLabError when a length has fewer words than needed (one line naming the fix)."""
+    pool = multi_token_words(tokenizer, lengths=lengths, top_n=top_n)
+    rng = np.random.default_rng(int(seed))
+    out = []
+    for length, k in zip(sorted(pool), _per_length(int(n), sorted(pool))):
+        words = pool[length]
+        if len(words) < k:
+            raise InductionLabError(f"only {len(words)} words of {length} tokens among wordfreq's top {top_n} under "
+                                    f"this tokenizer, {k} needed; lower the number of words or lengths")
+        out += [words[i] for i in sorted(rng.choice(len(words), size=k, replace=False))]
+    return out
+
+
+def random_token_words(ids: torch.Tensor, n: int, *, seed: int = 0,
+                       lengths: Sequence[int] = WORD_LENGTHS) -> list[tuple[int, ...]]:
+    """``n`` random-token "words" (the authors' ``--random_tok_entities``) of distinct ids drawn uniformly from
+    ``ids`` (LongTensor ``[V']``), split over ``lengths`` as :func:`sample_multi_token_words`."""
+    g = torch.Generator().manual_seed(int(seed))
+    out = []
+    for length, k in zip(sorted(lengths), _per_length(int(n), sorted(lengths))):
+        for _ in range(k):
+            out.append(tuple(int(i) for i in ids[torch.randperm(len(ids), generator=g)[:length]]))
+    return out

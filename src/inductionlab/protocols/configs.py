@@ -1,5 +1,5 @@
 """The protocols' configs: :class:`LagProbeConfig` (SPEC §4), :class:`SerialRecallConfig` (SPEC §5) and
-:class:`FVScoreConfig` (SPEC §10),
+:class:`FVScoreConfig` and :class:`DualRouteConfig` (SPEC §10),
 typed trees (:mod:`inductionlab.config`) whose leaves are the studies' command-line options.
 
 No torch here: the command line generates its options from these before anything heavy is loaded.
@@ -216,4 +216,39 @@ class FVScoreConfig:
             raise InductionLabError(f"--fv-layer {self.layer} must be >= 0 (a decoder layer)")
 
 
-__all__ = ["LagProbeConfig", "SerialRecallConfig", "FVScoreConfig"]
+@dataclass
+class DualRouteConfig:
+    """Concept and token induction scores per head (Feucht et al. 2025; SPEC §10,
+    :mod:`inductionlab.protocols.dual_route`): causal copying on word and random-token prompts, value-weighted
+    attention to a word's first and last token."""
+    enabled: bool = opt(True, "Skip the concept / token induction scores (the flag sets enabled false).",
+                        flag="--no-dual-route")
+    n_words: int = opt(32, "Word prompts for concept copying, and as many random-token prompts for token copying "
+                           "(split evenly over the word lengths).",
+                       source="Feucht et al. 2025 use 1024; fewer here for a CPU run", flag="--route-prompts")
+    n_attention: int = opt(32, "Prompts for the value-weighted attention scores.",
+                           source="Feucht et al. 2025 use 2048; fewer here for a CPU run", flag="--route-attention-prompts")
+    seq_len: int = opt(30, "Random-token context length around a word.", source="Feucht et al. 2025",
+                       flag="--route-seq-len")
+    lengths: tuple[int, ...] = opt((2, 3, 4, 5), "Word lengths in tokens, comma-separated.",
+                                   source="Feucht et al. 2025", flag="--route-word-lengths")
+    word_pool: int = opt(50_000, "Most frequent wordfreq words the words are drawn from.", flag="--route-word-pool")
+    rows: int = opt(64, "Heads patched per forward of suffix copies (speed only).", cli=False)
+    seed: int = opt(0, "Seed of the words and contexts.", cli=False)                     # a study sets its own
+
+    def validate(self) -> None:
+        """Raises InductionLabError: fewer prompts than word lengths or than 2 (a CI), a length outside 2..seq_len/2,
+        a repeated length, a pool or rows below 1; TypeError: a field of the wrong type."""
+        check_fields(self)
+        if not self.lengths or len(set(self.lengths)) != len(self.lengths) or \
+                any(not 2 <= n <= self.seq_len // 2 for n in self.lengths):
+            raise InductionLabError(f"--route-word-lengths {','.join(map(str, self.lengths)) or '(none)'}: give distinct "
+                                    f"lengths in 2..{self.seq_len // 2} (--route-seq-len / 2), e.g. 2,3,4,5")
+        if min(self.n_words, self.n_attention) < max(2, len(self.lengths)):
+            raise InductionLabError(f"--route-prompts {self.n_words} and --route-attention-prompts {self.n_attention} "
+                                    f"must be >= {max(2, len(self.lengths))} (one per word length, two for a CI)")
+        if self.word_pool < 1 or self.rows < 1:
+            raise InductionLabError(f"--route-word-pool {self.word_pool} and rows {self.rows} must be >= 1")
+
+
+__all__ = ["LagProbeConfig", "SerialRecallConfig", "FVScoreConfig", "DualRouteConfig"]

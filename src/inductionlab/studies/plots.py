@@ -491,6 +491,30 @@ def score_scatter(x: np.ndarray, y: np.ndarray, path: str | Path, xlabel: str, y
     save(fig, path)
 
 
+def route_scatter(token: np.ndarray, concept: np.ndarray, path: str | Path, title: str = "", label_top: int = 5,
+                  xlabel: str = "token copying (ΔP(e₀))", ylabel: str = "concept copying (ΔP(e₁))") -> None:
+    """Concept vs token induction score per head (Feucht et al. 2025, Fig. 2's layout): ``token``, ``concept``
+    ``[n_layers, n_heads]``; points coloured by layer, the top ``label_top`` heads of each score labelled
+    ``L<layer>H<head>``."""
+    token, concept = np.asarray(token, float), np.asarray(concept, float)
+    L, H = token.shape
+    layer = np.repeat(np.arange(L), H)
+    fig, ax = plt.subplots(figsize=(5.2, 4.2), layout="constrained")
+    sc = ax.scatter(token.reshape(-1), concept.reshape(-1), c=layer, cmap="viridis", s=16, alpha=0.85)
+    fig.colorbar(sc, ax=ax, label="layer")
+    shown = set(np.argsort(-token.reshape(-1), kind="stable")[:label_top]) | \
+        set(np.argsort(-concept.reshape(-1), kind="stable")[:label_top])
+    for i in sorted(shown):
+        ax.annotate(f"L{i // H}H{i % H}", (token.flat[i], concept.flat[i]), fontsize=7, xytext=(3, 3),
+                    textcoords="offset points")
+    ax.axhline(0, color="black", lw=0.5)
+    ax.axvline(0, color="black", lw=0.5)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title or "concept vs token induction per head", fontsize=9)
+    save(fig, path)
+
+
 def drop_vs_fraction(drops: pd.DataFrame, measures: dict[str, str], path: str | Path, title: str = "") -> None:
     """One panel per measure: the drop (intact − ablated, with its 95% CI) against the fraction of heads ablated,
     one line per selection kind (random: the draws pooled)."""

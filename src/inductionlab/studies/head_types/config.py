@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from ...checks import check_draws, check_fields, check_method, check_seed, check_type
 from ...config import nested, opt
 from ...errors import InductionLabError
-from ...protocols.configs import FVScoreConfig, LagProbeConfig
+from ...protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig
 from ..configs import HeadScoreConfig, check_lag_headline, check_trials_fit
 from ..spec import StudySpec
 
@@ -91,6 +91,8 @@ class HeadTypesConfig:
     seed: int = opt(0, "Seed of prompts, trials, random draws and head-score sequences.")
     scores: HeadScoreConfig = nested(HeadScoreConfig, "Attention-pattern head scores (SPEC §3).")
     fv: FVScoreConfig = nested(FVScoreConfig, "FV score (AIE) per head (Todd et al. 2024).")
+    route: DualRouteConfig = nested(DualRouteConfig, "Concept / token induction scores per head (Feucht et al. "
+                                                     "2025): columns of head_scores.csv, rankings for ablation.")
     selection: SelectionConfig = nested(SelectionConfig, "Exclusive ablation (Yin & Steinhardt 2025).")
     probes: ProbesConfig = nested(ProbesConfig, "Few-shot HITS@1 under ablation.")
     icl: TokenLossConfig = nested(TokenLossConfig, "Token-loss ICL score under ablation.")
@@ -103,6 +105,10 @@ class HeadTypesConfig:
         """The nested protocol configs with the study's seed (and the lag probe's method)."""
         return replace(self.fv, seed=self.seed), replace(self.lag, seed=self.seed, method=self.lag_method)
 
+    def route_config(self) -> DualRouteConfig:
+        """The dual-route config with the study's seed."""
+        return replace(self.route, seed=self.seed)
+
     def validate(self) -> None:
         """Check every option that needs no model.
 
@@ -110,7 +116,8 @@ class HeadTypesConfig:
             InductionLabError: what a nested config refuses; TypeError: a field of the wrong type."""
         check_fields(self)
         check_seed(self.seed, "--seed")
-        for name, kind in (("scores", HeadScoreConfig), ("fv", FVScoreConfig), ("selection", SelectionConfig),
+        for name, kind in (("scores", HeadScoreConfig), ("fv", FVScoreConfig), ("route", DualRouteConfig),
+                           ("selection", SelectionConfig),
                            ("probes", ProbesConfig), ("icl", TokenLossConfig), ("lag", LagProbeConfig)):
             check_type(getattr(self, name), kind, f"HeadTypesConfig.{name}")
             getattr(self, name).validate()
@@ -123,7 +130,8 @@ class HeadTypesConfig:
 
 SPEC = StudySpec(
     "study head-types", HeadTypesConfig,
-    help="Which heads carry in-context learning: FV scores (AIE) beside the attention-pattern scores, their "
+    help="Which heads carry in-context learning: FV scores (AIE) and concept / token induction scores beside the "
+         "attention-pattern scores, their "
          "overlap, and induction- vs FV-head ablation with and without excluding the other's top heads, against "
          "random heads, on few-shot HITS@1, the token-loss ICL score and the lag probe, with verdicts Y1-Y4. "
          "Guide: docs/head_types.md.",

@@ -17,11 +17,37 @@ ZS, FVEC, RVEC = "zero-shot", "function vector", "random heads' vector"     # th
 
 
 def head_table(res) -> pd.DataFrame:
-    """Per head: every attention-pattern score and the FV score (AIE over tasks and prompts, signed)."""
+    """Per head: every attention-pattern score, the FV score (AIE over tasks and prompts, signed) and, when the
+    dual-route step ran, ``concept_copying``, ``token_copying``, ``concept_attention``, ``token_attention``."""
     hs, aie = res.scores, res.fv.aie()
+    route = {} if getattr(res, "route", None) is None else res.route.scores()
     L, H = aie.shape
     return pd.DataFrame([{"layer": l, "head": h, **{n: float(v[l, h]) for n, v in hs.scores.items()},
-                          "fv": float(aie[l, h])} for l in range(L) for h in range(H)])
+                          "fv": float(aie[l, h]), **{n: float(v[l, h]) for n, v in route.items()}}
+                         for l in range(L) for h in range(H)])
+
+
+def _route_lines(res) -> list[str]:
+    """The dual-route section: definitions, cost, the top heads of each score."""
+    r = res.route
+    if r is None:
+        return []
+    p, rec = r.params, res.record["dual_route"]
+    c = p["cost"]
+    lines = ["## Concept and token induction heads", "",
+             f"Feucht et al. 2025's scores: a head's clean output at −2 patched from `[BOS] R e \\n R e₀` into "
+             f"`[BOS] R′ \\n R e₀`; concept copying = ΔP(e₁ at −1) on {r.word.shape[0]} words of "
+             f"{', '.join(map(str, p['lengths']))} tokens from this tokenizer, token copying = ΔP(e₀ at −2) on as many "
+             f"random-token words; value-weighted attention (a·‖v‖, renormalised) from the last position of "
+             f"`[BOS] R₁ e R₂ \\n R₁` to the word's first (token) and last (concept) token, {r.attention.shape[0]} "
+             f"prompts. Mean P(e₁) corrupted {rec['p_corrupt']['word_p_e1']:.4f}, P(e₀) corrupted "
+             f"{rec['p_corrupt']['random_p_e0']:.4f}. Cost {c['seconds']:.1f} s, {c['ratio']:.1f}× one bare forward of "
+             f"each of its {c['bare_forwards']} prompts ({c['bare_forward_seconds']:.2f} s).", "",
+             "| rank | " + " | ".join(rec["top"]) + " |", "|---|" + "---|" * len(rec["top"])]
+    for i in range(min(10, len(next(iter(rec["top"].values()))))):
+        lines.append(f"| {i + 1} | " + " | ".join(f"L{t[i]['layer']}H{t[i]['head']} {t[i]['score']:.2g}"
+                                                 for t in rec["top"].values()) + " |")
+    return lines + [""]
 
 
 def fv_check_table(res) -> pd.DataFrame:
@@ -69,7 +95,8 @@ def report(res) -> str:
               ", ".join(f"L{h['layer']}H{h['head']} {h['aie']:+.4f}" for h in low) + ". By |AIE| the top 10 are: " +
               ", ".join(f"L{h['layer']}H{h['head']}" for h in res.record["top_fv_heads_absolute"]) + ".", ""]
     lines += _fv_check_lines(res)
-    lines += ["", "## Overlap of the rankings", "",
+    lines += [""] + _route_lines(res)
+    lines += ["## Overlap of the rankings", "",
               "| A | B | top-5% heads | shared | expected | P(X ≥ shared) | A's top 2% percentile in B | "
               "B's top 2% percentile in A | Spearman |", "|---|---|---|---|---|---|---|---|---|"]
     for r in res.overlap.itertuples():
@@ -100,7 +127,8 @@ def report(res) -> str:
         lines.append("")
     lines += ["## Timings", ""] + [f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in res.timings.items()]
     lines += ["", "Files: `results.json`, `fv_scores.csv` (per head and task), `head_scores.csv` (with the `fv` "
-              "column), `drops.csv`, `overlap.csv`, `fv_check.csv`, `probe_rows.csv`, `icl_rows.csv`, "
+              "column and, unless --no-dual-route, the four dual-route columns), `route_scores.csv` (with CIs), "
+              "`route_scatter.png`, `drops.csv`, `overlap.csv`, `fv_check.csv`, `probe_rows.csv`, `icl_rows.csv`, "
               "`fv_heatmap.png`, `scores_scatter.png`, `drop_vs_fraction.png`, `head_scores.png`.", ""]
     return "\n".join(lines)
 
@@ -122,6 +150,10 @@ def write(out: Path, res) -> None:
     plots.head_heatmaps(res.scores.scores, out / "head_scores.png", title=name)
     plots.score_scatter(res.scores["induction"], res.fv.aie(), out / "scores_scatter.png", "induction score",
                         "FV score (AIE)")
+    if getattr(res, "route", None) is not None:
+        atomic_write_text(out / "route_scores.csv", res.route.table().to_csv(index=False))
+        plots.route_scatter(res.route.score("token_copying"), res.route.score("concept_copying"),
+                            out / "route_scatter.png", title=f"{name}: concept vs token induction")
     shown = {m: MEASURES[m] for m in ("hits1_mean", "icl_benefit", "temporal_factor") if m in set(res.drops.measure)}
     plots.drop_vs_fraction(res.drops, shown, out / "drop_vs_fraction.png", title=f"{name}: drop under ablation")
     atomic_write_text(out / "report.md", report(res))
@@ -134,5 +166,8 @@ def summary(res) -> list[str]:
               for h in res.record["top_fv_heads"][:5]]
     r = res.overlap.iloc[0]
     lines += ["", f"Top-5% induction ∩ FV: {r.overlap} of {r.n_top} (chance {r.expected:.2f}, P = {r.p_value:.3g})", ""]
+    for r in res.overlap[res.overlap.a.isin(["induction", "concept_copying"]) &
+                         res.overlap.b.isin(["token_copying", "token_attention"])].itertuples():
+        lines.insert(-1, f"Spearman {r.a} vs {r.b}: {r.spearman:+.2f} (P = {r.spearman_p:.3g})")
     lines += [f"{v.claim} {v.status}: {v.evidence}" for v in res.verdicts]
     return lines

@@ -7,6 +7,9 @@ Pieces (each checkpointed in ``<out>/checkpoints/``; a re-run with the same ``--
 1. the attention-pattern head scores (SPEC §3) → ``scores.json``;
 2. the FV score of every head per task (:mod:`inductionlab.protocols.function_vectors`: clean means, CIE of
    each head on each corrupted prompt) → ``fv/<task>.npz``;
+2b. (``--no-dual-route`` skips it) the concept and token induction scores of every head
+   (:mod:`inductionlab.protocols.dual_route`, Feucht et al. 2025) → ``dual_route.npz``; their columns join
+   ``head_scores.csv`` (rankings for every ablation option: ``--rank-by concept_copying --scores-file``);
 3. the function vector's check (top heads by AIE vs random heads, zero-shot HITS@1 with the vector added
    after a middle layer) → ``fv_check.json``;
 4. the conditions: for each fraction f, the top heads by induction score and by FV score, each also with the
@@ -37,8 +40,8 @@ from ...core.scores import HeadScores
 from ...core.stimuli import seed_for
 from ...errors import InductionLabError
 from ...measures.overlap import head_overlap
-from ...protocols import function_probes, function_vectors as F, icl_score, lag_probe
-from ...protocols.configs import FVScoreConfig, LagProbeConfig
+from ...protocols import dual_route as DR, function_probes, function_vectors as F, icl_score, lag_probe
+from ...protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig
 from ...protocols.icl_tasks import Prompt, build_tasks, make_prompts
 from ...protocols.lag_probe import LagProbeResult
 from ...protocols.runner import Probe, Trials
@@ -66,6 +69,8 @@ class Plan:
     icl_positions: tuple[int, int]
     lag: LagProbeConfig
     params: dict
+    route: DualRouteConfig | None = None
+    route_prompts: tuple | None = None     # (word, random-token, attention) prompts of dual_route.build_prompts
 
 
 @dataclass(kw_only=True)
@@ -82,6 +87,7 @@ class HeadTypesStudy(StudyResult):
     lag: LagProbeResult
     drops: pd.DataFrame               # per condition and measure: value, CI, drop vs intact (verdicts.drop_table)
     overlap: pd.DataFrame             # one row per pair of rankings
+    route: DR.RouteScores | None = None   # concept / token induction scores (None: --no-dual-route)
 
 
 def _bos(loaded: LoadedModel, on: bool) -> int | None:
@@ -166,12 +172,17 @@ def prepare(loaded: LoadedModel, cfg: HeadTypesConfig) -> Plan:
     windows = text_windows(loaded, cfg, late + 1)
     check_trial_ids(lag_probe.build_trials(loaded, replace(lag, n_permutations=2)), loaded, "lag probe")
     lag_probe.check_cues(loaded, lag)
+    route, route_prompts = cfg.route_config(), None
+    if route.enabled:
+        route_prompts = DR.build_prompts(loaded.tokenizer, loaded.model.config.vocab_size, n_words=route.n_words,
+                                         n_attention=route.n_attention, seq_len=route.seq_len, lengths=route.lengths,
+                                         top_n=route.word_pool, seed=route.seed)
     params = {"config": to_dict(cfg), "fractions": kept, "fractions_dropped": dropped,
               "counts": {f"{f:g}": max(1, int(f * n_total)) for f in kept}, "fv_layer": fv_layer,
               "fv_tasks": list(fv_prompts), "icl_positions": {"late": late, "early": early},
               "probe_prompts_seed": "seed_for(seed, 1)", "zero_shot_prompts_seed": "seed_for(seed, 2)"}
     return Plan(loaded, cfg, kept, fv, fv_layer, fv_prompts, probe_prompts, zero_shot, windows, (late, early), lag,
-                params)
+                params, route if route.enabled else None, route_prompts)
 
 
 # ---- FV scores -------------------------------------------------------------------------------------
@@ -203,6 +214,34 @@ def _fv_scores(plan: Plan, ctx: Context) -> F.FVScores:
                       torch.as_tensor(np.stack([parts[t]["means"] for t in tasks])),
                       {"shots": plan.fv.shots, "n_prompts": plan.fv.n_prompts, "seed": plan.fv.seed,
                        "tasks": tasks, "rows": plan.fv.rows})
+
+
+ROUTE_ARRAYS = ("word", "random", "attention", "p_word", "p_random")
+
+
+def _route_scores(plan: Plan, ctx: Context) -> DR.RouteScores | None:
+    """The concept / token induction scores, one piece ``dual_route`` (per-prompt effects and attention, and the
+    cost: the piece's seconds and those of one bare forward of every prompt)."""
+    if plan.route is None:
+        return None
+    from tqdm.auto import tqdm
+    wp, rp, ap = plan.route_prompts
+
+    def compute():
+        with tqdm(total=len(wp) + len(rp) + len(ap), desc="dual-route scores", unit="prompt",
+                  disable=not ctx.bar) as bar:
+            r = DR.route_scores(plan.loaded.model, wp, rp, ap, rows=plan.route.rows, progress=bar.update)
+        c = r.params["cost"]
+        return {**{k: getattr(r, k) for k in ROUTE_ARRAYS},
+                "cost": np.array([c["seconds"], c["bare_forward_seconds"], c["bare_forwards"]])}
+    with ctx.run.timed("dual_route"):
+        got = ctx.run.arrays("dual_route", compute)
+    sec, bare, n = (float(v) for v in got["cost"])
+    r = plan.route
+    return DR.RouteScores(*(got[k] for k in ROUTE_ARRAYS), params={
+        "n_words": r.n_words, "n_attention": r.n_attention, "seq_len": r.seq_len, "lengths": list(r.lengths),
+        "word_pool": r.word_pool, "seed": r.seed, "rows": r.rows,
+        "cost": {"seconds": sec, "bare_forward_seconds": bare, "bare_forwards": int(n), "ratio": sec / bare}})
 
 
 def fv_ranking_scores(fv: F.FVScores, ranking: str) -> np.ndarray:
@@ -298,10 +337,12 @@ def phases(plan: Plan, ctx: Context) -> dict:
     scores = ctx.head_scores(cfg.scores, seed=cfg.seed)
     fv = _fv_scores(plan, ctx)
     fv_check = ctx.piece("fv_check", lambda: _fv_check(plan, fv))
+    route = _route_scores(plan, ctx)
     conditions = conditions_for(scores["induction"], fv_ranking_scores(fv, cfg.selection.fv_ranking), plan)
     probes = _probes(plan, ctx, conditions, fv)
     runs = ctx.measure(Phase("icl", _icl_probe(plan), conditions), Phase("lag", lag_probe.probe(plan.lag), conditions))
-    return {"scores": scores, "fv": fv, "fv_check": fv_check, "conditions": conditions, "probes": probes, **runs}
+    return {"scores": scores, "fv": fv, "fv_check": fv_check, "route": route, "conditions": conditions,
+            "probes": probes, **runs}
 
 
 def _icl_rows(plan: Plan, pieces: dict) -> pd.DataFrame:
@@ -314,13 +355,22 @@ def _icl_rows(plan: Plan, pieces: dict) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
-def overlap_table(induction: np.ndarray, fv: F.FVScores, other: dict[str, np.ndarray]) -> pd.DataFrame:
+def overlap_table(induction: np.ndarray, fv: F.FVScores, other: dict[str, np.ndarray],
+                  route: DR.RouteScores | None = None) -> pd.DataFrame:
     """Overlap rows (:func:`~inductionlab.measures.overlap.head_overlap`): induction vs FV signed and vs FV
-    absolute, and FV (signed) vs each other attention-pattern score."""
+    absolute, FV (signed) vs each other attention-pattern score, and with ``route``: induction vs token copying
+    and vs next-token matching (``token_attention``), concept copying vs FV and vs token copying (Feucht's
+    overlaps; reported, never thresholded)."""
     signed, absolute = fv.aie(), np.abs(fv.aie())
     rows = [head_overlap(induction, signed, ("induction", "fv")),
             head_overlap(induction, absolute, ("induction", "fv_abs"))]
     rows += [head_overlap(v, signed, (k, "fv")) for k, v in other.items() if k != "induction"]
+    if route is not None:
+        s = route.scores()
+        rows += [head_overlap(induction, s["token_copying"], ("induction", "token_copying")),
+                 head_overlap(induction, s["token_attention"], ("induction", "token_attention")),
+                 head_overlap(s["concept_copying"], signed, ("concept_copying", "fv")),
+                 head_overlap(s["concept_copying"], s["token_copying"], ("concept_copying", "token_copying"))]
     return pd.DataFrame(rows)
 
 
@@ -331,7 +381,8 @@ def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
     icl = _icl_rows(plan, pieces)
     counts = {max(1, int(f * hs["induction"].size)): f for f in plan.fractions}
     drops = drop_table(conditions, probes, icl, lag, counts)
-    overlap = overlap_table(hs["induction"], fv, hs.scores)
+    route = pieces.get("route")
+    overlap = overlap_table(hs["induction"], fv, hs.scores, route)
     verd = decide(drops, probes, icl, lag, conditions, overlap, counts)
     aie = fv.aie()
     table = fv.table()
@@ -354,6 +405,11 @@ def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
         "bottom_fv_heads": heads(fv.ranking(signed=True)[::-1]),
         "fv_check": {k: v for k, v in pieces["fv_check"].items() if k != "rows"} |
                     {"rows": [{k: v for k, v in r.items() if k != "hits1_per_prompt"} for r in pieces["fv_check"]["rows"]]},
+        "dual_route": None if route is None else {
+            "params": route.params,
+            "top": {n: [{"layer": l, "head": h, "score": v} for l, h, v in route.top(n)] for n in DR.ROUTE_SCORES},
+            "p_corrupt": {"word_p_e1": float(route.p_word[:, 0].mean()),
+                          "random_p_e0": float(route.p_random[:, 1].mean())}},
         "conditions": [c.to_dict() for c in conditions],
         "overlap": overlap.to_dict(orient="records"),
         "drops": drops.to_dict(orient="records"),
@@ -361,7 +417,7 @@ def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
     }
     return HeadTypesStudy(loaded=plan.loaded, config=plan.cfg, scores=hs, fv=fv, fv_check=pieces["fv_check"],
                           conditions=conditions, probes=probes, icl=icl, lag=lag, drops=drops, overlap=overlap,
-                          verdicts=verd, record=record)
+                          route=route, verdicts=verd, record=record)
 
 
 def run_head_types(loaded: LoadedModel, cfg: HeadTypesConfig, out: str | Path,
