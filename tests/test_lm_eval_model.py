@@ -127,3 +127,17 @@ def test_cli_passes_through_to_lm_eval(tiny_dir, task_dir, tmp_path):
     res = json.loads(next(out.rglob("results_*.json")).read_text())
     assert res["config"]["inductionlab"]["heads"] == [[1, 3], [0, 5]]
     assert 0.0 <= res["results"][TASK]["acc,none"] <= 1.0
+
+
+def test_generation_runs_under_the_ablation(loaded):
+    """``generate_until`` (KV-cached greedy decoding) under {A, B} equals lm-eval's hf generating inside
+    ``ablate(model, [A, B])``, and differs from the intact model's on some prompt."""
+    from lm_eval.api.instance import Instance
+    words = ["the", "of", "and", "to", "in", "is", "for", "that"]
+    reqs = [Instance("generate_until", {}, (" ".join(words[i:i + 4]), {"until": ["."], "max_gen_toks": 5}), i)
+            for i in range(4)]
+    ours = InductionLabLM(loaded, heads=[A, B], batch_size=2).generate_until(reqs)
+    with ablate(loaded.model, [A, B]):
+        direct = hf(loaded).generate_until(reqs)
+    intact = hf(loaded).generate_until(reqs)
+    assert ours == direct and ours != intact

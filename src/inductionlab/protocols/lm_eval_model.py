@@ -80,7 +80,8 @@ def parse_ablate(spec: str) -> tuple[str, object]:
     if m := _TOP.fullmatch(s):
         k, score = int(m["k"]), m["score"] or "induction"
         if score not in SCORE_NAMES:
-            raise InductionLabError(f"ablate={spec!r}: unknown head score {score!r}; use one of {', '.join(SCORE_NAMES)}")
+            raise InductionLabError(f"ablate={spec!r}: unknown head score {score!r}; use one of "
+                                    f"{', '.join(SCORE_NAMES)}")
         if k < 1:
             raise InductionLabError(f"ablate={spec!r}: k must be >= 1")
         return "top", (k, score)

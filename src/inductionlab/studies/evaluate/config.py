@@ -167,6 +167,9 @@ class LmEvalConfig:
                                   needs="--lm-eval-tasks")
     limit: int | None = opt(50, "lm-eval test documents per task.", flag="--lm-eval-limit", needs="--lm-eval-tasks")
     batch_size: int = opt(8, "lm-eval batch size.", cli=False)
+    ablated: bool = opt(True, "Run the lm-eval tasks intact only (the flag sets ablated false), not also under every "
+                              "ablation condition of the load-bearing test.", flag="--no-lm-eval-ablated",
+                        omit_default=True)
 
     def validate(self) -> None:
         check_fields(self)
