@@ -34,15 +34,21 @@ def loaded(word_tokenizer):
     return LoadedModel(model, word_tokenizer, {"name": "tiny-llama", **attention_shape(model.config)})
 
 
-def loglikelihoods(lm, task_dir) -> list[float]:
-    """Every request's log-likelihood, in document order (4 documents, 1 shot)."""
-    from lm_eval import simple_evaluate
-    tm, _ = load_lm_eval_tasks([TASK], include_path=task_dir)
-    res = simple_evaluate(model=lm, tasks=[TASK], num_fewshot=1, limit=4, task_manager=tm, log_samples=True,
-                          bootstrap_iters=0, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
-                          fewshot_random_seed=0)
-    samples = sorted(res["samples"][TASK], key=lambda s: s["doc_id"])
-    return [float(r[0]) for s in samples for resp in s["resps"] for r in [resp[0]]]
+@pytest.fixture(scope="module")
+def requests(task_dir):
+    """The loglikelihood requests of 4 documents at 1 shot, built once by lm-eval from the local task."""
+    _, built = load_lm_eval_tasks([TASK], include_path=task_dir)
+    task = built[TASK][TASK]
+    task.set_config(key="num_fewshot", value=1)
+    task.set_fewshot_seed(seed=0)
+    task.build_all_requests(limit=4)
+    assert len({r.doc_id for r in task.instances}) == 4
+    return list(task.instances)
+
+
+def loglikelihoods(lm, requests) -> list[float]:
+    """Every request's log-likelihood of its target, in request order."""
+    return [float(ll) for ll, _ in lm.loglikelihood(requests, disable_tqdm=True)]
 
 
 def hf(loaded):
@@ -50,21 +56,21 @@ def hf(loaded):
     return HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=2)
 
 
-def test_two_heads_in_one_intervention_both_take_effect(loaded, task_dir):
-    both = loglikelihoods(InductionLabLM(loaded, heads=[A, B], batch_size=2), task_dir)
+def test_two_heads_in_one_intervention_both_take_effect(loaded, requests):
+    both = loglikelihoods(InductionLabLM(loaded, heads=[A, B], batch_size=2), requests)
     with ablate(loaded.model, [A, B]):                      # computed directly: lm-eval's hf inside our ablation
-        direct = loglikelihoods(hf(loaded), task_dir)
-    only_a = loglikelihoods(InductionLabLM(loaded, ablate="L1H3", batch_size=2), task_dir)
-    only_b = loglikelihoods(InductionLabLM(loaded, ablate="L0H5", batch_size=2), task_dir)
-    intact = loglikelihoods(hf(loaded), task_dir)
-    assert len(both) == 4 and both == direct
+        direct = loglikelihoods(hf(loaded), requests)
+    only_a = loglikelihoods(InductionLabLM(loaded, ablate="L1H3", batch_size=2), requests)
+    only_b = loglikelihoods(InductionLabLM(loaded, ablate="L0H5", batch_size=2), requests)
+    intact = loglikelihoods(hf(loaded), requests)
+    assert len(both) == len(requests) >= 4 and both == direct
     assert both != only_a and both != only_b and only_a != intact and only_b != intact
 
 
-def test_intact_type_equals_hf_to_the_last_digit(loaded, task_dir):
+def test_intact_type_equals_hf_to_the_last_digit(loaded, requests):
     ours = InductionLabLM(loaded, batch_size=2)
     assert ours.heads == [] and ours.intervention["selection"] == "intact"
-    assert loglikelihoods(ours, task_dir) == loglikelihoods(hf(loaded), task_dir)
+    assert loglikelihoods(ours, requests) == loglikelihoods(hf(loaded), requests)
 
 
 @pytest.mark.parametrize("spec, match", [
@@ -112,6 +118,7 @@ def test_registered_name_builds_from_model_args(tiny_dir):
     assert tuple(lm._means.shape[:2]) == (2, 8)
 
 
+@pytest.mark.slow                   # lm-eval's CLI indexes its ~15k installed task configs first (20-100 s)
 def test_cli_passes_through_to_lm_eval(tiny_dir, task_dir, tmp_path):
     from click.testing import CliRunner
     from inductionlab.cli.main import main
