@@ -67,6 +67,20 @@ def test_two_heads_in_one_intervention_both_take_effect(loaded, requests):
     assert both != only_a and both != only_b and only_a != intact and only_b != intact
 
 
+def test_mean_ablation_takes_the_reference_batch_and_records_it(loaded, requests):
+    """``method=mean``: each head's mean output over 8 random ``[BOS] S S`` (evaluate's reference recipe) replaces
+    it, as ``ablate(model, heads, "mean", reference_ids=...)`` does directly; the reference is recorded."""
+    from inductionlab.protocols.lm_eval_model import reference_ids
+    ours = InductionLabLM(loaded, heads=[A, B], method="mean", seed=3, batch_size=2)
+    ref = reference_ids(loaded, seed=3)
+    assert ref.shape == (8, 101) and (ref[:, 0] == loaded.tokenizer.bos_token_id).all()
+    assert (ref[:, 1:51] == ref[:, 51:]).all()                      # S S: the second copy repeats the first
+    with ablate(loaded.model, [A, B], "mean", reference_ids=ref):
+        direct = loglikelihoods(hf(loaded), requests)
+    assert loglikelihoods(ours, requests) == direct != loglikelihoods(InductionLabLM(loaded, heads=[A, B]), requests)
+    assert "8 random [BOS] S S sequences (T=50, ordinary tokens, seed 3)" in ours.intervention["reference"]
+
+
 def test_intact_type_equals_hf_to_the_last_digit(loaded, requests):
     ours = InductionLabLM(loaded, batch_size=2)
     assert ours.heads == [] and ours.intervention["selection"] == "intact"
@@ -141,8 +155,8 @@ def test_generation_runs_under_the_ablation(loaded):
     ``ablate(model, [A, B])``, and differs from the intact model's on some prompt."""
     from lm_eval.api.instance import Instance
     words = ["the", "of", "and", "to", "in", "is", "for", "that"]
-    reqs = [Instance("generate_until", {}, (" ".join(words[i:i + 4]), {"until": ["."], "max_gen_toks": 5}), i)
-            for i in range(4)]
+    reqs = [Instance("generate_until", {}, (" ".join(words[i:i + 4]), {"until": ["."], "max_gen_toks": 3}), i)
+            for i in range(3)]
     ours = InductionLabLM(loaded, heads=[A, B], batch_size=2).generate_until(reqs)
     with ablate(loaded.model, [A, B]):
         direct = hf(loaded).generate_until(reqs)

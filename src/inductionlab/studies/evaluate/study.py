@@ -288,8 +288,8 @@ def phases(plan: Plan, ctx: Context) -> dict:
     lm = ctx.piece("lm_eval", partial(_lm_eval, plan, ctx)) if cfg.lm_eval.tasks else None
     lm_ablated = {}
     if cfg.lm_eval.tasks and cfg.lm_eval.ablated and conditions:
-        means = _lm_eval_means(plan) if needs_reference(cfg.load_bearing.method) else None
-        lm_ablated = {c.name: ctx.piece(f"lm_eval_ablated/{c.name}", partial(_lm_eval, plan, ctx, c, means))
+        memo: dict = {}                                  # the mean-ablation reference, computed once when needed
+        lm_ablated = {c.name: ctx.piece(f"lm_eval_ablated/{c.name}", partial(_lm_eval, plan, ctx, c, memo))
                       for c in conditions}
     return {"scores": scores, "conditions": conditions, "variants": variants, "perplexity": ppl, "lm_eval": lm,
             "lm_eval_ablated": lm_ablated, **runs}
@@ -382,7 +382,7 @@ def _lm_eval_means(plan: Plan):
                    f"sequences [BOS] S S (T={plan.cfg.induction.seq_len}, seed {plan.cfg.seed}) at positions={pos}")
 
 
-def _lm_eval(plan: Plan, ctx: Context, condition: Condition | None = None, means=None) -> dict | None:
+def _lm_eval(plan: Plan, ctx: Context, condition: Condition | None = None, memo: dict | None = None) -> dict | None:
     """lm-evaluation-harness (piece ``lm_eval``, intact: lm-eval's ``hf``; piece ``lm_eval_ablated/<condition>``:
     the model type ``inductionlab`` with the condition's heads ablated by ``load_bearing.method`` at
     ``load_bearing.positions``): rank 0 alone runs it (not sharded); the others read its piece."""
@@ -395,6 +395,12 @@ def _lm_eval(plan: Plan, ctx: Context, condition: Condition | None = None, means
     lm = None
     if condition is not None:
         from ...protocols.lm_eval_model import InductionLabLM
+
+        means = None
+        if needs_reference(cfg.load_bearing.method):
+            if "means" not in memo:
+                memo["means"] = _lm_eval_means(plan)
+            means = memo["means"]
 
         lm = InductionLabLM(plan.loaded, heads=condition.heads, method=cfg.load_bearing.method,
                             positions=cfg.load_bearing.positions, means=None if means is None else means[0],
