@@ -146,6 +146,7 @@ def _refused(args, tmp_path, msg):
     (["--draws", "0"], "draws 0 must be >= 1"),
     (["--shots", "0,1", "--ablation-shots", "10"], "ablation shots 10 is not among --shots 0,1"),
     (["--method", "nope"], "'nope' is not one of 'zero', 'mean', 'sink'"),    # a choice, as in every command
+    (["--method", "resample", "--lm-eval-tasks", "inductionlab_icl_copy"], "--method resample needs a source run"),
 ])
 def test_bad_options_refused_before_loading(trained, tmp_path, args, msg):
     _refused([str(trained[1]), *SMALL, *args], tmp_path, msg)
