@@ -146,6 +146,7 @@ def _refused(args, tmp_path, msg):
     (["--draws", "0"], "draws 0 must be >= 1"),
     (["--shots", "0,1", "--ablation-shots", "10"], "ablation shots 10 is not among --shots 0,1"),
     (["--method", "nope"], "'nope' is not one of 'zero', 'mean', 'sink'"),    # a choice, as in every command
+    (["--method", "resample", "--lm-eval-tasks", "inductionlab_icl_copy"], "--method resample needs a source run"),
 ])
 def test_bad_options_refused_before_loading(trained, tmp_path, args, msg):
     _refused([str(trained[1]), *SMALL, *args], tmp_path, msg)
@@ -175,7 +176,32 @@ def test_lm_eval_local_task_recorded(trained, tmp_path):
     assert lm["lm_eval_version"] and lm["batch_size"] == 8 and lm["num_fewshot"] == 2 and lm["limit"] == 4
     assert 0.0 <= lm["results"]["inductionlab_icl_copy"]["acc,none"] <= 1.0
     assert (out / "lm_eval_tasks" / "copy.yaml").is_file()
-    assert "no --shards" in " ".join(json.loads((out / "results.json").read_text())["notes"])
+    rec = json.loads((out / "results.json").read_text())
+    assert "no --shards" in " ".join(rec["notes"])
+    # under every ablation condition too: the drop table beside the probes' (results.json, CSV, report)
+    from inductionlab.core.models import load_model
+    from inductionlab.protocols.lm_eval_tasks import run_lm_eval
+    task, names = "inductionlab_icl_copy", ["induction-per-layer-2pct", "random-per-layer-2pct-d0",
+                                            "random-per-layer-2pct-d1"]
+    drops = pd.read_csv(out / "tables" / "lm_eval_drops.csv")
+    pd.testing.assert_frame_equal(drops.fillna(-1), pd.DataFrame(rec["load_bearing"]["lm_eval_drops"]).fillna(-1),
+                                  check_dtype=False)                     # NaN: null in JSON (intact 0, pooled draw)
+    assert set(drops.metric) == {"acc,none"}
+    d = drops.set_index("condition")
+    assert list(d.index) == ["intact", *names, "random-per-layer-2pct"] and (d.task == task).all()
+    loaded = load_model(str(run), dtype="float32")                          # the intact-only run, by hand
+    alone = run_lm_eval(loaded.model, loaded.tokenizer, [task], include_path=out / "lm_eval_tasks", num_fewshot=2,
+                        batch_size=8, limit=4, seed=0)
+    assert d.loc["intact", "value"] == alone["results"][task]["acc,none"] == lm["results"][task]["acc,none"]
+    assert (d["intact"] == d.loc["intact", "value"]).all()
+    assert np.allclose(d["drop"], d["intact"] - d["value"])
+    assert d.loc["random-per-layer-2pct", "value"] == pytest.approx(d.loc[names[1:], "value"].mean())
+    conds = pd.read_csv(out / "tables" / "conditions.csv").set_index("condition")
+    for n in names:
+        ran = rec["lm_eval_ablated"][n]["intervention"]
+        assert " ".join(f"L{l}H{h}" for l, h in ran["heads"]) == conds.loc[n, "heads"] and ran["method"] == "zero"
+        assert d.loc[n, "n_heads"] == conds.loc[n, "n_heads"]
+    assert "lm-eval under each ablation" in (out / "report.md").read_text()
 
 
 def test_checkpoint_without_tokenizer_takes_the_training_corpus_tokenizer(trained, tmp_path):

@@ -148,15 +148,15 @@ def main() -> None:
         hf_logging.disable_progress_bar()
 
 
-# Sub-commands: the hand-written families (corpus, curriculum, train, telemetry) live next to the API they
+# Sub-commands: the hand-written families (corpus, curriculum, train, telemetry, lm-eval) live next to the API they
 # wrap; every study's command is generated from its spec (studies/<name>/config.py), so a new study folder
 # is a new command with no code here. Registered explicitly (no import cycle: those modules never import this one).
 def _register() -> None:
     from ..studies.spec import specs
-    from . import data as cli_data, train as cli_train
+    from . import data as cli_data, lm_eval as cli_lm_eval, train as cli_train
     from .generate import study_command
 
-    for module in (cli_data, cli_train):
+    for module in (cli_data, cli_train, cli_lm_eval):
         for command in module.COMMANDS:
             main.add_command(command)
     for spec in specs():

@@ -163,11 +163,13 @@ def load_lm_eval_tasks(names: Sequence[str], *, include_path: str | os.PathLike 
 
 def run_lm_eval(model, tokenizer, tasks: Sequence[str], *, include_path: str | os.PathLike | None = None,
                 num_fewshot: int | None = None, batch_size: int = 8, limit: int | float | None = None,
-                seed: int = 0, offline: bool = True) -> dict:
+                seed: int = 0, offline: bool = True, lm=None) -> dict:
     """Run lm-eval tasks on an in-memory model.
 
     Args:
         model, tokenizer: a transformers causal LM and its tokenizer (``load_model(...)``).
+        lm: an lm-eval model built beforehand (e.g. an ablated
+            :class:`~inductionlab.protocols.lm_eval_model.InductionLabLM`); None: lm-eval's ``hf`` on ``model``.
         tasks: lm-eval task / tag names (our exported ``inductionlab_icl_*`` tasks need
             ``include_path`` = the export directory).
         num_fewshot: demonstrations per prompt (None: each task's default).
@@ -177,7 +179,7 @@ def run_lm_eval(model, tokenizer, tasks: Sequence[str], *, include_path: str | o
 
     Returns: ``{"lm_eval_version", "tasks", "num_fewshot", "batch_size", "limit", "seed",
     "results": {task: {metric: value}}, "n_samples": {task: {"original", "effective"}},
-    "configs": {task: few-shot settings}}``.
+    "configs": {task: few-shot settings}}`` (+ ``"intervention"``: the ablation record of an ``lm`` that has one).
 
     Raises: InductionLabError as :func:`load_lm_eval_tasks`, before any forward pass.
     """
@@ -188,7 +190,8 @@ def run_lm_eval(model, tokenizer, tasks: Sequence[str], *, include_path: str | o
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, trust_remote_code=False)
+    if lm is None:
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, trust_remote_code=False)
     with _offline(offline):
         res = simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, batch_size=batch_size,
                               limit=limit, task_manager=tm, random_seed=seed, numpy_random_seed=seed,
@@ -196,9 +199,12 @@ def run_lm_eval(model, tokenizer, tasks: Sequence[str], *, include_path: str | o
     configs = {t: {k: c.get(k) for k in ("num_fewshot", "fewshot_split", "fewshot_delimiter", "target_delimiter",
                                          "output_type", "dataset_path")}
                for t, c in (res.get("configs") or {}).items()}
-    return {"lm_eval_version": version, "tasks": list(tasks), "num_fewshot": num_fewshot, "batch_size": batch_size,
-            "limit": limit, "seed": seed, "results": res.get("results", {}), "n_samples": res.get("n-samples", {}),
-            "configs": configs}
+    out = {"lm_eval_version": version, "tasks": list(tasks), "num_fewshot": num_fewshot, "batch_size": batch_size,
+           "limit": limit, "seed": seed, "results": res.get("results", {}), "n_samples": res.get("n-samples", {}),
+           "configs": configs}
+    if getattr(lm, "intervention", None) is not None:
+        out["intervention"] = lm.intervention
+    return out
 
 
 __all__ = ["TAG", "PREFIX", "task_yaml", "export_lm_eval_tasks", "load_lm_eval_tasks", "run_lm_eval"]

@@ -16,7 +16,7 @@ from ...checks import (ABLATION_POSITIONS, check_ablation_positions, check_draws
                        check_seed, check_type)
 from ...config import nested, opt
 from ...errors import InductionLabError
-from ...names import DEFAULT_METHOD, TASK_NAMES, ablation_method_names
+from ...names import ABLATION_METHOD_NEEDS, DEFAULT_METHOD, TASK_NAMES, ablation_method_names
 from ..configs import HeadScoreConfig, RankingConfig, check_trials_fit
 from ..spec import StudySpec
 
@@ -167,6 +167,9 @@ class LmEvalConfig:
                                   needs="--lm-eval-tasks")
     limit: int | None = opt(50, "lm-eval test documents per task.", flag="--lm-eval-limit", needs="--lm-eval-tasks")
     batch_size: int = opt(8, "lm-eval batch size.", cli=False)
+    ablated: bool = opt(True, "Run the lm-eval tasks intact only (the flag sets ablated false), not also under every "
+                              "ablation condition of the load-bearing test.", flag="--no-lm-eval-ablated",
+                        omit_default=True)
 
     def validate(self) -> None:
         check_fields(self)
@@ -226,6 +229,11 @@ class EvaluateConfig:
         if self.load_bearing.ablate and self.load_bearing.shots not in self.probes.shots:
             raise InductionLabError(f"ablation shots {self.load_bearing.shots} is not among --shots "
                                     f"{','.join(map(str, self.probes.shots))}; add it")
+        lb = self.load_bearing
+        if self.lm_eval.tasks and self.lm_eval.ablated and lb.ablate and ABLATION_METHOD_NEEDS.get(lb.method) not in (
+                None, "value"):
+            raise InductionLabError(f"--method {lb.method} needs a source run per prompt, which lm-eval's requests do not "
+                                    "carry; with --lm-eval-tasks use zero, mean or sink, or add --no-lm-eval-ablated")
         if self.token_pool == "shards" and self.shards is None:
             raise InductionLabError("--token-pool shards draws probe tokens from a corpus; add --shards DIR")
         if self.shards is not None and not (Path(self.shards) / "manifest.json").is_file():

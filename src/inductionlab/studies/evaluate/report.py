@@ -34,7 +34,7 @@ def evaluate_report(res) -> str:
              + _lm_eval_lines(res))
     lines += ["## Timings", ""] + [f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in res.timings.items()]
     lines += ["", "All numbers: `results.json`; tables: `tables/` (probe_rows, hits, icl, drops, head_scores, "
-              "lm_eval).", ""]
+              "lm_eval, lm_eval_drops).", ""]
     return "\n".join(lines)
 
 
@@ -161,6 +161,18 @@ def _lm_eval_lines(res) -> list[str]:
                 if isinstance(val, (int, float)) and k != "alias" and "stderr" not in k:
                     lines.append(f"| {task} | {k} | {val:.3f} |")
         lines.append("")
+    d = res.lm_eval_drops
+    if len(d) and (d.condition != "intact").any():
+        method = res.config.load_bearing.method
+        lines += [f"### lm-eval under each ablation ({method} ablation, model type `inductionlab`)", "",
+                  "Drop = intact − ablated (positive: the ablation lowered the metric); random draws also pooled "
+                  "(mean). Per condition: `tables/lm_eval_drops.csv`.", "",
+                  "| task | metric | condition | heads | value | drop | relative |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in d.itertuples():
+            rel = "—" if r.condition == "intact" or r.relative_change != r.relative_change else f"{r.relative_change:+.1%}"
+            lines.append(f"| {r.task} | {r.metric} | {r.condition} | {r.n_heads} | {r.value:.3f} | "
+                         f"{'—' if r.condition == 'intact' else f'{r.drop:+.3f}'} | {rel} |")
+        lines.append("")
     return lines
 
 
@@ -188,6 +200,7 @@ def write_evaluate_outputs(out: Path, res) -> None:
     if res.lm_eval:
         csv(pd.DataFrame([{"task": t, "metric": k, "value": v} for t, m in res.lm_eval["results"].items()
                           for k, v in m.items() if isinstance(v, (int, float))]), "lm_eval.csv")
+        csv(res.lm_eval_drops, "lm_eval_drops.csv")
     arms = [(f"intact, {k} shots", {"condition": "intact", "shots": k, "control": "intact"})
             for k in res.config.probes.shots]
     arms += [(f"permuted labels, {lb.shots} shots", {"condition": "intact", "shots": lb.shots, "control": "permuted"})]

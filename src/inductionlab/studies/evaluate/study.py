@@ -29,7 +29,10 @@ value (``mean``) gets the first 8 induction-loss sequences ``[BOS] S S`` in ever
    token losses above);
 6. lm-evaluation-harness (optional, :mod:`inductionlab.protocols.lm_eval_tasks`): our probes exported as
    offline lm-eval tasks (``inductionlab_icl``, ``inductionlab_icl_<task>``) and/or installed
-   lm-eval tasks by name → ``lm_eval.json``.
+   lm-eval tasks by name, intact → ``lm_eval.json`` and (unless ``lm_eval.ablated`` is off) under every
+   load-bearing condition, through the model type ``inductionlab``
+   (:mod:`inductionlab.protocols.lm_eval_model`; ``mean`` from the probes' reference batch) →
+   ``lm_eval_ablated/<condition>.json``; the drop table ``tables/lm_eval_drops.csv``.
 
 Then ``results.json``, ``tables/*.csv``, ``plots/*.png`` and ``report.md``.
 
@@ -70,12 +73,12 @@ from ...protocols.function_probes import probe_rows
 from ...protocols.icl_score import (heldout_windows, icl_positions, icl_summary, induction_summary, model_context,
                                     recall_sequences, recall_summary, scaled_positions)
 from ...protocols.icl_tasks import Prompt, build_tasks, make_all_prompts
-from ...protocols.runner import REFERENCE_TRIALS, Probe, Trials
+from ...protocols.runner import REFERENCE_TRIALS, Probe, Trials, needs_reference
 from ..engine import Context, Phase, StudyResult, run_study
 from ..spec import RunOptions
 from .config import SPEC, EvaluateConfig
 from .report import summary, write  # noqa: F401  (the engine reads write and summary here)
-from .tables import drops_by_measure, hits_table, icl_table, load_bearing_conditions, per_sequence
+from .tables import drops_by_measure, hits_table, icl_table, lm_eval_drops, load_bearing_conditions, per_sequence
 
 INTACT = Condition("intact", "intact")
 
@@ -95,6 +98,9 @@ class EvaluateResult(StudyResult):
         icl_summary: :func:`icl_table` (ICL score, ICL and induction benefits with CIs per condition).
         drops: :func:`~inductionlab.measures.load_bearing_eval.drops_table` rows with a ``measure`` column.
         concentration: :func:`~inductionlab.measures.load_bearing_eval.score_concentration` of the induction score.
+        lm_eval: lm-eval on the intact model (:func:`~inductionlab.protocols.lm_eval_tasks.run_lm_eval`; None without tasks).
+        lm_eval_drops: :func:`~inductionlab.studies.evaluate.tables.lm_eval_drops`: every task's metrics per condition
+            and their drop vs intact (empty without tasks).
         notes: what was skipped and why.
         pool: LongTensor of the ids random probe tokens were drawn from (:func:`token_pool`).
     """
@@ -113,6 +119,7 @@ class EvaluateResult(StudyResult):
     lm_eval: dict | None
     notes: list[str]
     pool: torch.Tensor | None = None
+    lm_eval_drops: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 @dataclass
@@ -279,8 +286,13 @@ def phases(plan: Plan, ctx: Context) -> dict:
                        *(Phase(k, probes[k], every) for k in ("icl", "induction", "recall") if k in probes),
                        Phase("hits_ablated", probes["probes_ablated"], conditions, len(plan.ablation_prompts)))
     lm = ctx.piece("lm_eval", partial(_lm_eval, plan, ctx)) if cfg.lm_eval.tasks else None
+    lm_ablated = {}
+    if cfg.lm_eval.tasks and cfg.lm_eval.ablated and conditions:
+        memo: dict = {}                                  # the mean-ablation reference, computed once when needed
+        lm_ablated = {c.name: ctx.piece(f"lm_eval_ablated/{c.name}", partial(_lm_eval, plan, ctx, c, memo))
+                      for c in conditions}
     return {"scores": scores, "conditions": conditions, "variants": variants, "perplexity": ppl, "lm_eval": lm,
-            **runs}
+            "lm_eval_ablated": lm_ablated, **runs}
 
 
 LOGITS_BYTES = 1 << 30   # full-sequence passes (ICL score, perplexity) keep float32 logits under ~1 GiB per batch
@@ -359,17 +371,43 @@ def _perplexity(plan: Plan, ctx: Context) -> dict:
                               max_tokens=cfg.perplexity.tokens, batch_size=bs, dist=ctx.run.dist)
 
 
-def _lm_eval(plan: Plan, ctx: Context) -> dict | None:
-    """lm-evaluation-harness (piece ``lm_eval``): rank 0 alone runs it (not sharded); the others read its piece."""
+def _lm_eval_means(plan: Plan):
+    """``(means, what)``: the heads' mean outputs over the probes' reference batch (:func:`_reference_ids`) at
+    ``load_bearing.positions``, for ``mean`` ablation of the lm-eval tasks (as the runner computes them)."""
+    from ...core.instrument import head_output_means
+
+    model, pos = plan.loaded.model, plan.cfg.load_bearing.positions
+    means = head_output_means(model, _reference_ids(plan).to(model.device), positions=pos)
+    return means, (f"head_output_means over the probes' reference batch: the first {REFERENCE_TRIALS} induction-loss "
+                   f"sequences [BOS] S S (T={plan.cfg.induction.seq_len}, seed {plan.cfg.seed}) at positions={pos}")
+
+
+def _lm_eval(plan: Plan, ctx: Context, condition: Condition | None = None, memo: dict | None = None) -> dict | None:
+    """lm-evaluation-harness (piece ``lm_eval``, intact: lm-eval's ``hf``; piece ``lm_eval_ablated/<condition>``:
+    the model type ``inductionlab`` with the condition's heads ablated by ``load_bearing.method`` at
+    ``load_bearing.positions``): rank 0 alone runs it (not sharded); the others read its piece."""
     if not ctx.run.is_main:
         return None
     from ...protocols.lm_eval_tasks import run_lm_eval
 
     cfg, tok = plan.cfg, plan.loaded.tokenizer
     include = _export_lm_eval(ctx.out / "lm_eval_tasks", cfg, tok)
+    lm = None
+    if condition is not None:
+        from ...protocols.lm_eval_model import InductionLabLM
+
+        means = None
+        if needs_reference(cfg.load_bearing.method):
+            if "means" not in memo:
+                memo["means"] = _lm_eval_means(plan)
+            means = memo["means"]
+
+        lm = InductionLabLM(plan.loaded, heads=condition.heads, method=cfg.load_bearing.method,
+                            positions=cfg.load_bearing.positions, means=None if means is None else means[0],
+                            means_source=None if means is None else means[1], batch_size=cfg.lm_eval.batch_size)
     return run_lm_eval(plan.loaded.model, tok, cfg.lm_eval.tasks, include_path=include,
                        num_fewshot=cfg.lm_eval.num_fewshot, batch_size=cfg.lm_eval.batch_size,
-                       limit=cfg.lm_eval.limit, seed=cfg.seed)
+                       limit=cfg.lm_eval.limit, seed=cfg.seed, lm=lm)
 
 
 # -- result: the tidy tables and the record ------------------------------------------------------------
@@ -411,7 +449,8 @@ def result(plan: Plan, pieces: dict) -> EvaluateResult:
     drops = drops_by_measure(probe_rows_, icl, conditions, variants, cfg.load_bearing.shots)
     conc = score_concentration(hs["induction"])
     icl_summary_ = icl_table(icl, conditions, variants)
-    ppl, lm = pieces["perplexity"], pieces["lm_eval"]
+    ppl, lm, lm_ablated = pieces["perplexity"], pieces["lm_eval"], pieces.get("lm_eval_ablated") or {}
+    lm_drops = lm_eval_drops(lm, lm_ablated, conditions, variants)
     record = {
         "seeds": {"study": cfg.seed, "prompts": "seed_for(seed, crc32(task), shots, index)",
                   "heldout_windows": cfg.seed, "induction_sequences": cfg.seed,
@@ -423,13 +462,15 @@ def result(plan: Plan, pieces: dict) -> EvaluateResult:
         "icl": icl_summary_.to_dict(orient="records"),
         "perplexity": ppl,
         "load_bearing": {"shots": cfg.load_bearing.shots, "method": cfg.load_bearing.method,
-                         "drops": drops.to_dict(orient="records")},
+                         "drops": drops.to_dict(orient="records"),
+                         "lm_eval_drops": lm_drops.to_dict(orient="records")},
         "lm_eval": lm,
+        "lm_eval_ablated": lm_ablated,
         "notes": plan.notes,
     }
     return EvaluateResult(loaded=plan.loaded, config=cfg, scores=hs, conditions=conditions, variants=variants,
                           probe_rows=probe_rows_, hits=hits, icl=icl, icl_summary=icl_summary_, perplexity=ppl,
-                          drops=drops, concentration=conc, lm_eval=lm, notes=plan.notes, pool=plan.pool, record=record)
+                          drops=drops, concentration=conc, lm_eval=lm, lm_eval_drops=lm_drops, notes=plan.notes, pool=plan.pool, record=record)
 
 
 def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, opts: RunOptions | None = None

@@ -1,8 +1,8 @@
 """The tidy tables of a finished evaluation, pure functions of its per-unit arrays: the ablation
 conditions of the load-bearing test (:func:`load_bearing_conditions`), HITS@k per condition
 (:func:`hits_table`), the relative drops per measure (:func:`drops_by_measure`), the ICL and induction
-benefits per condition (:func:`icl_table`) and the members of each pooled random arm
-(:func:`draws_by_variant`).
+benefits per condition (:func:`icl_table`), the members of each pooled random arm
+(:func:`draws_by_variant`) and the lm-eval metrics per condition with their drops (:func:`lm_eval_drops`).
 
 Imports the head selections of :mod:`inductionlab.core.ablation`, the statistics of
 :mod:`inductionlab.measures` and the evaluation's config; nothing of the study's run.
@@ -194,6 +194,51 @@ _INTACT_EXTRAS = {
 }
 
 
+def lm_eval_metrics(results: dict) -> dict[tuple[str, str], float]:
+    """``(task, metric) -> value`` of one lm-eval run's ``results``: its ``metric,filter`` entries (``acc,none``),
+    stderr, alias and sample counts left out."""
+    return {(t, k): float(v) for t, m in results.items() for k, v in m.items()
+            if "," in k and "_stderr" not in k and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def lm_eval_drops(intact: dict | None, ablated: dict[str, dict | None], conditions: Sequence[Condition],
+                  variants: dict[str, str]) -> pd.DataFrame:
+    """The lm-eval tasks' metrics intact and under each ablation condition, with their drop vs intact.
+
+    One row per task × metric × condition, in the order intact, then the conditions, then each variant's
+    random draws pooled (``random-<variant>``, kind ``random-pooled``: the mean of the draws' values):
+    ``task, metric, condition, variant, kind, draw, n_heads, value, intact, drop`` (``intact − value``: positive
+    when the ablation lowered the metric) and ``relative_change`` (``value / intact − 1``; NaN when intact is 0).
+    Per-document values are not kept by lm-eval's aggregate, so no CI here (the probes' drop table has them).
+
+    Args:
+        intact: :func:`~inductionlab.protocols.lm_eval_tasks.run_lm_eval` of the intact model (None: no tasks).
+        ablated: condition name -> its run (the model type ``inductionlab``); conditions without one are skipped."""
+    cols = ["task", "metric", "condition", "variant", "kind", "draw", "n_heads", "value", "intact", "drop",
+            "relative_change"]
+    if not intact:
+        return pd.DataFrame(columns=cols)
+    base = lm_eval_metrics(intact["results"])
+    runs = {c.name: lm_eval_metrics(ablated[c.name]["results"]) for c in conditions if ablated.get(c.name)}
+    arms = [("intact", "intact", "intact", 0, 0, base)]
+    arms += [(c.name, variants[c.name], c.kind, c.draw, len(c.heads), runs[c.name]) for c in conditions if c.name in runs]
+    for v, names in draws_by_variant(conditions, variants).items():
+        members = [n for n in names if n in runs]
+        if members:
+            n_heads = next(len(c.heads) for c in conditions if c.name == members[0])
+            arms.append((f"random-{v}", v, "random-pooled", None, n_heads,
+                         {key: float(np.mean([runs[n][key] for n in members])) for key in base}))
+    rows = []
+    for (task, metric), ref in base.items():
+        for name, v, kind, draw, n_heads, values in arms:
+            if (task, metric) in values:
+                x = values[(task, metric)]
+                rows.append({"task": task, "metric": metric, "condition": name, "variant": v, "kind": kind,
+                             "draw": draw, "n_heads": n_heads, "value": x, "intact": ref, "drop": ref - x,
+                             "relative_change": x / ref - 1 if ref else float("nan")})
+    return pd.DataFrame(rows, columns=cols)
+
+
 def draws_by_variant(conditions: Sequence[Condition], variants: dict[str, str]) -> dict[str, list[str]]:
     """``variant -> names`` of its random draws (variants and draws in run order), the members of
     each pooled ``random-<variant>`` arm."""
@@ -204,4 +249,5 @@ def draws_by_variant(conditions: Sequence[Condition], variants: dict[str, str]) 
     return out
 
 
-__all__ = ["SEQUENCE_MEASURES", "SequenceMeasure", "per_sequence", "load_bearing_conditions", "hits_table", "drops_by_measure", "icl_table", "draws_by_variant"]
+__all__ = ["SEQUENCE_MEASURES", "SequenceMeasure", "per_sequence", "load_bearing_conditions", "hits_table", "drops_by_measure", "icl_table", "draws_by_variant",
+           "lm_eval_metrics", "lm_eval_drops"]
