@@ -242,8 +242,8 @@ def attention_patterns(model, input_ids, heads) -> "np.ndarray":
     shape = attention_shape(model.config)
     if isinstance(heads, tuple) and len(heads) == 2 and not isinstance(heads[0], (tuple, list)):
         heads = [heads]
-    heads = [check_head(*lh, shape["n_layers"], shape["n_heads"]) if isinstance(lh, (tuple, list, np.ndarray)) and len(lh) == 2
-             else _not_a_head(lh) for lh in heads]
+    heads = [check_head(*lh, shape["n_layers"], shape["n_heads"])
+             if isinstance(lh, (tuple, list, np.ndarray)) and len(lh) == 2 else _not_a_head(lh) for lh in heads]
     if not heads:
         raise InductionLabError("attention_patterns(): heads is empty; pass a (layer, head) pair or a list of them")
     try:
