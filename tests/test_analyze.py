@@ -48,11 +48,12 @@ def test_config_validates_itself(tiny, tmp_path, bad, message):
 
 def test_interrupt_and_resume_equals_uninterrupted(tiny, tmp_path):
     full = analyze(tiny, small(), tmp_path / "full", QUIET)
+    _check_patterns(tmp_path / "full", full)
     seen = []
 
     def stop(key):
         seen.append(key)
-        if len(seen) == 3:                     # scores, lag/intact, lag/induction-1
+        if len(seen) == 3:                     # scores, attention_patterns, lag/intact
             raise KeyboardInterrupt
 
     out = tmp_path / "resumed"
@@ -61,8 +62,8 @@ def test_interrupt_and_resume_equals_uninterrupted(tiny, tmp_path):
     assert not (out / "results.json").exists()
     again = []
     res = analyze(tiny, small(), out, RunOptions(progress=False, on_checkpoint=again.append))
-    assert seen == ["scores", "lag/intact", "lag/induction-1"] and not set(again) & set(seen)
-    assert len(seen) + len(again) == 1 + 1 + 2 * (1 + 2)           # scores + intact + per k: induction, 2 draws
+    assert seen == ["scores", "attention_patterns", "lag/intact"] and not set(again) & set(seen)
+    assert len(seen) + len(again) == 1 + 1 + 1 + 2 * (1 + 2)   # scores + patterns + intact + per k: induction, 2 draws
     a, b = (json.loads((d / "results.json").read_text()) for d in (tmp_path / "full", out))
     assert (a.pop("resumed"), b.pop("resumed")) == (False, True)
     a.pop("timings"), b.pop("timings")
@@ -72,3 +73,24 @@ def test_interrupt_and_resume_equals_uninterrupted(tiny, tmp_path):
         analyze(tiny, small(seed=1), out, QUIET)
     analyze(tiny, small(seed=1), out, RunOptions(progress=False, overwrite=True))   # --overwrite: afresh
     assert json.loads((out / "results.json").read_text())["params"]["config"]["seed"] == 1
+
+
+def _check_patterns(d, res):
+    """attention_patterns.png / .npz: the top 4 induction heads by the written scores, then one random head
+    outside them, on [BOS] S S of the scores' T = 8 (17 tokens): probabilities, causal; in the report."""
+    import numpy as np
+    import pandas as pd
+
+    assert (d / "attention_patterns.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    z = np.load(d / "attention_patterns.npz")
+    scores = pd.read_csv(d / "head_scores.csv").sort_values("induction", ascending=False, kind="stable")
+    top = [tuple(r) for r in scores[["layer", "head"]].to_numpy()[:4]]
+    heads = [tuple(h) for h in z["heads"].tolist()]
+    assert heads[:4] == top and heads[4] not in top and list(z["kind"]) == ["induction"] * 4 + ["random"]
+    ids = z["input_ids"]
+    assert z["patterns"].shape == (5, 17, 17) and ids[0] == 1 and (ids[1:9] == ids[9:]).all()
+    np.testing.assert_allclose(z["patterns"].sum(-1), 1.0, atol=1e-5)
+    assert np.triu(z["patterns"], 1).max() == 0.0
+    rec = json.loads((d / "results.json").read_text())
+    assert [(h["layer"], h["head"]) for h in rec["attention_patterns"]["heads"]] == heads
+    assert "attention_patterns_s" in rec["timings"] and "attention_patterns.png" in (d / "report.md").read_text()

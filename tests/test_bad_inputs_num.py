@@ -342,6 +342,8 @@ def _call_with_none(name):
         "instrument": lambda: instrument(None).__enter__(),   # il.instrument is the module once it is imported
         "ablate": lambda: il.ablate(None, [(0, 0)]).__enter__(),
         "compute_head_scores": lambda: il.compute_head_scores(None),
+        "attention_patterns": lambda: il.attention_patterns(None, [1, 2], [(0, 0)]),
+        "induction_sequence": lambda: il.induction_sequence(None),
         "ablation_conditions": lambda: il.ablation_conditions(None, [1]),
         "top_k_heads": lambda: il.top_k_heads(None, 1),
         "per_layer_top_p": lambda: il.per_layer_top_p(None, 0.5),
@@ -355,7 +357,8 @@ def _call_with_none(name):
     return calls[name]
 
 
-@pytest.mark.parametrize("name", ["load_model", "instrument", "ablate", "compute_head_scores", "ablation_conditions",
+@pytest.mark.parametrize("name", ["load_model", "instrument", "ablate", "compute_head_scores", "attention_patterns",
+                                  "induction_sequence", "ablation_conditions",
                                   "top_k_heads", "per_layer_top_p", "run_lag_probe", "run_serial_recall",
                                   "run_conditions", "run_temporal_study", "mean_ci"])
 def test_public_entry_points_refuse_none(name, tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ def test_analyze_end_to_end(tiny_dir, tmp_path):
     assert "Top 3 induction heads" in r.output and "intact" in r.output
     files = {p.name for p in out.iterdir()}
     assert {"results.json", "report.md", "head_scores.csv", "lag_curves.csv", "lag_headline.csv",
-            "head_scores.png", "lag_curve.png"} <= files
+            "head_scores.png", "lag_curve.png", "attention_patterns.png", "attention_patterns.npz"} <= files
     res = json.loads((out / "results.json").read_text())
     assert res["model"]["source"] == "local" and res["model"]["sha256"]
     assert res["kind"] == "analyze" and res["params"]["config"]["seed"] == 0

@@ -5,7 +5,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "load_model": "core.models", "LoadedModel": "core.models",
     "instrument": "core.instrument", "ablate": "core.instrument", "HeadIntervention": "core.instrument",
-    "compute_head_scores": "core.scores", "HeadScores": "core.scores",
+    "compute_head_scores": "core.scores", "HeadScores": "core.scores", "induction_sequence": "core.scores",
+    "attention_patterns": "core.instrument",
     "ablation_conditions": "core.ablation", "top_k_heads": "core.ablation", "per_layer_top_p": "core.ablation",
     "random_heads": "core.ablation", "Condition": "core.ablation",
     "run_lag_probe": "protocols.lag_probe", "LagProbeConfig": "protocols.lag_probe", "LagProbeResult": "protocols.lag_probe",

@@ -66,9 +66,11 @@ from .attention import (CACHE_TAG, FUNCTION_NAME, AlreadyInstrumented, Instrumen
 from .methods import (ABLATION_METHODS, METHODS, AblationMethod, HeadIntervention, Positions, ablation_method,
                       ablation_methods, check_head, query_mask)
 from .models import attention_shape
+from .placement import execution_device
 
 __all__ = [  # the contexts, and the names callers import from here
-    "instrument", "ablate", "head_output_means", "head_outputs", "source_values", "self_check", "eval_mode",
+    "instrument", "ablate", "head_output_means", "head_outputs", "attention_patterns", "source_values", "self_check",
+    "eval_mode",
     "unwrap_model",
     "HeadIntervention", "Positions", "AblationMethod", "ABLATION_METHODS", "METHODS", "ablation_methods",
     "ablation_method", "check_head", "Instrumentation", "gather_targets", "FUNCTION_NAME", "CACHE_TAG",
@@ -208,6 +210,69 @@ def head_outputs(model, input_ids: torch.Tensor, heads: Iterable[tuple[int, int]
     with torch.inference_mode(), instrument(model, capture_heads=heads) as inst:
         model(input_ids=input_ids, attention_mask=attention_mask)
     return {h: inst.captured[h] for h in heads}
+
+
+def attention_patterns(model, input_ids, heads) -> "np.ndarray":
+    """The attention patterns of ``heads`` on one sequence (one forward, the model's own eager attention).
+
+    The patterns are read inside :func:`instrument` (``keep_patterns=True``), the path every head score
+    reads its target probabilities on; the model's own attention math computes them (its module's
+    ``eager_attention_forward``: SDPA returns no probabilities), so a head's row here is the one its
+    induction score averages over. Query-head indexing: in a GQA model the query heads of one KV group
+    share keys and values but each has its own pattern.
+
+    Args:
+        model: a transformers causal LM (or a LoadedModel bundle).
+        input_ids: one sequence of token ids, ``[T]`` or ``[1, T]`` (list, tensor or array), e.g.
+            :func:`~inductionlab.core.scores.induction_sequence` (``[BOS] S S``, the induction score's).
+        heads: a ``(layer, head)`` pair or a list of them, query-head indexing.
+
+    Returns:
+        float32 numpy ``[n_heads, T, T]``: ``[i, q, k]`` = the attention probability (after the softmax,
+        in [0, 1]) that query position ``q`` puts on key position ``k`` in head ``heads[i]``; positions are
+        token indices of ``input_ids`` (0 = the first token, e.g. BOS). Each row sums to 1; 0 above the
+        diagonal (causal) and outside a sliding window. Memory during the forward:
+        ``n_layers × n_heads × T² × 4`` bytes (every layer's pattern is kept, then the heads are picked).
+
+    Raises:
+        InductionLabError: no heads, a head out of range or not an integer, ``input_ids`` not one non-empty
+            sequence of integer ids, an id outside the vocabulary, a sequence longer than the model's context.
+    """
+    import numpy as np
+
+    model = unwrap_model(model)
+    shape = attention_shape(model.config)
+    if isinstance(heads, tuple) and len(heads) == 2 and not isinstance(heads[0], (tuple, list)):
+        heads = [heads]
+    heads = [check_head(*lh, shape["n_layers"], shape["n_heads"])
+             if isinstance(lh, (tuple, list, np.ndarray)) and len(lh) == 2 else _not_a_head(lh) for lh in heads]
+    if not heads:
+        raise InductionLabError("attention_patterns(): heads is empty; pass a (layer, head) pair or a list of them")
+    try:
+        ids = torch.as_tensor(np.asarray(input_ids.cpu() if isinstance(input_ids, torch.Tensor) else input_ids))
+    except (TypeError, ValueError):
+        raise InductionLabError("attention_patterns(): input_ids must be one sequence of token ids, "
+                                "[T] or [1, T]") from None
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if (ids.dim() != 1 or ids.numel() == 0 or ids.dtype.is_floating_point or ids.dtype.is_complex
+            or ids.dtype == torch.bool):
+        raise InductionLabError(f"attention_patterns(): input_ids must be one non-empty sequence of integer token ids, "
+                                f"[T] or [1, T]; got shape {tuple(ids.shape)}, dtype {ids.dtype}")
+    V, ctx = shape["vocab_size"], shape["max_position_embeddings"]
+    bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+    if not 0 <= bad < V:
+        raise InductionLabError(f"attention_patterns(): token id {bad} is outside the model's vocabulary 0-{V - 1}")
+    if ctx and ids.numel() > ctx:
+        raise InductionLabError(f"attention_patterns(): {ids.numel()} tokens exceed the model's context of {ctx}; "
+                                "pass a shorter sequence")
+    with torch.inference_mode(), instrument(model, keep_patterns=True) as inst:
+        model(input_ids=ids.long()[None].to(execution_device(model)))
+    return np.stack([inst.patterns[l][0, h].numpy() for l, h in heads]).astype(np.float32, copy=False)
+
+
+def _not_a_head(x):
+    raise InductionLabError(f"attention_patterns(): {x!r} is not a (layer, head) pair")
 
 
 def source_values(outputs: torch.Tensor, positions, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

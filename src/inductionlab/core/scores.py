@@ -226,6 +226,36 @@ def build_sequences(S: torch.Tensor, name: str, bos_id: int | None, *, R: torch.
     return score_spec(name).build(Stimulus(S, R, bos_id, sep_id))
 
 
+def induction_sequence(model, *, tokenizer=None, seq_len: int = 50, seed: int = 0, bos_id: int | None = None,
+                       exclude_ids=(), vocab_size: int | None = None) -> torch.Tensor:
+    """One ``[BOS] S S`` sequence of the induction score (S: ``seq_len`` distinct random ordinary tokens):
+    the first sequence :func:`compute_head_scores` draws with the same ``seed``, ``seq_len``, tokenizer,
+    ``exclude_ids``, ``vocab_size`` and ``bos_id`` (the sequence to look at a head's pattern on,
+    :func:`~inductionlab.core.instrument.attention_patterns`).
+
+    Args: as :func:`compute_head_scores` (``model`` a transformers causal LM or a LoadedModel bundle, whose
+        tokenizer is then used when ``tokenizer`` is None; its BOS when ``bos_id`` is None).
+
+    Returns: LongTensor ``[p0 + 2 * seq_len]`` (p0 = 1 with a BOS, else 0); the induction target of query
+    ``i`` in the second copy is key ``i - seq_len + 1`` (:func:`induction_targets`).
+
+    Raises:
+        InductionLabError: seq_len below 2 or beyond the ordinary tokens, a sequence longer than the context.
+    """
+    if tokenizer is None and not isinstance(model, torch.nn.Module):
+        tokenizer = getattr(model, "tokenizer", None)
+    model = unwrap_model(model)
+    shape = attention_shape(model.config)
+    seq_len = _count("seq_len", seq_len, 2)
+    if bos_id is None and tokenizer is not None:
+        bos_id = tokenizer.bos_token_id
+    n, ctx = int(bos_id is not None) + 2 * seq_len, shape["max_position_embeddings"]
+    if ctx and n > ctx:
+        raise InductionLabError(f"sequence of {n} tokens exceeds the model's context of {ctx}; use a smaller seq_len")
+    pool = ordinary_token_ids(vocab_size or shape["vocab_size"], exclude_ids, tokenizer)
+    return build_sequences(random_sequences(pool, 1, seq_len, seed), "induction", bos_id)[0]
+
+
 def score_from_pattern(pattern: torch.Tensor, name: str, seq_len: int, bos: bool = True) -> np.ndarray:
     """Score heads from full attention patterns (for hand-built patterns and cross-checks).
 

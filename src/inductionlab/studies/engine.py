@@ -128,6 +128,12 @@ class Context:
         with self.run.timed(timing or key.replace("/", "_")):
             return self.run.json(key, compute) if save else compute()
 
+    def arrays(self, key: str, compute: Callable[[], dict], *, timing: str | None = None) -> dict:
+        """``compute()`` (a dict of numpy arrays) as the piece ``key`` (``.npz``): computed once, then loaded.
+        Timed as ``timing`` (default: the key with ``/`` as ``_``)."""
+        with self.run.timed(timing or key.replace("/", "_")):
+            return self.run.arrays(key, compute)
+
 
 # ---- phases -------------------------------------------------------------------------------------
 

@@ -51,6 +51,51 @@ def head_heatmaps(scores: dict[str, np.ndarray], path: str | Path, title: str = 
     save(fig, path)
 
 
+def pattern_window(n_tokens: int, max_queries: int = 128) -> tuple[int, int]:
+    """The query rows ``[start, stop)`` :func:`attention_patterns` shows: all of them up to ``max_queries``
+    tokens, else the last ``max_queries`` (on ``[BOS] S S`` the end of the second copy, where the induction
+    stripe runs ``seq_len - 1`` keys left of the diagonal)."""
+    return max(0, n_tokens - max_queries), n_tokens
+
+
+def attention_patterns(patterns: np.ndarray, titles, path: str | Path, *, title: str = "",
+                       max_queries: int = 128) -> None:
+    """Small multiples of attention patterns: one panel per head, key position across, query position down.
+
+    ``patterns``: ``[n_heads, T, T]`` attention probabilities (:func:`inductionlab.attention_patterns`);
+    ``titles``: one per head (``"L18 H6 induction 0.87"``). Up to ``max_queries`` tokens every query is shown
+    (one row of square panels); beyond, the last ``max_queries`` queries (:func:`pattern_window`) against
+    every key, one wide panel per head stacked, so the first-token column and the induction stripe stay
+    in view (a grey margin left of key 0 keeps the first-token column off the axis). Axes are token
+    positions; colour is the probability on a square-root scale (weak attention
+    stays visible beside the first token's mass), drawn cell by cell (nearest), so a one-key stripe is
+    never averaged away.
+    """
+    patterns = np.asarray(patterns, dtype=np.float32)
+    n, T = patterns.shape[0], patterns.shape[-1]
+    q0, q1 = pattern_window(T, max_queries)
+    wide = q0 > 0
+    rows, cols = (n, 1) if wide else (1, n)
+    w = min(12.0, 2.6 * T / (q1 - q0)) if wide else 3.0
+    fig, axes = plt.subplots(rows, cols, figsize=(w * cols + 0.8, (2.6 if wide else 3.0) * rows + 0.6),
+                             squeeze=False, layout="constrained")
+    norm = matplotlib.colors.PowerNorm(0.5, vmin=0, vmax=1)
+    for ax, pat, name in zip(axes.flat, patterns, titles):
+        im = ax.imshow(pat[q0:q1], cmap="viridis", norm=norm, interpolation="nearest",
+                       aspect="auto" if wide else "equal", extent=(-0.5, T - 0.5, q1 - 0.5, q0 - 0.5))
+        ax.set_xlim(-0.5 - max(1.0, 0.02 * T), T - 0.5)        # the first-token column clear of the spine
+        ax.set_facecolor("0.85")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("key position")
+        ax.set_ylabel("query position")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, nbins=6))
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="attention probability")
+    if title:
+        fig.suptitle(title + (f"\nqueries {q0}–{q1 - 1} of {T}" if wide else ""), fontsize=10)
+    save(fig, path)
+
+
 def _k_of(name: str) -> int | None:
     """The k of a condition name: its first all-digit part (``induction-10``, ``induction-excl-fv-10``,
     ``random-all-10-d0`` -> 10); None for ``intact``."""

@@ -42,6 +42,7 @@ def analyze_report(res) -> str:
     il = res.scores.induction_loss
     cues = cue_lines(res.lag)          # the headline when every list is cued: evidence comes from the cues
     lines += ["", f"Induction loss: first copy {il['first_copy']:.2f} nats, second copy {il['second_copy']:.2f} nats."]
+    lines += _pattern_lines(res)
     lines += cues
     lines += ["", "## Lag probe, seed cue only" if cues else "## Lag probe", "",
               f"{lc.n_permutations} trials per condition, list of {lc.list_length} words, cue at "
@@ -79,10 +80,48 @@ def analyze_report(res) -> str:
     lines += [f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in res.timings.items()]
     lines += ["", "Files: `results.json` (everything, incl. parameters and versions), `head_scores.csv`, "
               "`lag_curves.csv`, `lag_headline.csv`, `lag_trials.npz`, `head_scores.png`, `lag_curve.png`, "
-              "`lag_curve_renorm.png`" + (", `lag_curves_corrected.csv`, `lag_curve_corrected.png`"
+              "`lag_curve_renorm.png`" + (", `attention_patterns.png`, `attention_patterns.npz`"
+                                          if getattr(res, "patterns", None) is not None else "")
+              + (", `lag_curves_corrected.csv`, `lag_curve_corrected.png`"
                                           if res.lag.has_corrected else "")
               + ("".join(f", `{f}`" for f in CUE_FILES) if serial_position.has_cues(res.lag) else "") + ".", ""]
     return "\n".join(lines)
+
+
+def _pattern_titles(p: dict) -> list[str]:
+    """``"L18 H6 induction 0.87"`` per induction head, ``"L3 H2 random (induction 0.01)"`` for the random one."""
+    return [f"L{l} H{h} induction {s:.2f}" if k == "induction" else f"L{l} H{h} {k} (induction {s:.2f})"
+            for (l, h), k, s in zip(p["heads"], p["kind"], p["induction"])]
+
+
+def _pattern_lines(res) -> list[str]:
+    p = getattr(res, "patterns", None)
+    if p is None:
+        return []
+    T, n, bos = int(p["seq_len"]), len(p["input_ids"]), bool(int(p["bos"]))
+    return ["", "## Attention patterns", "",
+            f"The top induction heads and one random head (seed {int(p['seed'])}) on one "
+            f"{'[BOS] S S' if bos else 'S S'} sequence ({n} tokens, S = {T} random ordinary tokens): an induction "
+            f"head's queries in the second copy attend {T - 1} keys left of the diagonal (the token after the "
+            f"earlier occurrence), the rest of its mass mostly on the first token. Colour: square-root scale.", "",
+            "![attention patterns](attention_patterns.png)", "",
+            "Heads: " + "; ".join(_pattern_titles(p)) + ". Arrays (patterns, heads, input ids): "
+            "`attention_patterns.npz`."]
+
+
+def write_pattern_outputs(d: Path, res) -> None:
+    """``attention_patterns.npz`` (the piece's arrays, so the figure can be redrawn) and
+    ``attention_patterns.png``; nothing when the result holds no patterns."""
+    p = getattr(res, "patterns", None)
+    if p is None:
+        return
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **{k: np.asarray(v) for k, v in p.items()})
+    atomic_write_bytes(d / "attention_patterns.npz", buf.getvalue())
+    n, T = len(p["input_ids"]), int(p["seq_len"])
+    plots.attention_patterns(p["patterns"], _pattern_titles(p), d / "attention_patterns.png",
+                             title=f"{res.loaded.identity['name']}: attention on "
+                                   f"{'[BOS] S S' if int(p['bos']) else 'S S'} ({n} tokens, |S| = {T})")
 
 
 def write_analyze_outputs(d: Path, res) -> None:
@@ -104,6 +143,7 @@ def write_analyze_outputs(d: Path, res) -> None:
     atomic_write_bytes(d / "lag_trials.npz", buf.getvalue())
     name = res.loaded.identity["name"]
     plots.head_heatmaps(hs.scores, d / "head_scores.png", title=name)
+    write_pattern_outputs(d, res)
     arm = ranked_arm(res.lag.conditions)
     shown = ["intact"] + [c for c in summary["condition"].unique()
                           if c.startswith(f"{arm}-") or (c.startswith("random-") and "-d" not in c)]

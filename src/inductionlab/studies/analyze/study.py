@@ -1,11 +1,12 @@
 """The main job: find induction heads and run the lag probe with ablations (``inductionlab analyze``).
 
-Phases: self-check the instrumentation → score every head (SPEC §3) → lag probe intact, with the top-k
-induction heads ablated and with k random heads ablated (outside the top N, several seeded draws) for
-each k (SPEC §4) → tables, plots, report. Run by :func:`inductionlab.studies.engine.run_study`: the head
-scores and each condition's lag probe are pieces of the run directory, so an interrupted run continues
-where it stopped. The smallest complete study: copy its shape (``config.py`` with the spec, this module
-with ``prepare`` / ``phases`` / ``result``, ``report.py`` with ``write``).
+Phases: self-check the instrumentation → score every head (SPEC §3) → the attention patterns of the top
+induction heads and one random head on one ``[BOS] S S`` sequence (one small forward) → lag probe intact,
+with the top-k induction heads ablated and with k random heads ablated (outside the top N, several seeded
+draws) for each k (SPEC §4) → tables, plots, report. Run by :func:`inductionlab.studies.engine.run_study`:
+the head scores, the patterns and each condition's lag probe are pieces of the run directory, so an
+interrupted run continues where it stopped. The smallest complete study: copy its shape (``config.py``
+with the spec, this module with ``prepare`` / ``phases`` / ``result``, ``report.py`` with ``write``).
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ...config import to_dict
-from ...core.ablation import top_k_heads
-from ...core.instrument import self_check
+from ...core.ablation import random_heads, top_k_heads
+from ...core.instrument import attention_patterns, self_check
 from ...core.models import LoadedModel, ran_identity
 from ...core.placement import execution_device
-from ...core.scores import HeadScores
+from ...core.scores import HeadScores, induction_sequence
 from ...errors import InductionLabError
 from ...measures import serial_position
 from ...protocols import lag_probe
@@ -45,11 +47,19 @@ class Plan:
     file_scores: dict = field(default_factory=dict)
 
 
+#: The attention-pattern figure: the top ``PATTERN_TOP`` induction heads and one seeded random head, on one
+#: ``[BOS] S S`` sequence with T = the head scores' seq_len, at most ``PATTERN_MAX_SEQ_LEN`` (one forward of at
+#: most 201 tokens; decision: small beside the head scores, and every query fits the figure unwindowed).
+PATTERN_TOP = 4
+PATTERN_MAX_SEQ_LEN = 100
+
+
 @dataclass(kw_only=True)
 class AnalyzeResult(StudyResult):
     loaded: LoadedModel
     scores: HeadScores
     lag: LagProbeResult
+    patterns: dict | None = None      # the piece attention_patterns (:func:`_patterns`); None: not computed
 
 
 def prepare(loaded: LoadedModel, cfg: AnalyzeConfig) -> Plan:
@@ -83,10 +93,32 @@ def phases(plan: Plan, ctx: Context) -> dict:
     cfg = plan.cfg
     check = ctx.piece("self_check", lambda: _self_check(plan.loaded, cfg.seed), save=False)
     scores = ctx.head_scores(cfg.scores, seed=cfg.seed)
+    patterns = ctx.arrays("attention_patterns", lambda: _patterns(plan.loaded, scores, cfg))
     conditions = cfg.ablation.conditions({**plan.file_scores, **scores.scores}, plan.ks, seed=cfg.seed,
                                          exclude_top_n=plan.exclude_top_n)
     runs = ctx.measure(Phase("lag", lag_probe.probe(plan.lag), conditions, plan.lag.n_permutations, timing="lag_probe"))
-    return {"self_check": check, "scores": scores, "conditions": conditions, "lag": runs["lag"]}
+    return {"self_check": check, "scores": scores, "patterns": patterns, "conditions": conditions, "lag": runs["lag"]}
+
+
+def _patterns(loaded: LoadedModel, scores: HeadScores, cfg: AnalyzeConfig) -> dict:
+    """The attention patterns of the top :data:`PATTERN_TOP` induction heads and one random head outside them
+    (:func:`~inductionlab.core.ablation.random_heads`, seeded with the job's seed) on the induction score's
+    first ``[BOS] S S`` sequence (:func:`~inductionlab.core.scores.induction_sequence`, the job's seed).
+
+    Returns: ``patterns`` float32 ``[n, T, T]``, ``heads`` ``[n, 2]`` (layer, head), ``kind`` (``induction`` /
+    ``random``), ``induction`` (each head's induction score), ``input_ids`` ``[T]``, ``seq_len`` (S's length),
+    ``bos`` (1: position 0 is BOS), ``seed``."""
+    ind = scores["induction"]
+    top = top_k_heads(ind, min(PATTERN_TOP, ind.size))
+    rand = random_heads(ind.shape, 1, exclude=top, seed=cfg.seed) if ind.size > len(top) else []
+    heads = top + rand
+    T = min(cfg.scores.seq_len, PATTERN_MAX_SEQ_LEN)
+    ids = induction_sequence(loaded, seq_len=T, seed=cfg.seed)
+    bos = int(len(ids) == 2 * T + 1)
+    return {"patterns": attention_patterns(loaded.model, ids, heads), "heads": np.asarray(heads, dtype=np.int64),
+            "kind": np.asarray(["induction"] * len(top) + ["random"] * len(rand)),
+            "induction": np.asarray([ind[l, h] for l, h in heads], dtype=np.float64),
+            "input_ids": ids.numpy(), "seq_len": np.asarray(T), "bos": np.asarray(bos), "seed": np.asarray(cfg.seed)}
 
 
 def _self_check(loaded: LoadedModel, seed: int) -> dict:
@@ -108,10 +140,20 @@ def result(plan: Plan, pieces: dict) -> AnalyzeResult:
         "heads": {**{k: v.tolist() for k, v in hs.scores.items()}, "induction_loss": hs.induction_loss,
                   "score_params": hs.params},
         "top_induction_heads": [{"layer": l, "head": h, "score": float(hs["induction"][l, h])} for l, h in top],
+        "attention_patterns": _patterns_record(pieces["patterns"]),
         "lag_probe": lag.to_json(),
         **({"lag_cues": serial_position.cue_json(lag)} if serial_position.has_cues(lag) else {}),
     }
-    return AnalyzeResult(loaded=plan.loaded, scores=hs, lag=lag, record=record)
+    return AnalyzeResult(loaded=plan.loaded, scores=hs, lag=lag, patterns=pieces["patterns"], record=record)
+
+
+def _patterns_record(p: dict) -> dict:
+    """What results.json says of the pattern figure (the arrays are in attention_patterns.npz)."""
+    return {"heads": [{"layer": int(l), "head": int(h), "kind": str(k), "induction": float(s)}
+                      for (l, h), k, s in zip(p["heads"], p["kind"], p["induction"])],
+            "sequence": "[BOS] S S" if int(p["bos"]) else "S S", "seq_len": int(p["seq_len"]),
+            "n_tokens": int(len(p["input_ids"])), "seed": int(p["seed"]),
+            "random_head": "random_heads(shape, 1, exclude=the induction heads shown, seed=seed)"}
 
 
 def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, opts: RunOptions | None = None) -> AnalyzeResult:
