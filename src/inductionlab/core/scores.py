@@ -29,7 +29,8 @@ copy_offset_control  [BOS] S SEP R          same keys; R is fresh, so only a pos
 ===================  =====================  ===================================================
 
 Also the induction loss: mean next-token loss (nats) on the first copy vs the second copy of
-``[BOS] S S``.
+``[BOS] S S``, and the attention CRP (:func:`attention_crp`, Ji-An et al. 2024): per head the attention from
+second-copy queries to first-copy keys by lag from the earlier occurrence, one reduction per lag.
 """
 
 from __future__ import annotations
