@@ -19,7 +19,7 @@ from inductionlab.core.ablation import Condition, select_heads
 from inductionlab.errors import InductionLabError
 from inductionlab.protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig
 from inductionlab.studies.configs import HeadScoreConfig
-from inductionlab.studies.head_types.config import (HeadTypesConfig, ProbesConfig, SelectionConfig,
+from inductionlab.studies.head_types.config import (CMRConfig, HeadTypesConfig, ProbesConfig, SelectionConfig,
                                                     TokenLossConfig)
 from inductionlab.studies.spec import RunOptions
 
@@ -59,10 +59,21 @@ def small(text: Path, **over) -> HeadTypesConfig:
 
 @pytest.fixture(scope="module")
 def study(loaded, tmp_path_factory):
+    """The study with ``--cmr`` on. The CMR grid is stood in for by random normalised CRPs (the grid's own tests
+    are in test_cmr.py), cached in a temporary cache dir."""
+    from inductionlab.measures import cmr
     from inductionlab.studies.head_types.study import run_head_types
     lm, text = loaded
     out = tmp_path_factory.mktemp("ht") / "run"
-    return run_head_types(lm, small(text), out, RunOptions(progress=False)), out
+
+    def fake_grid(n_exps, seed, n_s0, progress=None):
+        x = np.random.default_rng(seed).random((20, 21, 11, 17))
+        return x / x.sum(-1, keepdims=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        mp.setattr(cmr, "compute_grid", fake_grid)
+        cfg = small(text, cmr=CMRConfig(enabled=True, n_exps=1, n_starts=1, top=4))
+        return run_head_types(lm, cfg, out, RunOptions(progress=False)), out
 
 
 def test_every_piece_and_file_is_written(study):
@@ -76,6 +87,35 @@ def test_every_piece_and_file_is_written(study):
     rec = json.loads((out / "results.json").read_text())
     assert [v["claim"] for v in rec["verdicts"]] == ["Y1", "Y2", "Y3", "Y4"]
     assert len(rec["top_fv_heads"]) == 10 and rec["params"]["counts"] == {"0.1": 1, "0.25": 4}
+
+
+def test_cmr_files_and_columns(study):
+    """--cmr: cmr_fit.csv, head_crp.csv and the figure are written; head_scores.csv's cmr_like is 1 / (1 + distance)
+    and ranks through --scores-file; the attention CRP at lag 0 is the duplicate-token score (same sequences, same
+    queries and keys)."""
+    from inductionlab.studies.configs import RankingConfig
+    res, out = study
+    for f in ("cmr_fit.csv", "head_crp.csv", "cmr_fits.png"):
+        assert (out / f).is_file(), f
+    heads = pd.read_csv(out / "head_scores.csv")
+    np.testing.assert_allclose(heads.cmr_like, 1 / (1 + heads.cmr_distance), rtol=1e-12)
+    fit = pd.read_csv(out / "cmr_fit.csv").set_index(["layer", "head"])
+    assert (fit.cmr_like == (fit.cmr_distance < 0.5)).all() and fit.cmr_distance.is_monotonic_increasing
+    crp = pd.read_csv(out / "head_crp.csv")
+    assert len(crp) == 16 * 17 and sorted(crp.lag.unique()) == list(range(-8, 9))
+    lag0 = crp[crp.lag == 0].set_index(["layer", "head"]).attention.to_numpy().reshape(2, 8)
+    np.testing.assert_allclose(lag0, res.scores["duplicate_token"], atol=1e-6)
+    rec = json.loads((out / "results.json").read_text())
+    assert rec["cmr"]["n_cmr_like"] == int((heads.cmr_distance < 0.5).sum()) and len(rec["cmr"]["share_per_layer"]) == 2
+    rank = RankingConfig(rank_by="cmr_like", scores_file=str(out / "head_scores.csv"))
+    rank._validate_selection()                          # what every ablation option's --rank-by checks
+    table = rank.score_tables((2, 8))["cmr_like"]
+    np.testing.assert_allclose(table, heads.cmr_like.to_numpy().reshape(2, 8))
+
+
+def test_crp_lag_window_must_fit_the_score_sequences(tmp_path):
+    with pytest.raises(InductionLabError, match="--crp-max-lag"):
+        small(tmp_path, cmr=CMRConfig(enabled=True, max_lag=20)).validate()
 
 
 def test_the_fv_column_is_the_aie_over_tasks_and_prompts(study):
@@ -131,8 +171,9 @@ def test_drops_are_paired_against_the_intact_rows(study):
 def test_a_second_run_resumes_from_the_pieces(study, loaded):
     from inductionlab.studies.head_types.study import run_head_types
     res, out = study
-    again = run_head_types(loaded[0], small(loaded[1]), out, RunOptions(progress=False))
+    again = run_head_types(loaded[0], small(loaded[1], cmr=res.config.cmr), out, RunOptions(progress=False))
     assert np.array_equal(again.fv.cie, res.fv.cie) and again.drops.equals(res.drops)
+    assert np.array_equal(again.cmr["distance"], res.cmr["distance"], equal_nan=True)
 
 
 def test_fractions_that_select_the_same_count_are_dropped():

@@ -29,7 +29,8 @@ copy_offset_control  [BOS] S SEP R          same keys; R is fresh, so only a pos
 ===================  =====================  ===================================================
 
 Also the induction loss: mean next-token loss (nats) on the first copy vs the second copy of
-``[BOS] S S``.
+``[BOS] S S``, and the attention CRP (:func:`attention_crp`, Ji-An et al. 2024): per head the attention from
+second-copy queries to first-copy keys by lag from the earlier occurrence, one reduction per lag.
 """
 
 from __future__ import annotations
@@ -442,6 +443,133 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
         params["sep_id"] = sep_id
     loss = {k: v / N for k, v in loss_sum.items()} if induction_loss else {}
     return HeadScores(scores, loss, params)
+
+
+#: Lags of the attention CRP: −8..+8 (Ji-An et al. 2024 keep ±8 and fit ±5).
+CRP_MAX_LAG = 8
+
+
+def lag_targets(T: int, bos: bool, lag: int) -> torch.Tensor:
+    """Target key per query of ``[BOS] S S`` for one lag of the attention CRP: LongTensor ``[p0 + 2T]``.
+
+    Query ``p0 + T + j`` (second copy, holding ``S[j]``) → key ``p0 + j + lag`` (``lag`` positions after
+    the query token's earlier occurrence) when that key is in the first copy (``0 ≤ j + lag ≤ T − 1``);
+    other queries −1. ``lag = +1`` is the induction target, ``lag = 0`` the duplicate-token one."""
+    p0 = int(bos)
+    _, t = _blank(p0 + 2 * T)
+    j = torch.arange(T)
+    ok = (j + lag >= 0) & (j + lag <= T - 1)
+    t[p0 + T + j[ok]] = p0 + j[ok] + lag
+    return t
+
+
+def check_lag_window(max_lag, seq_len: int) -> int:
+    """``max_lag`` as an int, checked against T = ``seq_len``.
+
+    Raises:
+        InductionLabError: ``max_lag`` not an integer in ``1..seq_len − 1`` (lag ±max_lag needs a first-copy key)."""
+    if isinstance(max_lag, bool) or not isinstance(max_lag, (int, np.integer)) or not 1 <= max_lag <= seq_len - 1:
+        raise InductionLabError(f"attention-CRP lag window ±{max_lag!r} does not fit copies of {seq_len} tokens; "
+                                f"give a max lag in 1..{seq_len - 1} or a longer seq_len")
+    return int(max_lag)
+
+
+def crp_from_pattern(pattern: torch.Tensor, seq_len: int, bos: bool = True, max_lag: int = CRP_MAX_LAG) -> np.ndarray:
+    """Attention CRP from full attention patterns (hand-built patterns and cross-checks of :func:`attention_crp`).
+
+    Args:
+        pattern: ``[B, H, Q, K]`` attention probabilities on ``[BOS] S S``.
+
+    Returns: float64 ``[H, 2·max_lag + 1]``, lags −max_lag..max_lag: per lag, the mean over sequences of the
+    mean over the second-copy queries whose key at that lag is in the first copy."""
+    check_lag_window(max_lag, seq_len)
+    out = []
+    for lag in range(-max_lag, max_lag + 1):
+        t = lag_targets(seq_len, bos, lag)
+        mass = gather_targets(pattern, t).double()          # [B, H, Q]
+        valid = (t >= 0).double()
+        out.append(((mass * valid).sum(-1) / valid.sum()).mean(0))
+    return torch.stack(out, -1).numpy()
+
+
+@dataclass
+class AttentionCRP:
+    """Per-head attention CRP (Ji-An et al. 2024). ``profile``: float64 ``[n_layers, n_heads, 2·max_lag + 1]``
+    (lags ``lags``); ``params``: seq_len, n_sequences, seed, bos_id, max_lag, definition."""
+    profile: np.ndarray
+    lags: np.ndarray
+    params: dict
+
+
+def attention_crp(model, *, tokenizer=None, vocab_size: int | None = None, exclude_ids=(), bos_id: int | None = None,
+                  seq_len: int = 50, batch_size: int = 16, n_batches: int = 1, seed: int = 0,
+                  sequences: torch.Tensor | None = None, pool: torch.Tensor | None = None,
+                  max_lag: int = CRP_MAX_LAG, progress=None, dist=None) -> AttentionCRP:
+    """Every head's attention CRP on ``[BOS] S S``: the attention probability from each second-copy query to the
+    first-copy key ``lag`` positions after the query token's earlier occurrence, for lags −max_lag..max_lag (an
+    induction head peaks at +1, a duplicate-token head at 0) — Ji-An, Zhou, Benna & Mattar 2024 (arXiv
+    2405.14992), on the sequences of the induction score (same ``seed`` and pool: the same S).
+
+    Raw probability (never renormalised over the first copy), averaged as the head scores are: per sequence over
+    the queries that have a first-copy key at that lag (T − |lag| of them), then over sequences. Each lag is one
+    target reduction inside the attention call (:mod:`inductionlab.core.attention`; the fused kernel's
+    log-sum-exp on CPU, query-head indexed, so GQA-safe); no ``[Q, K]`` pattern is kept. (The authors' stored
+    profiles are pre-softmax attention scores, not probabilities: see docs/head_types.md.)
+
+    Args: as :func:`compute_head_scores` (``sequences``: explicit S ``[N, T]``), and
+        max_lag: lags kept, at most ``seq_len − 1`` (default 8).
+
+    Returns: :class:`AttentionCRP`, ``profile`` ``[n_layers, n_heads, 2·max_lag + 1]``. Sharded over ``dist`` as
+    :func:`compute_head_scores` (the result is that of one process).
+
+    Raises:
+        InductionLabError: the lag window does not fit ``seq_len``; what :func:`compute_head_scores` refuses."""
+    if tokenizer is None and not isinstance(model, torch.nn.Module):
+        tokenizer = getattr(model, "tokenizer", None)
+    model = unwrap_model(model)
+    batch_size = _count("batch_size", batch_size)
+    n_batches = _count("n_batches", n_batches)
+    shape = attention_shape(model.config)
+    device = execution_device(model)
+    if bos_id is None and tokenizer is not None:
+        bos_id = tokenizer.bos_token_id
+    if sequences is None:
+        seq_len = _count("seq_len", seq_len, 2)
+    else:
+        sequences = torch.as_tensor(sequences, dtype=torch.long)
+        if sequences.dim() != 2 or sequences.shape[0] < 1:
+            raise InductionLabError(f"sequences must be a non-empty [N, T] id tensor, got shape {tuple(sequences.shape)}")
+        seq_len = _count("sequence length (sequences.shape[1])", sequences.shape[1], 2)
+    max_lag = check_lag_window(max_lag, seq_len)
+    bos = bos_id is not None
+    ctx = shape["max_position_embeddings"]
+    if ctx and int(bos) + 2 * seq_len > ctx:
+        raise InductionLabError(f"sequence of {int(bos) + 2 * seq_len} tokens exceeds the model's context of {ctx}; "
+                                "use a smaller seq_len")
+    if sequences is None:
+        if pool is None:
+            pool = ordinary_token_ids(vocab_size or shape["vocab_size"], exclude_ids, tokenizer)
+        sequences = random_sequences(pool, batch_size * n_batches, seq_len, seed)
+    lags = list(range(-max_lag, max_lag + 1))
+    targets = {f"lag{d:+d}": lag_targets(seq_len, bos, d) for d in lags}
+    L, H = shape["n_layers"], shape["n_heads"]
+    N = sequences.shape[0]
+    parts = []
+    with torch.inference_mode():
+        for start in D.local_batches(N, batch_size, dist):
+            ids = repeated(Stimulus(sequences[start:start + batch_size], None, bos_id)).to(device)
+            with instrument(model, reductions=targets) as inst:
+                _forward(model, ids, with_loss=False)
+            parts.append(torch.stack([_mean_over_queries(inst.reduced[n], t) for n, t in targets.items()], -1).cpu())
+            if progress is not None and (dist is None or dist.is_main):
+                progress(D.round_size(start, N, batch_size, dist))
+    total = torch.zeros(L, H, len(lags), dtype=torch.float64)
+    for p in D.gather_batches(parts, -(-N // batch_size), dist):
+        total += p
+    params = {"seq_len": seq_len, "n_sequences": N, "batch_size": batch_size, "seed": seed, "bos_id": bos_id,
+              "max_lag": max_lag, "definition": "raw attention probability from second-copy queries to the first-copy "
+              "key at each lag from the earlier occurrence, mean over queries then sequences (Ji-An et al. 2024)"}
+    return AttentionCRP((total / N).numpy(), np.asarray(lags), params)
 
 
 #: Positions whose full-vocabulary logits the induction loss holds at once (memory ∝ this × vocab).

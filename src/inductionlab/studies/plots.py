@@ -583,3 +583,35 @@ def drop_vs_fraction(drops: pd.DataFrame, measures: dict[str, str], path: str | 
     if title:
         fig.suptitle(title)
     save(fig, path)
+
+
+def cmr_fits(fits: pd.DataFrame, path: str | Path, title: str = "", columns: int = 4) -> None:
+    """Small multiples of heads' attention CRPs with their fitted CMR CRPs (Ji-An et al. 2024, Fig. 5).
+
+    Args:
+        fits: one row per (head, lag), in panel order: ``layer``, ``head``, ``lag``, ``attention`` (the profile)
+            and ``cmr`` (the fitted CRP min-shifted and scaled to the profile's range, as the distance compares
+            them), plus per head ``cmr_distance``, ``beta_enc``, ``beta_rec``, ``gamma_ft``."""
+    heads = list(dict.fromkeys(zip(fits["layer"], fits["head"])))
+    n = len(heads)
+    cols = max(1, min(columns, n))
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.1 * rows), squeeze=False, layout="constrained",
+                             sharex=True)
+    for ax, (l, h) in zip(axes.flat, heads):
+        g = fits[(fits["layer"] == l) & (fits["head"] == h)]
+        ax.plot(g.lag, g.attention, "o-", color="k", ms=3, lw=1, label="head")
+        ax.plot(g.lag, g.cmr, "x--", color="tab:red", ms=3, lw=1, label="CMR fit")
+        ax.axvline(0, color="grey", lw=0.5, ls=":")
+        r = g.iloc[0]
+        ax.set_title(f"L{l}H{h}  d={r.cmr_distance:.2f}\nβenc={r.beta_enc:.2f} βrec={r.beta_rec:.2f} "
+                     f"γft={r.gamma_ft:.1f}", fontsize=7)
+        ax.tick_params(labelsize=6)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("lag", fontsize=7)
+    axes.flat[0].legend(fontsize=6)
+    if title:
+        fig.suptitle(title)
+    save(fig, path)

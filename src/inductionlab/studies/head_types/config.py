@@ -86,6 +86,31 @@ class TokenLossConfig:
 
 
 @dataclass
+class CMRConfig:
+    """Per-head attention CRP on the head scores' ``[BOS] S S`` sequences and its CMR fit (Ji-An, Zhou, Benna &
+    Mattar 2024; SPEC §10): ``cmr_distance`` and ``cmr_like`` (= 1 / (1 + distance), higher = more CMR-like) join
+    head_scores.csv, so ``--rank-by cmr_like --scores-file .../head_scores.csv`` ranks by it."""
+    enabled: bool = opt(False, "Also compute every head's attention CRP and its CMR fit (cmr_fit.csv, head_crp.csv, "
+                               "cmr_fits.png; cmr_distance and cmr_like columns in head_scores.csv).", flag="--cmr")
+    n_exps: int = opt(10, "Simulated CMR recall runs per start position and grid cell (the grid is computed once "
+                          "and cached in the user cache dir; cost grows with it).",
+                      source="Ji-An et al. 2024 used 1,000", flag="--cmr-runs")
+    n_starts: int = opt(20, "Start positions of the CMR simulation (n_s0).", source="Ji-An et al. 2024", cli=False)
+    max_lag: int = opt(8, "Lags -m..m of the attention CRP kept (±5 are fitted).", source="Ji-An et al. 2024",
+                       flag="--crp-max-lag")
+    top: int = opt(12, "Heads (lowest CMR distance) in the small-multiples figure.", flag="--cmr-top")
+
+    def validate(self) -> None:
+        check_fields(self)
+        if self.n_exps < 1 or not 1 <= self.n_starts <= 100:
+            raise InductionLabError(f"--cmr-runs {self.n_exps} must be >= 1 (and n_starts {self.n_starts} in 1..100)")
+        if self.max_lag < 5:
+            raise InductionLabError(f"--crp-max-lag {self.max_lag}: the CMR fit compares lags -5..5; give at least 5")
+        if self.top < 1:
+            raise InductionLabError(f"--cmr-top {self.top} must be >= 1")
+
+
+@dataclass
 class HeadTypesConfig:
     """Parameters of the study (SPEC §10). Defaults size the SmolLM2 run for about 30 min on 2 CPU cores."""
     seed: int = opt(0, "Seed of prompts, trials, random draws and head-score sequences.")
@@ -100,6 +125,7 @@ class HeadTypesConfig:
                                  "The lag probe under ablation (seed T's p(+1) and temporal factor).")
     lag_method: str = opt("zero", "Ablation of the heads for the lag probe.", source="seed protocol",
                           choices=("zero", "mean", "resample"))
+    cmr: CMRConfig = nested(CMRConfig, "Attention CRP and CMR fit per head (Ji-An et al. 2024).")
 
     def protocols(self) -> tuple[FVScoreConfig, LagProbeConfig]:
         """The nested protocol configs with the study's seed (and the lag probe's method)."""
@@ -118,7 +144,8 @@ class HeadTypesConfig:
         check_seed(self.seed, "--seed")
         for name, kind in (("scores", HeadScoreConfig), ("fv", FVScoreConfig), ("route", DualRouteConfig),
                            ("selection", SelectionConfig),
-                           ("probes", ProbesConfig), ("icl", TokenLossConfig), ("lag", LagProbeConfig)):
+                           ("probes", ProbesConfig), ("icl", TokenLossConfig), ("lag", LagProbeConfig),
+                           ("cmr", CMRConfig)):
             check_type(getattr(self, name), kind, f"HeadTypesConfig.{name}")
             getattr(self, name).validate()
         check_method(self.lag_method)
@@ -126,6 +153,9 @@ class HeadTypesConfig:
         lag.validate()
         check_lag_headline(lag)
         check_trials_fit(lag.n_permutations, lag.trial_tokens, "--n-permutations")
+        if self.cmr.enabled and self.cmr.max_lag > self.scores.seq_len - 1:
+            raise InductionLabError(f"--crp-max-lag {self.cmr.max_lag} does not fit --score-seq-len "
+                                    f"{self.scores.seq_len}; give at most {self.scores.seq_len - 1}")
 
 
 SPEC = StudySpec(

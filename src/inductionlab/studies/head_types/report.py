@@ -18,13 +18,20 @@ ZS, FVEC, RVEC = "zero-shot", "function vector", "random heads' vector"     # th
 
 def head_table(res) -> pd.DataFrame:
     """Per head: every attention-pattern score, the FV score (AIE over tasks and prompts, signed) and, when the
-    dual-route step ran, ``concept_copying``, ``token_copying``, ``concept_attention``, ``token_attention``."""
+    dual-route step ran, ``concept_copying``, ``token_copying``, ``concept_attention``, ``token_attention``; with
+    ``--cmr`` also ``cmr_distance`` (NaN for a flat profile) and ``cmr_like`` = 1 / (1 + distance) (0 for a flat
+    profile): higher = more CMR-like, so ``--rank-by cmr_like`` ranks the most CMR-like heads first."""
     hs, aie = res.scores, res.fv.aie()
     route = {} if getattr(res, "route", None) is None else res.route.scores()
     L, H = aie.shape
-    return pd.DataFrame([{"layer": l, "head": h, **{n: float(v[l, h]) for n, v in hs.scores.items()},
-                          "fv": float(aie[l, h]), **{n: float(v[l, h]) for n, v in route.items()}}
-                         for l in range(L) for h in range(H)])
+    df = pd.DataFrame([{"layer": l, "head": h, **{n: float(v[l, h]) for n, v in hs.scores.items()},
+                        "fv": float(aie[l, h]), **{n: float(v[l, h]) for n, v in route.items()}}
+                       for l in range(L) for h in range(H)])
+    if res.cmr is not None:
+        d = np.asarray(res.cmr["distance"], float)
+        df["cmr_distance"] = d.ravel()
+        df["cmr_like"] = np.nan_to_num(1.0 / (1.0 + d), nan=0.0).ravel()
+    return df
 
 
 def _route_lines(res) -> list[str]:
@@ -47,6 +54,69 @@ def _route_lines(res) -> list[str]:
     for i in range(min(10, len(next(iter(rec["top"].values()))))):
         lines.append(f"| {i + 1} | " + " | ".join(f"L{t[i]['layer']}H{t[i]['head']} {t[i]['score']:.2g}"
                                                  for t in rec["top"].values()) + " |")
+    return lines + [""]
+
+
+def cmr_fit_table(res) -> pd.DataFrame:
+    """Per head (``--cmr``): CMR distance, fitted β_enc, β_rec, γ_ft, whether CMR-like (distance < 0.5), and the
+    attention CRP's value at lags −1, 0, +1; sorted by distance."""
+    c = res.cmr
+    L, H, _ = c["profile"].shape
+    lag = {int(v): i for i, v in enumerate(c["lags"])}
+    rows = [{"layer": l, "head": h, "cmr_distance": float(c["distance"][l, h]), "beta_enc": float(c["beta_enc"][l, h]),
+             "beta_rec": float(c["beta_rec"][l, h]), "gamma_ft": float(c["gamma_ft"][l, h]),
+             "cmr_like": bool(c["distance"][l, h] < 0.5),
+             **{f"attention_lag{d:+d}": float(c["profile"][l, h, lag[d]]) for d in (-1, 0, 1)}}
+            for l in range(L) for h in range(H)]
+    return pd.DataFrame(rows).sort_values("cmr_distance", kind="stable", na_position="last").reset_index(drop=True)
+
+
+def head_crp_table(res) -> pd.DataFrame:
+    """Long table (``--cmr``): layer, head, lag, attention (the attention CRP)."""
+    c = res.cmr
+    L, H, n = c["profile"].shape
+    l, h, k = np.meshgrid(np.arange(L), np.arange(H), np.arange(n), indexing="ij")
+    return pd.DataFrame({"layer": l.ravel(), "head": h.ravel(), "lag": np.asarray(c["lags"])[k.ravel()],
+                         "attention": c["profile"].ravel()})
+
+
+def cmr_panels(res, top: int) -> pd.DataFrame:
+    """The figure's rows: the ``top`` heads by CMR distance, lags −5..5, the profile and the fitted CRP scaled as
+    the distance compares them (min-shifted, matched to the profile's range, plus the profile's minimum)."""
+    from ...measures.cmr import SELECT_RANGE
+    c = res.cmr
+    lags = np.asarray(c["lags"])
+    sel = np.abs(lags) <= SELECT_RANGE
+    order = cmr_fit_table(res).dropna(subset=["cmr_distance"]).head(top)
+    rows = []
+    for r in order.itertuples():
+        x = c["profile"][r.layer, r.head][sel]
+        f = c["fitted_crp"][r.layer, r.head][sel]
+        f = (f - f.min()) * (x.max() - x.min()) / (f.max() - f.min()) + x.min()
+        rows += [{"layer": r.layer, "head": r.head, "lag": int(g), "attention": float(a), "cmr": float(b),
+                  "cmr_distance": r.cmr_distance, "beta_enc": r.beta_enc, "beta_rec": r.beta_rec,
+                  "gamma_ft": r.gamma_ft} for g, a, b in zip(lags[sel], x, f)]
+    return pd.DataFrame(rows)
+
+
+def _cmr_lines(res) -> list[str]:
+    rec = res.record["cmr"]
+    g = rec["grid"]
+    t = cmr_fit_table(res)
+    made = "from the cache" if g["from_cache"] else f"computed in {g['seconds']:.0f} s"
+    lines = ["## CMR-like heads", "",
+             "Attention CRP per head: raw attention probability from each second-copy query of `[BOS] S S` to the "
+             "first-copy key at each lag from the query token's earlier occurrence (induction heads peak at +1), "
+             "fitted to CMR's CRP over the grid β_enc 0.05…1 × β_rec 0…1 × γ_ft 0…1 (20 × 21 × 11) by the CMR "
+             "distance on lags −5..5 (Ji-An et al. 2024). CMR-like: distance < 0.5. "
+             f"Grid: {g['n_exps']} simulated runs per start × {g['n_starts']} starts per cell ({made}).",
+             "", f"CMR-like heads: {rec['n_cmr_like']} of {len(t)}. Share per layer: "
+             + ", ".join(f"L{i} {v:.2f}" for i, v in enumerate(rec["share_per_layer"])) + ".", "",
+             "| head | distance | β_enc | β_rec | γ_ft | attention at −1 / 0 / +1 |", "|---|---|---|---|---|---|"]
+    for _, r in t.head(10).iterrows():
+        lines.append(f"| L{r['layer']}H{r['head']} | {r['cmr_distance']:.3f} | {r['beta_enc']:.2f} | "
+                     f"{r['beta_rec']:.2f} | {r['gamma_ft']:.1f} | {r['attention_lag-1']:.3f} / "
+                     f"{r['attention_lag+0']:.3f} / {r['attention_lag+1']:.3f} |")
     return lines + [""]
 
 
@@ -125,11 +195,15 @@ def report(res) -> str:
             lines.append(f"| {k} | " + " | ".join(cells.get(kd, "") for kd in sorted(d.kind.unique(), key=_kind_order))
                          + " |")
         lines.append("")
+    if res.cmr is not None:
+        lines += _cmr_lines(res)
     lines += ["## Timings", ""] + [f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in res.timings.items()]
     lines += ["", "Files: `results.json`, `fv_scores.csv` (per head and task), `head_scores.csv` (with the `fv` "
               "column and, unless --no-dual-route, the four dual-route columns), `route_scores.csv` (with CIs), "
               "`route_scatter.png`, `drops.csv`, `overlap.csv`, `fv_check.csv`, `probe_rows.csv`, `icl_rows.csv`, "
-              "`fv_heatmap.png`, `scores_scatter.png`, `drop_vs_fraction.png`, `head_scores.png`.", ""]
+              "`fv_heatmap.png`, `scores_scatter.png`, `drop_vs_fraction.png`, `head_scores.png`"
+              + ("; with --cmr: `cmr_fit.csv`, `head_crp.csv`, `cmr_fits.png` and the `cmr_distance`, `cmr_like` "
+                 "columns of `head_scores.csv`" if res.cmr is not None else "") + ".", ""]
     return "\n".join(lines)
 
 
@@ -156,6 +230,12 @@ def write(out: Path, res) -> None:
                             out / "route_scatter.png", title=f"{name}: concept vs token induction")
     shown = {m: MEASURES[m] for m in ("hits1_mean", "icl_benefit", "temporal_factor") if m in set(res.drops.measure)}
     plots.drop_vs_fraction(res.drops, shown, out / "drop_vs_fraction.png", title=f"{name}: drop under ablation")
+    if res.cmr is not None:
+        atomic_write_text(out / "cmr_fit.csv", cmr_fit_table(res).to_csv(index=False))
+        atomic_write_text(out / "head_crp.csv", head_crp_table(res).to_csv(index=False))
+        panels = cmr_panels(res, res.config.cmr.top)
+        if len(panels):
+            plots.cmr_fits(panels, out / "cmr_fits.png", title=f"{name}: attention CRPs and CMR fits (lowest distance)")
     atomic_write_text(out / "report.md", report(res))
 
 

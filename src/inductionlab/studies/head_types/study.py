@@ -36,9 +36,10 @@ import torch
 from ...config import to_dict
 from ...core.ablation import Condition, selection_conditions
 from ...core.models import LoadedModel, ran_identity
-from ...core.scores import HeadScores
+from ...core.scores import HeadScores, attention_crp
 from ...core.stimuli import seed_for
 from ...errors import InductionLabError
+from ...measures import cmr as C
 from ...measures.overlap import head_overlap
 from ...protocols import dual_route as DR, function_probes, function_vectors as F, icl_score, lag_probe
 from ...protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig
@@ -88,6 +89,7 @@ class HeadTypesStudy(StudyResult):
     drops: pd.DataFrame               # per condition and measure: value, CI, drop vs intact (verdicts.drop_table)
     overlap: pd.DataFrame             # one row per pair of rankings
     route: DR.RouteScores | None = None   # concept / token induction scores (None: --no-dual-route)
+    cmr: dict | None = None           # --cmr: profile [L, H, 2m+1], lags, the fit's arrays, the grid's params
 
 
 def _bos(loaded: LoadedModel, on: bool) -> int | None:
@@ -331,17 +333,40 @@ def conditions_for(induction: np.ndarray, fv_table: np.ndarray, plan: Plan) -> l
     return ind + fvc
 
 
+def _cmr(plan: Plan, ctx: Context) -> dict:
+    """The piece ``cmr`` (``--cmr``): every head's attention CRP on the head scores' ``[BOS] S S`` sequences (same
+    seed and pool, so the same S), the CMR grid (:func:`~inductionlab.measures.cmr.cmr_grid`, cached in the user
+    cache dir) and each head's best fit."""
+    cfg, loaded = plan.cfg, plan.loaded
+
+    def compute():
+        sc = cfg.scores
+        crp = attention_crp(loaded.model, tokenizer=loaded.tokenizer, seq_len=sc.seq_len, batch_size=sc.batch_size,
+                            n_batches=sc.n_batches, seed=cfg.seed, max_lag=cfg.cmr.max_lag, dist=ctx.run.dist)
+        grid = C.cmr_grid(n_exps=cfg.cmr.n_exps, n_s0=cfg.cmr.n_starts)
+        fit = C.fit_cmr(crp.profile, grid)
+        return {"profile": crp.profile, "lags": crp.lags, "distance": fit.distance, "beta_enc": fit.beta_enc,
+                "beta_rec": fit.beta_rec, "gamma_ft": fit.gamma_ft, "fitted_crp": fit.crp,
+                "grid_seconds": np.asarray(grid.params["seconds"]),
+                "grid_cpu_seconds": np.asarray(grid.params.get("cpu_seconds", np.nan)),
+                "grid_from_cache": np.asarray(grid.params["from_cache"])}
+    with ctx.run.timed("cmr"):
+        return dict(ctx.run.arrays("cmr", compute))
+
+
 def phases(plan: Plan, ctx: Context) -> dict:
-    """Head scores, FV scores, the function vector's check, then the four measures under every condition."""
+    """Head scores (and with ``--cmr`` the attention CRP and CMR fit), FV scores, the function vector's check,
+    then the four measures under every condition."""
     cfg = plan.cfg
     scores = ctx.head_scores(cfg.scores, seed=cfg.seed)
+    cmr = _cmr(plan, ctx) if cfg.cmr.enabled else None
     fv = _fv_scores(plan, ctx)
     fv_check = ctx.piece("fv_check", lambda: _fv_check(plan, fv))
     route = _route_scores(plan, ctx)
     conditions = conditions_for(scores["induction"], fv_ranking_scores(fv, cfg.selection.fv_ranking), plan)
     probes = _probes(plan, ctx, conditions, fv)
     runs = ctx.measure(Phase("icl", _icl_probe(plan), conditions), Phase("lag", lag_probe.probe(plan.lag), conditions))
-    return {"scores": scores, "fv": fv, "fv_check": fv_check, "route": route, "conditions": conditions,
+    return {"scores": scores, "cmr": cmr, "fv": fv, "fv_check": fv_check, "route": route, "conditions": conditions,
             "probes": probes, **runs}
 
 
@@ -415,9 +440,23 @@ def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
         "drops": drops.to_dict(orient="records"),
         "verdicts": [v.to_dict() for v in verd],
     }
+    cmr = pieces.get("cmr")
+    if cmr is not None:
+        d = cmr["distance"]
+        like = np.nan_to_num(d, nan=np.inf) < C.CMR_LIKE_THRESHOLD
+        record["cmr"] = {
+            "definition": "attention CRP: raw attention probability, second-copy query -> first-copy key at each lag "
+                          "from the earlier occurrence; CMR distance on lags -5..5, min-shifted, max-scaled, "
+                          "variance-normalised (Ji-An et al. 2024); cmr_like score = 1 / (1 + distance)",
+            "threshold": C.CMR_LIKE_THRESHOLD, "n_cmr_like": int(like.sum()),
+            "share_per_layer": like.mean(1).tolist(),
+            "grid": {"n_exps": plan.cfg.cmr.n_exps, "n_starts": plan.cfg.cmr.n_starts, "seed": 0,
+                     "seconds": float(cmr["grid_seconds"]), "cpu_seconds": float(cmr["grid_cpu_seconds"]),
+                     "from_cache": bool(cmr["grid_from_cache"])},
+        }
     return HeadTypesStudy(loaded=plan.loaded, config=plan.cfg, scores=hs, fv=fv, fv_check=pieces["fv_check"],
                           conditions=conditions, probes=probes, icl=icl, lag=lag, drops=drops, overlap=overlap,
-                          route=route, verdicts=verd, record=record)
+                          route=route, cmr=cmr, verdicts=verd, record=record)
 
 
 def run_head_types(loaded: LoadedModel, cfg: HeadTypesConfig, out: str | Path,
