@@ -70,7 +70,7 @@ def test_the_copy_prompt_is_the_list_then_the_list_again_up_to_the_last_number(w
 def test_trials_hold_the_three_kinds_with_the_same_lengths_and_their_targets(piece_tokenizer):
     from inductionlab.core.models import LoadedModel
 
-    cfg = WordCopyConfig(n_lists=3, n_items=4, lengths=(2, 3), seed=5)
+    cfg = WordCopyConfig(n_lists=3, n_items=4, lengths=(2, 3), word_pool=10_000, seed=5)
     lm = LoadedModel(None, piece_tokenizer, {"vocab_size": VOCAB})
     tr = word_copy.build_trials(lm, cfg)
     t = tr.tensors
@@ -125,7 +125,7 @@ class InductionCopier(torch.nn.Module):
 def test_a_perfect_copier_scores_exp5_over_the_partition_and_copies_every_item_verbatim(piece_tokenizer):
     from inductionlab.core.models import LoadedModel
 
-    cfg = WordCopyConfig(n_lists=2, n_items=10, lengths=(2, 3), batch_size=4)
+    cfg = WordCopyConfig(n_lists=2, n_items=10, lengths=(2, 3), word_pool=10_000, batch_size=4)
     lm = LoadedModel(InductionCopier(VOCAB), piece_tokenizer, {"vocab_size": VOCAB})
     arrays = word_copy.probe(cfg).run(lm, [Condition("intact", "intact")])["intact"]
     p = math.exp(5) / (math.exp(5) + VOCAB - 1)                          # one boosted logit among VOCAB
@@ -175,7 +175,7 @@ def small(tmp_path, piece_tokenizer, **sel) -> RoutesConfig:
     return RoutesConfig(scores=HeadScoreConfig(seq_len=8, batch_size=2), selection=RoutesSelectionConfig(**s),
                         lag=LagProbeConfig(list_length=16, cue_position=8, n_permutations=3, cues="all:4"),
                         recall=SerialRecallConfig(n_trials=2, list_length=4, n_shots=1, generate=False),
-                        copy=WordCopyConfig(n_lists=2, n_items=4, lengths=(2, 3)),
+                        copy=WordCopyConfig(n_lists=2, n_items=4, lengths=(2, 3), word_pool=10_000),
                         icl=TokenLossConfig(text=str(text), late=30, early=5, n_sequences=2, method="zero"))
 
 
@@ -219,6 +219,16 @@ def test_a_tiny_run_writes_the_tables_and_decides_each_claim(study):
     cost = rec["cost"]
     assert set(cost["ratio_per_condition"]) == {"lag", "recall", "copy", "icl"}
     assert all(v > 0 for v in cost["bare_forward_s"].values()) and all(v > 0 for v in cost["ratio_per_condition"].values())
+
+
+def test_a_second_run_resumes_from_the_pieces(study, piece_tokenizer):
+    from inductionlab.studies.routes.study import run_routes
+
+    res, out = study
+    again = run_routes(res.loaded, res.config, out, RunOptions(progress=False))
+    assert again.record["resumed"] is True
+    pd.testing.assert_frame_equal(again.drops, res.drops)
+    assert again.record["cost"] == res.record["cost"]                 # the cost piece is loaded, not re-timed
 
 
 def test_a_ranking_missing_from_the_scores_file_is_one_line_before_any_forward(piece_tokenizer, tmp_path):

@@ -184,7 +184,8 @@ class WordCopyConfig:
     lengths: tuple[int, ...] = opt((2, 3, 4, 5), "Item lengths in tokens, comma-separated (words of these lengths "
                                                  "under the model's tokenizer).", source="Feucht et al. 2025",
                                    flag="--copy-lengths")
-    word_pool: int = opt(20_000, "Most frequent wordfreq words the real items are drawn from.", cli=False)
+    word_pool: int = opt(50_000, "Most frequent wordfreq words the real items are drawn from.",
+                         source="as the dual-route scores; 20,000 leaves SmolLM2 one 5-token word", cli=False)
     generate: bool = opt(True, "Skip the greedy continuation of the last item (verbatim copies and paraphrases).",
                          flag="--no-copy-generate")
     batch_size: int | None = opt(None, "Prompts per forward pass.", none="from free GPU memory; 8 on CPU")
