@@ -341,11 +341,16 @@ def drops_by_ranking(drops: pd.DataFrame, measures: dict[str, str], path, title:
     kinds = list(dict.fromkeys(drops.kind))
     kinds = [k for k in kinds if k != "random"] + (["random"] if "random" in kinds else [])
     colors = {k: ("tab:gray" if k == "random" else plt.cm.tab10(i % 10)) for i, k in enumerate(kinds)}
-    fig, axes = plt.subplots(1, len(measures), figsize=(3.4 * len(measures), 3.6), squeeze=False,
-                             layout="constrained")
+    import textwrap
+
+    cols = min(4, len(measures))
+    rows = -(-len(measures) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.2 * rows), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(measures):]:
+        ax.set_visible(False)
     ks = sorted(drops.k.unique())
     w = 0.8 / max(1, len(kinds))
-    for ax, (m, label) in zip(axes[0], measures.items()):
+    for ax, (m, label) in zip(axes.flat, measures.items()):
         d = drops[drops.measure == m]
         for i, kind in enumerate(kinds):
             r = d[d.kind == kind].set_index("k").reindex(ks)
@@ -356,8 +361,8 @@ def drops_by_ranking(drops: pd.DataFrame, measures: dict[str, str], path, title:
         ax.axhline(0, color="black", lw=0.5)
         ax.set_xticks(np.arange(len(ks)))
         ax.set_xticklabels([f"k={k}" for k in ks], fontsize=8)
-        ax.set_ylabel("drop (intact − ablated)")
-        ax.set_title(label, fontsize=8)
+        ax.set_ylabel("drop (intact − ablated)", fontsize=8)
+        ax.set_title(textwrap.fill(label, 40), fontsize=8)
     axes[0][0].legend(fontsize=6)
     if title:
         fig.suptitle(title, fontsize=10)
