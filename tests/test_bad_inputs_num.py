@@ -55,6 +55,7 @@ def _base(command: str, tmp_path, model, corpus) -> list:
         return _args(command, model, out)
     return {
         "study head-types": ["study", "head-types", model, "--out", out, "--quiet"],
+        "study routes": ["study", "routes", model, "--rankings", "induction", "--out", out, "--quiet"],
         "study bi-induct": ["study", "bi-induct", "--preset", "tiny", "--shards", corpus, "--out", out, "--quiet"],
         "train": ["train", *tiny_flags(corpus, out)],
         "curriculum preview": ["curriculum", "preview", corpus, "--seq-len", "64", "--batch-size", "2"],

@@ -5,8 +5,9 @@
   residual reuse, torchrun sharding.
 * one module per protocol: ``lag_probe`` (its all-cue packed forward in ``packed``), ``serial_recall``, ``function_probes`` (with its task
   lists in ``icl_tasks``), ``icl_score`` (ICL score, induction loss, associative recall),
-  ``perplexity``, ``load_bearing`` (single-head map), ``lm_eval_tasks`` (the lm-eval bridge) and
-  ``lm_eval_model`` (the lm-eval model type ``inductionlab``: any lm-eval task on an ablated model).
+  ``perplexity``, ``load_bearing`` (single-head map), ``lm_eval_tasks`` (the lm-eval bridge),
+  ``lm_eval_model`` (the lm-eval model type ``inductionlab``: any lm-eval task on an ablated model) and ``word_copy``
+  (the word-list copy probe: words, nonsense, random ids).
 
 * ``configs`` — the protocols' configs (typed trees, no torch: the command line generates options from them).
 

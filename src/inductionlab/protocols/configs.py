@@ -173,6 +173,44 @@ class SerialRecallConfig:
 
 
 @dataclass
+class WordCopyConfig:
+    """The word-list copy probe (SPEC §10, issue 26; :mod:`inductionlab.protocols.word_copy`): a numbered list of
+    ``n_items`` items shown once, then again up to the last item's number; the last item's first token is scored.
+    Three item kinds per list, of the same token lengths: real words, "nonsense" words made of word pieces, random
+    ids (Feucht et al. 2025's words vs random-token entities)."""
+    n_lists: int = opt(24, "Lists per item kind (each list gives one trial of each kind).", flag="--copy-lists")
+    n_items: int = opt(10, "Items per numbered list; the last one is scored.", source="issue 26",
+                       flag="--copy-items")
+    lengths: tuple[int, ...] = opt((2, 3, 4, 5), "Item lengths in tokens, comma-separated (words of these lengths "
+                                                 "under the model's tokenizer).", source="Feucht et al. 2025",
+                                   flag="--copy-lengths")
+    word_pool: int = opt(50_000, "Most frequent wordfreq words the real items are drawn from.",
+                         source="as the dual-route scores; 20,000 leaves SmolLM2 one 5-token word", cli=False)
+    generate: bool = opt(True, "Skip the greedy continuation of the last item (verbatim copies and paraphrases).",
+                         flag="--no-copy-generate")
+    batch_size: int | None = opt(None, "Prompts per forward pass.", none="from free GPU memory; 8 on CPU")
+    seed: int = opt(0, "Seed of the lists.", cli=False)                                  # a study sets its own
+    method: str = opt(DEFAULT_METHOD, "Ablation method of the conditions' heads.", cli=False)   # a study sets its own
+    positions: str = opt("all", "Where an output-edit ablation applies.", cli=False)             # a study sets its own
+    reuse_residual: bool = opt(True, "Skip layers below a condition's first ablated head (bit-identical).", cli=False)
+
+    def validate(self) -> None:
+        """Raises InductionLabError: fewer than 2 lists (a CI) or items, a length below 1 or repeated, a pool or
+        batch size below 1; TypeError: a field of the wrong type."""
+        check_fields(self)
+        if self.n_lists < 2 or self.n_items < 2:
+            raise InductionLabError(f"--copy-lists {self.n_lists} and --copy-items {self.n_items} must be >= 2 "
+                                    "(a CI needs two lists; a copy needs an item before the scored one)")
+        if not self.lengths or min(self.lengths) < 1 or len(set(self.lengths)) != len(self.lengths):
+            raise InductionLabError(f"--copy-lengths {','.join(map(str, self.lengths)) or '(none)'}: give distinct "
+                                    "lengths >= 1, e.g. 2,3,4,5")
+        if self.word_pool < 1 or (self.batch_size is not None and self.batch_size < 1):
+            raise InductionLabError(f"word pool {self.word_pool} and batch size {self.batch_size} must be >= 1")
+        check_method(self.method)
+        check_ablation_positions(self.positions)
+
+
+@dataclass
 class FVScoreConfig:
     """The FV score (AIE) of every head and the function vector's check (SPEC §10,
     :mod:`inductionlab.protocols.function_vectors`)."""
@@ -251,4 +289,4 @@ class DualRouteConfig:
             raise InductionLabError(f"--route-word-pool {self.word_pool} and rows {self.rows} must be >= 1")
 
 
-__all__ = ["LagProbeConfig", "SerialRecallConfig", "FVScoreConfig", "DualRouteConfig"]
+__all__ = ["LagProbeConfig", "SerialRecallConfig", "WordCopyConfig", "FVScoreConfig", "DualRouteConfig"]

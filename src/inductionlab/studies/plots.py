@@ -376,6 +376,44 @@ def drop_bars(drops: pd.DataFrame, labels: dict[str, str], path, title: str = ""
     save(fig, path)
 
 
+def drops_by_ranking(drops: pd.DataFrame, measures: dict[str, str], path, title: str = "") -> None:
+    """One panel per measure: the drop (intact − ablated, 95% CI whiskers) under each arm — every ranking's top k,
+    the exclusive selections, the random draws pooled — grouped by head count k (``study routes``' drop table:
+    columns arm, kind, k, measure, drop, drop_ci_low, drop_ci_high)."""
+    measures = {m: t for m, t in measures.items() if m in set(drops.get("measure", []))}
+    if not measures:
+        return
+    kinds = list(dict.fromkeys(drops.kind))
+    kinds = [k for k in kinds if k != "random"] + (["random"] if "random" in kinds else [])
+    colors = {k: ("tab:gray" if k == "random" else plt.cm.tab10(i % 10)) for i, k in enumerate(kinds)}
+    import textwrap
+
+    cols = min(4, len(measures))
+    rows = -(-len(measures) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.2 * rows), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(measures):]:
+        ax.set_visible(False)
+    ks = sorted(drops.k.unique())
+    w = 0.8 / max(1, len(kinds))
+    for ax, (m, label) in zip(axes.flat, measures.items()):
+        d = drops[drops.measure == m]
+        for i, kind in enumerate(kinds):
+            r = d[d.kind == kind].set_index("k").reindex(ks)
+            y = r["drop"].to_numpy(float)
+            err = np.vstack([y - r.drop_ci_low.to_numpy(float), r.drop_ci_high.to_numpy(float) - y])
+            ax.bar(np.arange(len(ks)) + (i - (len(kinds) - 1) / 2) * w, y, w, yerr=np.nan_to_num(err), capsize=2,
+                   color=colors[kind], label=kind + (" (pooled draws)" if kind == "random" else ""))
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set_xticks(np.arange(len(ks)))
+        ax.set_xticklabels([f"k={k}" for k in ks], fontsize=8)
+        ax.set_ylabel("drop (intact − ablated)", fontsize=8)
+        ax.set_title(textwrap.fill(label, 40), fontsize=8)
+    axes[0][0].legend(fontsize=6)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    save(fig, path)
+
+
 # -- training figures --------------------------------------------------------------------------
 # Head telemetry over training (inductionlab telemetry) and the Bi-Induct schedule
 # (inductionlab curriculum preview --plot). Tidy tables in, an atomic PNG out.

@@ -1,0 +1,130 @@
+"""``inductionlab study routes``: its config (:class:`RoutesConfig`) and :data:`SPEC`.
+
+Light (no torch): the command line generates the command's options from :class:`RoutesConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ...checks import check_draws, check_fields, check_method, check_seed, check_type
+from ...config import nested, opt
+from ...errors import InductionLabError
+from ...names import SCORE_NAMES
+from ...protocols.configs import LagProbeConfig, SerialRecallConfig, WordCopyConfig
+from ..configs import HeadScoreConfig, check_lag_headline, check_trials_fit, score_file_columns
+from ..head_types.config import TokenLossConfig
+from ..spec import StudySpec
+
+DEFAULT_RANKINGS = ("induction", "concept_copying", "cmr_like", "fv")
+
+
+@dataclass
+class RoutesSelectionConfig:
+    """Which heads are ablated: for each ranking its top k, the same with another ranking's top k removed where a
+    claim compares the two, and seeded random draws of k heads of all heads (Yin & Steinhardt 2025's control)."""
+    rankings: tuple[str, ...] = opt(DEFAULT_RANKINGS, "Head rankings whose top k heads are ablated, comma-separated: "
+                                    "scores this command computes (" + ", ".join(SCORE_NAMES) + ") or columns of "
+                                    "--scores-file (higher = more of the mechanism; negate a distance).",
+                                    source="issue 26")
+    scores_file: str | None = opt(None, "CSV of per-head scores (columns layer, head and one per score), e.g. a study "
+                                        "head-types run's head_scores.csv; --rankings names its columns.",
+                                  none="none", metavar="CSV")
+    fractions: tuple[float, ...] = opt((0.05,), "Fractions of all heads ablated, comma-separated (k = max(1, "
+                                       "int(f x heads))).", source="Yin & Steinhardt 2025 (1-20%)")
+    ks: tuple[int, ...] | None = opt(None, "Numbers of heads ablated, comma-separated (instead of --fractions).",
+                                     none="from --fractions")
+    n_draws: int = opt(3, "Random draws of k heads per k.")
+    method: str = opt("zero", "Ablation of the heads for the lag probe, serial recall and the copy probe.",
+                      source="seed protocol", choices=("zero", "mean", "sink"))
+    token_ranking: str = opt("induction", "The token-induction ranking of claims R1 and R2.",
+                             source="Feucht et al. 2025: token heads = induction heads")
+    concept_ranking: str = opt("concept_copying", "The concept-induction ranking of claim R2.",
+                               source="Feucht et al. 2025")
+    cmr_ranking: str = opt("cmr_like", "The CMR-likeness ranking of claim R3.", source="Ji-An et al. 2024")
+
+    def validate(self) -> None:
+        """Raises InductionLabError: no or repeated rankings, a ranking neither computed nor a column of the scores
+        file (one line naming the file and its columns), bad fractions, ks or draws."""
+        check_fields(self)
+        r = self.rankings
+        if not r or len(set(r)) != len(r) or any(not isinstance(x, str) or not x.strip() for x in r):
+            raise InductionLabError(f"--rankings {','.join(map(str, r)) or '(none)'}: give distinct score names, e.g. "
+                                    "induction,concept_copying")
+        wanted = [x for x in r if x not in SCORE_NAMES]
+        if wanted and self.scores_file is None:
+            raise InductionLabError(f"--rankings {', '.join(wanted)}: not head scores this command computes "
+                                    f"({', '.join(SCORE_NAMES)}); give --scores-file with those columns (e.g. a study "
+                                    "head-types run's head_scores.csv) or drop them from --rankings")
+        if wanted:
+            columns = score_file_columns(self.scores_file)
+            missing = [x for x in wanted if x not in columns]
+            if missing:
+                raise InductionLabError(f"--rankings {', '.join(missing)}: --scores-file {self.scores_file} has no "
+                                        f"such column; its score columns: {', '.join(columns) or '(none)'}")
+        if self.ks is None:
+            if not self.fractions or any(not 0 < f <= 1 for f in self.fractions) or \
+                    len(set(self.fractions)) != len(self.fractions):
+                raise InductionLabError(f"--fractions {','.join(map(str, self.fractions)) or '(none)'}: give distinct "
+                                        "fractions in (0, 1], e.g. 0.05")
+        elif not self.ks or min(self.ks) < 1 or len(set(self.ks)) != len(self.ks):
+            raise InductionLabError(f"--ks {','.join(map(str, self.ks)) or '(empty)'}: give distinct ks >= 1, e.g. 5,10")
+        check_draws(self.n_draws, "--n-draws")
+        if self.n_draws < 1:
+            raise InductionLabError("--n-draws 0: the claims compare against random heads; give at least 1")
+        check_method(self.method)
+
+    def sizes(self, n_total: int) -> list[int]:
+        """The head counts ablated: ``ks``, or ``max(1, int(f·N))`` per fraction, distinct, ascending."""
+        if self.ks is not None:
+            return sorted(self.ks)
+        return sorted({max(1, int(f * n_total)) for f in self.fractions})
+
+
+@dataclass
+class RoutesConfig:
+    """Parameters of the study (SPEC §10, issue 26). Sizes are CPU defaults; the protocols' seeds and ablation
+    method are the study's."""
+    seed: int = opt(0, "Seed of trials, random draws and head-score sequences.")
+    scores: HeadScoreConfig = nested(HeadScoreConfig, "Attention-pattern head scores (SPEC §3).")
+    selection: RoutesSelectionConfig = nested(RoutesSelectionConfig, "Which heads are ablated.")
+    lag: LagProbeConfig = nested(lambda: LagProbeConfig(n_permutations=11, cues="all:10"),
+                                 "The all-cue lag probe (p(+1), log-enrichment, temporal factor).")
+    recall: SerialRecallConfig = nested(lambda: SerialRecallConfig(n_trials=32, generate=False),
+                                        "Few-shot serial recall (SPEC §5).")
+    copy: WordCopyConfig = nested(WordCopyConfig, "The word-list copy probe.")
+    icl: TokenLossConfig = nested(TokenLossConfig, "Token-loss ICL score under ablation.")
+
+    def protocols(self) -> tuple[LagProbeConfig, SerialRecallConfig, WordCopyConfig]:
+        """The nested protocol configs with the study's seed and ablation method."""
+        m = self.selection.method
+        return (replace(self.lag, seed=self.seed, method=m), replace(self.recall, seed=self.seed, method=m),
+                replace(self.copy, seed=self.seed, method=m))
+
+    def validate(self) -> None:
+        """Check every option that needs no model (the scores file's header is read here).
+
+        Raises:
+            InductionLabError: what a nested config refuses; TypeError: a field of the wrong type."""
+        check_fields(self)
+        check_seed(self.seed, "--seed")
+        for name, kind in (("scores", HeadScoreConfig), ("selection", RoutesSelectionConfig), ("lag", LagProbeConfig),
+                           ("recall", SerialRecallConfig), ("copy", WordCopyConfig), ("icl", TokenLossConfig)):
+            check_type(getattr(self, name), kind, f"RoutesConfig.{name}")
+            getattr(self, name).validate()
+        lag, recall, copy = self.protocols()
+        for c in (lag, recall, copy):
+            c.validate()
+        check_lag_headline(lag)
+        check_trials_fit(lag.n_permutations, lag.trial_tokens, "--n-permutations")
+        check_trials_fit(recall.n_trials, recall.trial_tokens, "--recall-trials")
+
+
+SPEC = StudySpec(
+    "study routes", RoutesConfig,
+    help="Which route carries the seed's effects: the top heads of each ranking (token induction, concept "
+         "induction, CMR-like, FV: computed or read from --scores-file) ablated, with exclusions where a claim "
+         "compares two rankings, against random heads, on the all-cue lag probe, serial recall, a word-list copy "
+         "probe (words, nonsense, random ids) and the token-loss ICL score, with claims R1-R3. "
+         "Guide: docs/study-routes.md.",
+    model="argument", out="runs/{kind}-{model}-{time}")

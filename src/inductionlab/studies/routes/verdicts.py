@@ -1,0 +1,155 @@
+"""The routes study's claims R1–R3, with their decision rules, fixed in code before the first real run:
+:func:`drop_table` (every measure under every condition against intact, paired over the same trials) and
+:func:`decide`.
+
+Claims:
+
+* **R1** (Feucht et al. 2025, §5: token heads copy verbatim) — ablating the top-k token-induction heads lowers the
+  copying of nonsense words (P(first token of the 10th item) in the copy probe's ``nonsense`` lists) more than
+  ablating k random heads;
+* **R2** (this project's: the lag probe predicts the next *word*) — ablating the top-k concept-induction heads
+  lowers the lag probe's word-level p(+1) (all cues pooled) more than ablating the top-k token-induction heads
+  after removing the top-k concept heads from that ranking (two disjoint sets of k heads);
+* **R3** (Ji-An et al. 2024: CMR-like heads carry in-context learning) — ablating the top-k CMR-like heads lowers
+  the token-loss ICL benefit (loss at the early token − loss at the late token) more than ablating k random heads.
+
+Rule (one for all three). Every condition sees the same trials (copy-probe lists, lag-probe lists, text windows),
+so the comparison is paired: per trial, ``value(B) − value(A)`` where A is the claim's ablation and B its
+comparison (the random draws of k pooled per trial as the mean over draws) — how much more A lowers the measure
+than B does. Averaged per trial over the study's head counts k, then mean and 95% CI over trials (normal
+approximation, :func:`~inductionlab.measures.stats.ci`). **reproduced** iff the CI lies above 0; **not reproduced**
+otherwise. **not testable** when the intact model has nothing to lower — R1: intact mean P(nonsense item) < 0.05;
+R2: the intact lag +1 log-enrichment's CI reaches 0 (no contiguity above the word prior); R3: the intact ICL
+benefit's CI reaches 0 — and, with the caveat "not tested", when a ranking the claim needs is not among
+``--rankings``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from ...measures.stats import arm_values, ci, draws_by_k, paired_by_k
+from ...protocols.word_copy import KINDS
+from ..report import fmt_ci
+from ..run import Verdict
+
+_COPY = {"p_first": "P(10th item's first token)", "top1": "top-1 of the 10th item's first token",
+         "verbatim": "verbatim copy of the 10th item", "paraphrase": "paraphrase of the 10th item"}
+
+#: measure -> description (per-trial values; higher = more of the behaviour)
+MEASURES = {
+    "lag_plus1": "lag probe p(+1), all cues pooled",
+    "lag_enrichment": "lag probe log-enrichment at +1 (nats), all cues pooled",
+    "temporal_factor": "lag probe temporal factor",
+    "recall_accuracy": "serial recall, teacher-forced accuracy",
+    **{f"copy_{m}_{k}": f"copy probe, {k} items: {text}" for k in KINDS for m, text in _COPY.items()},
+    "icl_benefit": "ICL benefit, loss(early) − loss(late) (nats)",
+}
+
+CLAIMS = {
+    "R1": "ablating token-induction heads lowers nonsense-word copying more than ablating as many random heads",
+    "R2": "ablating concept-induction heads lowers the lag probe's word-level p(+1) more than ablating as many "
+          "token-induction heads excluding the concept heads",
+    "R3": "ablating CMR-like heads lowers the token-loss ICL benefit more than ablating as many random heads",
+}
+
+
+def exclusive_kind(ranking: str, excluded: str) -> str:
+    """The condition kind of ``ranking``'s top k after removing ``excluded``'s top k (``induction-excl-fv``)."""
+    return f"{ranking}-excl-{excluded}"
+
+
+def drop_table(conditions, values: Callable[[str], dict[str, np.ndarray]]) -> pd.DataFrame:
+    """One row per (arm, measure): every ablated condition and each k's random draws pooled (per-trial mean),
+    with the arm's mean and 95% CI over trials, the intact mean and the drop ``intact − arm`` with its paired CI.
+    Columns: arm, kind, k, measure, value, ci_low, ci_high, intact, drop, drop_ci_low, drop_ci_high,
+    relative_drop. ``values(name)``: measure -> ``[n_trials]`` under condition ``name``."""
+    intact = values("intact")
+    rows = []
+    for m, base_v in intact.items():
+        base = float(np.mean(base_v))
+        for (arm, kind, k, draw), v in arm_values([c for c in conditions if c.kind != "intact"],
+                                                   lambda n: values(n)[m]):
+            if kind == "random" and not draw.startswith("mean"):          # a single draw: shown pooled only
+                continue
+            mean, lo, hi = ci(v)
+            d, dlo, dhi = ci(base_v - v)
+            rows.append({"arm": arm, "kind": kind, "k": k, "measure": m, "value": mean, "ci_low": lo, "ci_high": hi,
+                         "intact": base, "drop": d, "drop_ci_low": dlo, "drop_ci_high": dhi,
+                         "relative_drop": d / base if base else np.nan})
+    return pd.DataFrame(rows)
+
+
+def _pairs(conditions, get, claim: str, names: dict) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """``[(k, A values, B values)]``: the claim's ablation A and its comparison B at each k."""
+    if claim == "R2":
+        a = draws_by_k(conditions, names["concept"])
+        b = draws_by_k(conditions, exclusive_kind(names["token"], names["concept"]))
+        return [(k, get(a[k][0]), get(b[k][0])) for k in sorted(set(a) & set(b))]
+    kind = names["token"] if claim == "R1" else names["cmr"]
+    return paired_by_k(conditions, get, kind=kind)
+
+
+def _floor(claim: str, im: float, ilo: float) -> tuple[bool, str]:
+    if claim == "R1":
+        return im >= 0.05, f"intact P(nonsense item) {im:.3f} < 0.05: nothing to lower"
+    if claim == "R2":
+        return ilo > 0, "the intact lag +1 log-enrichment's CI reaches 0: no contiguity above the word prior"
+    return ilo > 0, "the intact ICL benefit's CI reaches 0: no in-context gain to lower"
+
+
+CLAIM_MEASURE = {"R1": "copy_p_first_nonsense", "R2": "lag_plus1", "R3": "icl_benefit"}
+FLOOR_MEASURE = {"R1": "copy_p_first_nonsense", "R2": "lag_enrichment", "R3": "icl_benefit"}
+
+
+def needed_rankings(claim: str, names: dict) -> list[str]:
+    """The rankings a claim compares (``names``: role -> ranking: ``token``, ``concept``, ``cmr``)."""
+    return {"R1": [names["token"]], "R2": [names["concept"], names["token"]], "R3": [names["cmr"]]}[claim]
+
+
+def decide(conditions, values: Callable[[str], dict[str, np.ndarray]], rankings, names: dict) -> list[Verdict]:
+    """The claims R1–R3 (module docstring), each a :class:`~inductionlab.studies.run.Verdict` with its numbers
+    (``per_k``: the difference at each k). ``rankings``: the run's; ``names``: role -> ranking."""
+    out = []
+    for claim, measure in CLAIM_MEASURE.items():
+        a_name = {"R1": f"top-k {names['token']}", "R2": f"top-k {names['concept']}",
+                  "R3": f"top-k {names['cmr']}"}[claim]
+        b_name = f"top-k {names['token']} excluding top-k {names['concept']}" if claim == "R2" else "random-k (pooled)"
+        rule = (f"per trial, ({b_name}) − ({a_name}) {MEASURES[measure]}, averaged over k; reproduced iff its 95% CI "
+                "over trials lies above 0")
+        absent = [r for r in needed_rankings(claim, names) if r not in rankings]
+        if absent:
+            out.append(Verdict(claim, "not testable", rule, "—", CLAIMS[claim],
+                               caveat=f"not tested: ranking {', '.join(absent)} not among --rankings "
+                                      f"({', '.join(rankings)})"))
+            continue
+        get = lambda n, m=measure: values(n)[m]   # noqa: E731
+        pairs = _pairs(conditions, get, claim, names)
+        per, diffs = {}, []
+        for k, a, b in pairs:
+            d = b - a
+            diffs.append(d)
+            m, lo, hi = ci(d)
+            per[str(k)] = {"heads": k, "difference": m, "ci_low": lo, "ci_high": hi}
+        floor_v = values("intact")[FLOOR_MEASURE[claim]]
+        im, ilo, ihi = ci(floor_v)
+        if not diffs:
+            out.append(Verdict(claim, "not testable", rule, "—", CLAIMS[claim], caveat="no condition pair ran"))
+            continue
+        d = np.mean(diffs, axis=0)
+        m, lo, hi = ci(d)
+        evidence = (f"difference {fmt_ci(m, lo, hi, 4)} over {len(d)} trials; intact {MEASURES[FLOOR_MEASURE[claim]]} "
+                    f"{fmt_ci(im, ilo, ihi, 4)}")
+        testable, why = _floor(claim, im, ilo)
+        if not testable:
+            out.append(Verdict(claim, "not testable", rule, evidence, CLAIMS[claim], caveat=why, per_k=per))
+        else:
+            out.append(Verdict(claim, "reproduced" if lo > 0 else "not reproduced", rule, evidence, CLAIMS[claim],
+                               per_k=per))
+    return out
+
+
+__all__ = ["MEASURES", "CLAIMS", "CLAIM_MEASURE", "exclusive_kind", "drop_table", "needed_rankings", "decide"]
