@@ -32,7 +32,25 @@ def test_export_files_hold_the_generated_items(exported):
     assert {(r["x"], r["y"]) for r in test + train} == pool and not {r["x"] for r in test} & {r["x"] for r in train}
     cfg = yaml.safe_load((d / "copy.yaml").read_text())
     assert cfg["task"] == "inductionlab_icl_copy" and cfg["doc_to_text"] == "Q: {{x}}\nA:"
-    assert cfg["fewshot_delimiter"] == "\n\n" and cfg["target_delimiter"] == " "
+    assert cfg["fewshot_delimiter"] == "\n\n" and cfg["target_delimiter"] == ""
+
+
+def test_the_scored_continuation_and_the_examples_carry_the_space(exported):
+    """lm-eval 0.4 builds a loglikelihood request as (context, doc_to_target) with no delimiter: the target must
+    carry its space, or the model is scored on "A:y" (every answer glued to the colon; SmolLM2's copy accuracy was
+    0.0 that way). The few-shot examples read "Q: x\nA: y" too."""
+    import yaml
+    from lm_eval.api.task import ConfigurableTask
+
+    d, _ = exported
+    task = ConfigurableTask(config={**yaml.safe_load((d / "copy.yaml").read_text()), "num_fewshot": 2})
+    task.set_fewshot_seed(0)
+    task.build_all_requests(limit=1, rank=0, world_size=1)
+    ctx, cont = task.instances[0].arguments
+    doc = task.instances[0].doc
+    assert cont == " " + doc["y"] and ctx.endswith(f"Q: {doc['x']}\nA:")
+    shots = ctx.split("\n\n")[:-1]
+    assert len(shots) == 2 and all(s.startswith("Q: ") and "\nA: " in s and not s.endswith(" ") for s in shots)
 
 
 def test_local_tasks_run_offline_on_tiny_model(exported, word_tokenizer):

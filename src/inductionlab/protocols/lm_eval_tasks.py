@@ -5,7 +5,8 @@
   line) and a ``NAME.yaml`` over them (``dataset_path: json`` with the files' absolute paths), all
   tagged ``inductionlab_icl``. Any lm-eval user can run them offline:
   ``lm_eval run --include_path DIR --tasks inductionlab_icl --model hf --model_args pretrained=M``.
-  The prompt is ours (``Q: x\\nA:``, target ``" y"``, demonstrations joined by a blank line,
+  The prompt is ours (``Q: x\\nA:``, target ``" y"``, the space part of the target (lm-eval 0.4 adds no
+  delimiter to a loglikelihood request), demonstrations joined by a blank line,
   drawn from the train split); the metric is lm-eval's ``acc`` for ``loglikelihood`` tasks: 1
   when the whole answer is the model's greedy continuation (stricter than our first-token HITS@1).
 * :func:`run_lm_eval` runs any of those or any installed lm-eval task by name on a loaded model
@@ -56,8 +57,10 @@ def task_yaml(name: str, train: Path, test: Path, description: str = "") -> str:
         "fewshot_split": "train",
         "output_type": "loglikelihood",
         "doc_to_text": "Q: {{x}}\nA:",
-        "doc_to_target": "{{y}}",
-        "target_delimiter": " ",
+        # the space is the target's own: lm-eval 0.4 joins target_delimiter only in few-shot examples and
+        # multiple-choice requests, so with " " as the delimiter a loglikelihood request scored "A:y", not "A: y"
+        "doc_to_target": " {{y}}",
+        "target_delimiter": "",
         "fewshot_delimiter": "\n\n",
         "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
         "metadata": {"version": 1.0, "source": "inductionlab.protocols.icl_tasks", "description": description},
