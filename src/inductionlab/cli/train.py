@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from ..errors import InductionLabError
+from ..protocols.configs import HeadTypeParams
 from ..train.config import TrainConfig
 from .generate import build_config, config_options, with_options as _with
 from .options import FLOAT, refuse_conflicts, run_dir_options
@@ -88,9 +89,13 @@ def train_cmd(config_file, print_config, out, overwrite, **flags):
 @run_dir_options("telemetry")
 @click.option("--threshold", type=FLOAT, default=None,
               help="Induction-score threshold of the emergence step (default: the run's induction_threshold).")
-def telemetry_cmd(runs, out, overwrite, threshold):
+@_with(config_options(HeadTypeParams))
+def telemetry_cmd(runs, out, overwrite, threshold, **flags):
     """Plot head telemetry over training: score heat maps, max / top-2% mean / heads-above-threshold
     curves, held-out perplexity and the emergence step. Several RUNS must be matched-compute.
+
+    With --head-types, also every head's induction, concept / token copying and CMR fit at every checkpoint,
+    crossings of each type's threshold, CMR-like share per layer and induction concentration (OUT/head_types/).
 
     --out defaults to RUN/telemetry for one run (required for several). Guide: docs/train.md."""
     import math
@@ -102,6 +107,8 @@ def telemetry_cmd(runs, out, overwrite, threshold):
     from ..runtime.run_dir import TrainRun
     from ..train.telemetry import DEFAULT_THRESHOLDS, format_emergence, read_telemetry, run_summary, summarize
 
+    ht = build_config(HeadTypeParams, flags)
+    ht.validate()
     if threshold is not None and not (math.isfinite(threshold) and 0 <= threshold <= 1):
         raise InductionLabError(f"--threshold must be an attention probability in [0, 1], got {threshold}")
     if len(runs) > 1 and out is None:
@@ -136,6 +143,9 @@ def telemetry_cmd(runs, out, overwrite, threshold):
             report[name] = {**run_summary(heads, ev, threshold, summary=s, batch_sequences=bud.get("global_batch"),
                                           context=bud.get("seq_len")),
                             "curriculum": cur.get("variant") if isinstance(cur, dict) else cur}
+        if ht.enabled:
+            for name, r in zip(tables, runs):
+                report[name]["head_types"] = _head_types(r, name, ht, stage / "head_types")
         training_curves(summaries, evals, {n: r["emergence_tokens"] for n, r in report.items()},
                         stage / "curves.png", threshold)
         atomic_write_json(stage / "telemetry.json", {"kind": "telemetry", "runs": [str(r) for r in runs],
@@ -150,6 +160,39 @@ def telemetry_cmd(runs, out, overwrite, threshold):
                    f"final max induction {ind['max']:.3f} at L{ind['max_layer_head'][0]}H{ind['max_layer_head'][1]}, "
                    f"max anti-induction {rep['final']['anti_induction']['max']:.3f}, held-out ppl {ppl}")
     click.echo(f"wrote {out}")
+
+
+def _head_types(run, name: str, params: HeadTypeParams, folder: Path) -> dict:
+    """The head-type sweep of one run (:mod:`inductionlab.protocols.training_head_types`) written to ``folder``
+    as ``<name>_scores.csv`` (tidy), ``_transitions.csv``, ``_cmr_share.csv``, ``_concentration.csv``, one
+    ``_<score>.png`` per type and ``_head_types.json`` (parameters, notes, files); returns that record."""
+    from ..runtime.runs import atomic_write_json
+    from ..protocols import training_head_types as T
+    from ..studies.plots import head_type_plot
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tidy, notes = T.sweep(run, params)
+    thresholds = params.thresholds()
+    tables = {"scores": tidy, "transitions": T.transition_table(tidy, thresholds),
+              "cmr_share": T.cmr_share(tidy, params.cmr_threshold),
+              "concentration": T.concentration(tidy, params.top_k)}
+    files = []
+    for key, df in tables.items():
+        df.to_csv(folder / f"{name}_{key}.csv", index=False)
+        files.append(f"{name}_{key}.csv")
+    present = set(tidy["score"])
+    for score, (thr, direction) in thresholds.items():
+        if score in present:
+            head_type_plot(tidy, score, thr, direction, folder / f"{name}_{score}.png",
+                           f"{name}: {score} over training")
+            files.append(f"{name}_{score}.png")
+    skipped = {s: notes[min(notes)]["dual_route"] for s in T.ROUTE_NAMES if s not in present}
+    rec = {"run": str(run), "params": params.to_dict(),
+           "thresholds": {k: {"value": v, "crossed_when": f"score {d} value"} for k, (v, d) in thresholds.items()},
+           "steps": sorted(int(s) for s in notes), "notes": {str(k): v for k, v in notes.items()},
+           "not_computed": skipped, "files": files}
+    atomic_write_json(folder / f"{name}_head_types.json", rec)
+    return {k: rec[k] for k in ("params", "not_computed", "files")}
 
 
 COMMANDS = [train_cmd, telemetry_cmd]   # registered on `inductionlab` by cli/main._register

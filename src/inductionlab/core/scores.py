@@ -637,3 +637,29 @@ def copy_offset_scores(model, *, span_length: int, pool: torch.Tensor, sep_id: i
                              batch_size=batch_size, seed=seed, names=("copy_offset", "copy_offset_control"),
                              induction_loss=False)
     return dict(hs.scores)
+
+
+def attention_crp_cmr_fit(model, *, tokenizer=None, seq_len: int = 50, batch_size: int = 16, n_batches: int = 1,
+                          seed: int = 0, max_lag: int = CRP_MAX_LAG, n_exps: int = 10, n_starts: int = 20,
+                          pool: torch.Tensor | None = None, dist=None) -> dict[str, np.ndarray]:
+    """Every head's attention CRP (:func:`attention_crp`) and its best CMR fit on the reference grid
+    (:func:`~inductionlab.measures.cmr.cmr_grid`, cached in the user cache dir; :func:`~inductionlab.measures.cmr.fit_cmr`),
+    Ji-An, Zhou, Benna & Mattar 2024 (arXiv 2405.14992; code corxyz/icl-cmr).
+
+    Returns: ``profile`` float64 ``[L, H, 2·max_lag + 1]``, ``lags`` ``[2·max_lag + 1]``, ``distance``, ``beta_enc``,
+    ``beta_rec``, ``gamma_ft`` ``[L, H]`` (NaN for a flat profile), ``fitted_crp`` ``[L, H, 2·max_lag + 1]``,
+    ``grid_seconds``, ``grid_cpu_seconds``, ``grid_from_cache`` (0-d arrays: the grid's cost).
+
+    Raises:
+        InductionLabError: what :func:`attention_crp` and :func:`~inductionlab.measures.cmr.cmr_grid` refuse."""
+    from ..measures import cmr as C
+
+    crp = attention_crp(model, tokenizer=tokenizer, seq_len=seq_len, batch_size=batch_size, n_batches=n_batches,
+                        seed=seed, max_lag=max_lag, pool=pool, dist=dist)
+    grid = C.cmr_grid(n_exps=n_exps, n_s0=n_starts)
+    fit = C.fit_cmr(crp.profile, grid)
+    return {"profile": crp.profile, "lags": crp.lags, "distance": fit.distance, "beta_enc": fit.beta_enc,
+            "beta_rec": fit.beta_rec, "gamma_ft": fit.gamma_ft, "fitted_crp": fit.crp,
+            "grid_seconds": np.asarray(grid.params["seconds"]),
+            "grid_cpu_seconds": np.asarray(grid.params.get("cpu_seconds", np.nan)),
+            "grid_from_cache": np.asarray(grid.params["from_cache"])}

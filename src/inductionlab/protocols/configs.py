@@ -9,7 +9,9 @@ protocol sets the config's ``seed`` and ``method`` from its own (those two are n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from ..checks import check_ablation_positions, check_fields, check_method
 from ..config import opt
@@ -289,4 +291,60 @@ class DualRouteConfig:
             raise InductionLabError(f"--route-word-pool {self.word_pool} and rows {self.rows} must be >= 1")
 
 
-__all__ = ["LagProbeConfig", "SerialRecallConfig", "WordCopyConfig", "FVScoreConfig", "DualRouteConfig"]
+__all__ = ["LagProbeConfig", "SerialRecallConfig", "WordCopyConfig", "FVScoreConfig", "DualRouteConfig", "HeadTypeParams"]
+
+
+@dataclass
+class HeadTypeParams:
+    """What a head-type sweep over a training run's checkpoints measures, and its thresholds (``inductionlab
+    telemetry RUN --head-types``; recorded beside every output)."""
+    enabled: bool = opt(False, "Also sweep every checkpoint for head types: induction, concept / token copying and "
+                               "CMR fit per head, with a transition table, CMR-like share per layer, induction "
+                               "concentration and one plot per type (head_types/).", flag="--head-types")
+    seq_len: int = opt(50, "Length of S in [BOS] S S for the induction score and the attention CRP.",
+                       source="SPEC §3", flag="--head-types-seq-len")
+    batch_size: int = opt(16, "Sequences of [BOS] S S per checkpoint.", flag="--head-types-batch")
+    n_batches: int = opt(1, "Batches of [BOS] S S.", cli=False)
+    seed: int = opt(0, "Seed of every draw (the same at every checkpoint).", flag="--head-types-seed")
+    n_words: int = opt(8, "Dual-route word prompts (and as many random-token prompts).",
+                       source="Feucht et al. 2025 use 1024; a few per checkpoint here", flag="--head-types-words")
+    n_attention: int = opt(8, "Dual-route value-weighted attention prompts.", flag="--head-types-attention-prompts")
+    route_seq_len: int = opt(30, "Random-token context around a dual-route word.", source="Feucht et al. 2025",
+                             cli=False)
+    max_lag: int = opt(8, "Lags -m..m of the attention CRP (±5 are fitted).", source="Ji-An et al. 2024", cli=False)
+    n_exps: int = opt(10, "Simulated CMR runs per start position and grid cell (the grid is cached).",
+                      source="Ji-An et al. 2024 used 1,000", flag="--head-types-cmr-runs")
+    n_starts: int = opt(20, "Start positions of the CMR simulation.", source="Ji-An et al. 2024", cli=False)
+    induction_threshold: float = opt(0.4, "A head is an induction head from the first checkpoint where its "
+                                          "induction score is at least this.", flag="--induction-threshold")
+    concept_threshold: float = opt(0.05, "... a concept-copying head where concept_copying is at least this.",
+                                   flag="--concept-threshold")
+    token_threshold: float = opt(0.05, "... a token-copying head where token_copying is at least this.",
+                                 flag="--token-threshold")
+    cmr_threshold: float = opt(0.5, "CMR-like: CMR distance below this.",
+                               source="Ji-An et al. 2024", cli=False)
+    top_k: int = opt(5, "Concentration: the share of the positive induction total held by the top k heads.",
+                     flag="--concentration-top")
+
+    def validate(self) -> None:
+        """Raises InductionLabError: a count below 1, a threshold outside its range, a lag window the sequence
+        cannot hold."""
+        for name in ("seq_len", "batch_size", "n_batches", "n_words", "n_attention", "route_seq_len", "n_exps",
+                     "top_k"):
+            if getattr(self, name) < 1:
+                raise InductionLabError(f"head types: {name} = {getattr(self, name)} must be >= 1")
+        if not 5 <= self.max_lag <= self.seq_len - 1:
+            raise InductionLabError(f"head types: the CRP lags -{self.max_lag}..{self.max_lag} need 5 <= max_lag <= "
+                                    f"--head-types-seq-len - 1 = {self.seq_len - 1}; raise --head-types-seq-len")
+        for name in ("induction_threshold", "concept_threshold", "token_threshold"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and -1 <= v <= 1):
+                raise InductionLabError(f"--{name.replace('_', '-')} {v}: give a probability (difference) in [-1, 1]")
+
+    def thresholds(self) -> dict[str, tuple[float, str]]:
+        """``{score: (threshold, ">=" | "<")}`` of the transition table."""
+        return {"induction": (self.induction_threshold, ">="), "concept_copying": (self.concept_threshold, ">="),
+                "token_copying": (self.token_threshold, ">="), "cmr_distance": (self.cmr_threshold, "<")}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "enabled"}

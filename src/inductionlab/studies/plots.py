@@ -653,3 +653,31 @@ def cmr_fits(fits: pd.DataFrame, path: str | Path, title: str = "", columns: int
     if title:
         fig.suptitle(title)
     save(fig, path)
+
+
+def head_type_plot(tidy: pd.DataFrame, score: str, threshold: float, direction: str, path: str | Path,
+                   title: str) -> None:
+    """One head type over training: left, heads past ``threshold`` per layer over checkpoints (``direction``
+    ``">="`` or ``"<"``); right, the score as a heat map, heads (layer-major, y) × checkpoints (x).
+
+    ``tidy``: rows (step, layer, head, score, value) of
+    :func:`inductionlab.protocols.training_head_types.sweep`."""
+    g = tidy[tidy["score"] == score].copy()
+    g["past"] = (g["value"] < threshold) if direction == "<" else (g["value"] >= threshold)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    n = g.groupby(["step", "layer"])["past"].sum().unstack("layer")
+    for layer in n.columns:
+        a.plot(n.index, n[layer], marker=".", label=f"L{layer}")
+    a.set_xlabel("checkpoint (optimizer step)")
+    a.set_ylabel(f"heads with {score} {direction} {threshold:g}")
+    a.legend(fontsize=7)
+    m = g.pivot_table(index=["layer", "head"], columns="step", values="value", dropna=False)
+    im = b.imshow(m.to_numpy(float), aspect="auto", cmap="viridis" if direction != "<" else "viridis_r",
+                  interpolation="nearest")
+    b.set_xticks(range(m.shape[1]), [str(c) for c in m.columns], rotation=90, fontsize=6)
+    n_heads = int(g["head"].max()) + 1
+    b.set_yticks(range(0, m.shape[0], n_heads), [f"L{l}" for l in range(0, m.shape[0] // n_heads)], fontsize=7)
+    b.set_xlabel("checkpoint (optimizer step)")
+    fig.colorbar(im, ax=b, label=score)
+    fig.suptitle(title)
+    save(fig, path)

@@ -36,7 +36,7 @@ import torch
 from ...config import to_dict
 from ...core.ablation import Condition, selection_conditions
 from ...core.models import LoadedModel, ran_identity
-from ...core.scores import HeadScores, attention_crp
+from ...core.scores import HeadScores, attention_crp_cmr_fit
 from ...core.stimuli import seed_for
 from ...errors import InductionLabError
 from ...measures import cmr as C
@@ -341,15 +341,10 @@ def _cmr(plan: Plan, ctx: Context) -> dict:
 
     def compute():
         sc = cfg.scores
-        crp = attention_crp(loaded.model, tokenizer=loaded.tokenizer, seq_len=sc.seq_len, batch_size=sc.batch_size,
-                            n_batches=sc.n_batches, seed=cfg.seed, max_lag=cfg.cmr.max_lag, dist=ctx.run.dist)
-        grid = C.cmr_grid(n_exps=cfg.cmr.n_exps, n_s0=cfg.cmr.n_starts)
-        fit = C.fit_cmr(crp.profile, grid)
-        return {"profile": crp.profile, "lags": crp.lags, "distance": fit.distance, "beta_enc": fit.beta_enc,
-                "beta_rec": fit.beta_rec, "gamma_ft": fit.gamma_ft, "fitted_crp": fit.crp,
-                "grid_seconds": np.asarray(grid.params["seconds"]),
-                "grid_cpu_seconds": np.asarray(grid.params.get("cpu_seconds", np.nan)),
-                "grid_from_cache": np.asarray(grid.params["from_cache"])}
+        return attention_crp_cmr_fit(loaded.model, tokenizer=loaded.tokenizer, seq_len=sc.seq_len,
+                                     batch_size=sc.batch_size, n_batches=sc.n_batches, seed=cfg.seed,
+                                     max_lag=cfg.cmr.max_lag, n_exps=cfg.cmr.n_exps, n_starts=cfg.cmr.n_starts,
+                                     dist=ctx.run.dist)
     with ctx.run.timed("cmr"):
         return dict(ctx.run.arrays("cmr", compute))
 

@@ -1,0 +1,182 @@
+"""Head types over training (issue 26, deliverable 4): at every checkpoint of a training run, each head's
+induction score, concept / token induction scores and attention CRP with its CMR fit; then which heads cross
+each type's threshold and in what order, the CMR-like share per layer, and how concentrated induction is.
+
+Per checkpoint (:func:`measure_checkpoint`, one model state; every draw seeded by ``seed`` alone, so a
+checkpoint's values do not depend on which other checkpoints are swept):
+
+* ``induction``: :func:`~inductionlab.core.scores.compute_head_scores` on ``[BOS] S S`` (SPEC §3);
+* ``concept_copying``, ``token_copying``, ``concept_attention``, ``token_attention``: the dual-route scores
+  (Feucht, Wallace & Bau 2025; :mod:`inductionlab.protocols.dual_route`, ``build_prompts`` + ``route_scores``) on
+  a few prompts (8 by default). Words come from the run's own tokenizer (:func:`~inductionlab.core.stimuli.
+  sample_multi_token_words`); a tokenizer that splits too few of wordfreq's words into 2–5 tokens (a tiny BPE
+  vocabulary) leaves these four scores out, recorded as ``"not computed: <reason>"``;
+* ``cmr_distance``, ``cmr_beta_enc``, ``cmr_beta_rec``, ``cmr_gamma_ft``: the attention CRP and its CMR fit
+  (Ji-An, Zhou, Benna & Mattar 2024; :func:`~inductionlab.core.scores.attention_crp_cmr_fit`), and
+  ``crp_range``, the profile's max − min attention probability over the fitted lags −5..5. The CMR distance is
+  scale-free (variance-normalised), so a nearly flat profile — an untrained head's — can fit at distance < 0.5;
+  ``crp_range`` tells such a head from one that attends by lag.
+
+Crossings (:func:`transition_table`): a head crosses a type's threshold at the first checkpoint where
+``induction ≥ t_ind`` (0.4), ``concept_copying ≥ t_cc``, ``token_copying ≥ t_tc`` (both 0.05: a probability gain
+of five points on the copied token, well clear of the exact 0 of a head that carries nothing) or
+``cmr_distance < 0.5`` (Ji-An et al.'s CMR-like threshold). Concentration (:func:`concentration`): the share
+of the positive induction total held by the top k heads, and the effective number of heads
+``exp(−Σ p log p)`` with ``p`` the positive induction scores normalised to sum 1.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..errors import InductionLabError
+from ..measures.cmr import CMR_LIKE_THRESHOLD
+from .configs import HeadTypeParams  # noqa: F401 (the sweep's config, re-exported)
+
+ROUTE_NAMES = ("concept_copying", "token_copying", "concept_attention", "token_attention")
+CMR_NAMES = ("cmr_distance", "cmr_beta_enc", "cmr_beta_rec", "cmr_gamma_ft", "crp_range")
+
+
+def _crp_window(profile: np.ndarray, r: int = 5) -> np.ndarray:
+    m = profile.shape[-1] // 2
+    return profile[..., m - r:m + r + 1]
+
+
+def _tidy(step: int, scores: dict[str, np.ndarray]) -> list[dict]:
+    return [{"step": int(step), "layer": l, "head": h, "score": name, "value": float(grid[l, h])}
+            for name, grid in scores.items() for l in range(grid.shape[0]) for h in range(grid.shape[1])]
+
+
+def measure_checkpoint(model, tokenizer, params: HeadTypeParams, step: int = 0) -> tuple[pd.DataFrame, dict]:
+    """Every head type score of one model state.
+
+    Args:
+        model: a causal LM (``[n_layers, n_heads]`` query heads); tokenizer: its tokenizer.
+
+    Returns: (tidy rows ``step, layer, head, score, value``; notes ``{"dual_route": "computed" | "not computed:
+    <reason>"}``).
+
+    Raises:
+        InductionLabError: what the induction score or the attention CRP refuse (e.g. a sequence longer than
+            the model's context)."""
+    from ..core.scores import attention_crp_cmr_fit, compute_head_scores
+    from . import dual_route as DR
+
+    p = params
+    scores: dict[str, np.ndarray] = {}
+    hs = compute_head_scores(model, tokenizer=tokenizer, seq_len=p.seq_len, batch_size=p.batch_size,
+                             n_batches=p.n_batches, seed=p.seed, names=("induction",), induction_loss=False)
+    scores["induction"] = np.asarray(hs.scores["induction"], float)
+    notes = {}
+    try:
+        wp, rp, ap = DR.build_prompts(tokenizer, model.config.vocab_size, n_words=p.n_words,
+                                      n_attention=p.n_attention, seq_len=p.route_seq_len, seed=p.seed)
+    except InductionLabError as e:
+        notes["dual_route"] = f"not computed: {e}"
+    else:
+        r = DR.route_scores(model, wp, rp, ap, measure_cost=False)
+        scores.update({n: r.score(n) for n in ROUTE_NAMES})
+        notes["dual_route"] = "computed"
+    cmr = attention_crp_cmr_fit(model, tokenizer=tokenizer, seq_len=p.seq_len, batch_size=p.batch_size,
+                                n_batches=p.n_batches, seed=p.seed, max_lag=p.max_lag, n_exps=p.n_exps,
+                                n_starts=p.n_starts)
+    scores.update({"cmr_distance": cmr["distance"], "cmr_beta_enc": cmr["beta_enc"],
+                   "cmr_beta_rec": cmr["beta_rec"], "cmr_gamma_ft": cmr["gamma_ft"],
+                   "crp_range": np.ptp(_crp_window(cmr["profile"]), axis=-1)})
+    return pd.DataFrame(_tidy(step, scores)), notes
+
+
+def sweep(run_dir, params: HeadTypeParams, steps: Sequence[int] | None = None, progress=None
+          ) -> tuple[pd.DataFrame, dict[int, dict]]:
+    """:func:`measure_checkpoint` at every complete checkpoint of a training run (or those of ``steps``), each
+    loaded in float32 on the CPU.
+
+    Returns: (tidy rows of all checkpoints, by step; ``{step: notes}``).
+
+    Raises:
+        InductionLabError: no complete checkpoint, or a step in ``steps`` without one."""
+    from ..core.models import load_model
+    from ..runtime.run_dir import TrainRun
+
+    ckpts = TrainRun(run_dir).checkpoints()
+    if steps is not None:
+        have = {c.step for c in ckpts}
+        missing = sorted(set(steps) - have)
+        if missing:
+            raise InductionLabError(f"{run_dir} has no complete checkpoint at step(s) {missing}; pick among "
+                                    f"{sorted(have)}")
+        ckpts = [c for c in ckpts if c.step in set(steps)]
+    if not ckpts:
+        raise InductionLabError(f"{run_dir} has no complete checkpoint; pass a run written by `inductionlab train`")
+    frames, notes = [], {}
+    for c in ckpts:
+        loaded = load_model(c.path, dtype="float32")
+        df, n = measure_checkpoint(loaded.model, loaded.tokenizer, params, step=c.step)
+        frames.append(df)
+        notes[c.step] = n
+        if progress:
+            progress(1)
+    return pd.concat(frames, ignore_index=True), notes
+
+
+def _crossed(values: pd.Series, threshold: float, direction: str) -> pd.Series:
+    return values < threshold if direction == "<" else values >= threshold
+
+
+def transition_table(tidy: pd.DataFrame, thresholds: dict[str, tuple[float, str]]) -> pd.DataFrame:
+    """Per head and score type of ``thresholds`` (present in ``tidy``): the first checkpoint step at which it
+    crosses (``first_step``; NaN if never) and ``order``, the rank of that step among the heads of the same
+    type that cross (1 = first; ties share the lower rank). NaN values (a flat CRP) never cross.
+
+    Returns: rows ``score, threshold, direction, layer, head, first_step, order``, by score, order, layer, head."""
+    out = []
+    for score, (thr, direction) in thresholds.items():
+        g = tidy[tidy["score"] == score]
+        if g.empty:
+            continue
+        for (layer, head), h in g.groupby(["layer", "head"], sort=True):
+            h = h.sort_values("step")
+            hit = h.loc[_crossed(h["value"], thr, direction), "step"]
+            out.append({"score": score, "threshold": thr, "direction": direction, "layer": int(layer),
+                        "head": int(head), "first_step": float(hit.iloc[0]) if len(hit) else math.nan})
+    t = pd.DataFrame(out, columns=["score", "threshold", "direction", "layer", "head", "first_step"])
+    t["order"] = t.groupby("score")["first_step"].rank(method="min")
+    return t.sort_values(["score", "order", "layer", "head"], na_position="last").reset_index(drop=True)
+
+
+def cmr_share(tidy: pd.DataFrame, threshold: float = CMR_LIKE_THRESHOLD) -> pd.DataFrame:
+    """Per checkpoint and layer: the share of the layer's heads that are CMR-like (distance < threshold; a flat
+    profile, NaN, is not). Rows ``step, layer, n_heads, n_cmr_like, share``."""
+    g = tidy[tidy["score"] == "cmr_distance"].copy()
+    g["like"] = (g["value"] < threshold).astype(int)
+    s = g.groupby(["step", "layer"], sort=True)["like"].agg(n_heads="size", n_cmr_like="sum").reset_index()
+    s["share"] = s["n_cmr_like"] / s["n_heads"]
+    return s
+
+
+def concentration(tidy: pd.DataFrame, top_k: int = 5, score: str = "induction") -> pd.DataFrame:
+    """Per checkpoint: how concentrated ``score`` is in few heads. With ``p`` the positive scores (negatives
+    clipped to 0) normalised to sum 1: ``top_k_share`` = Σ of the ``top_k`` largest ``p``, ``effective_heads``
+    = ``exp(−Σ p log p)`` (1 = one head holds all, N = spread evenly over N); both NaN when no score is
+    positive. Rows ``step, n_heads, total, top_k, top_k_share, effective_heads``."""
+    out = []
+    for step, g in tidy[tidy["score"] == score].groupby("step", sort=True):
+        v = np.clip(np.nan_to_num(g["value"].to_numpy(float)), 0, None)
+        tot = v.sum()
+        if tot > 0:
+            p = v / tot
+            nz = p[p > 0]
+            share, eff = float(np.sort(p)[::-1][:top_k].sum()), float(np.exp(-(nz * np.log(nz)).sum()))
+        else:
+            share = eff = math.nan
+        out.append({"step": int(step), "n_heads": len(v), "total": float(tot), "top_k": int(top_k),
+                    "top_k_share": share, "effective_heads": eff})
+    return pd.DataFrame(out)
+
+
+__all__ = ["HeadTypeParams", "ROUTE_NAMES", "CMR_NAMES", "measure_checkpoint", "sweep", "transition_table",
+           "cmr_share", "concentration"]
