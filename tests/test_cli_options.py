@@ -22,7 +22,11 @@ NEW = {("analyze", ("--config",)), ("evaluate", ("--config",)), ("study temporal
        ("evaluate", ("--positions",)),                                        # ablation (all | last)
        *{(c, (f,)) for c in ("analyze", "study temporal", "evaluate")        # issue 25: selection by any ranking
          for f in ("--rank-by", "--exclude-by", "--exclude-fraction", "--random", "--scores-file")},
-       ("evaluate", ("--no-lm-eval-ablated",))}                    # issue 27: lm-eval under every ablation
+       ("evaluate", ("--no-lm-eval-ablated",)),                    # issue 27: lm-eval under every ablation
+       *{("telemetry", (f,)) for f in ("--head-types", "--head-types-seq-len", "--head-types-batch",   # issue 26:
+         "--head-types-seed", "--head-types-words", "--head-types-attention-prompts",                 # head types
+         "--head-types-word-pool", "--head-types-cmr-runs", "--head-types-cmr-starts",                # over training
+         "--induction-threshold", "--concept-threshold", "--token-threshold", "--concentration-top")}}
 HAND_WRITTEN = {"lm-eval"}          # issue 27: lm-eval's own CLI with the model type inductionlab registered
 GONE = {("study temporal", ("--shots",))}
 CHANGED = {

@@ -311,10 +311,13 @@ class HeadTypeParams:
     n_attention: int = opt(8, "Dual-route value-weighted attention prompts.", flag="--head-types-attention-prompts")
     route_seq_len: int = opt(30, "Random-token context around a dual-route word.", source="Feucht et al. 2025",
                              cli=False)
+    word_pool: int = opt(50_000, "Most frequent wordfreq words the dual-route words are drawn from.",
+                         flag="--head-types-word-pool")
     max_lag: int = opt(8, "Lags -m..m of the attention CRP (±5 are fitted).", source="Ji-An et al. 2024", cli=False)
     n_exps: int = opt(10, "Simulated CMR runs per start position and grid cell (the grid is cached).",
                       source="Ji-An et al. 2024 used 1,000", flag="--head-types-cmr-runs")
-    n_starts: int = opt(20, "Start positions of the CMR simulation.", source="Ji-An et al. 2024", cli=False)
+    n_starts: int = opt(20, "Start positions of the CMR simulation (fewer: a faster, coarser grid).",
+                        source="Ji-An et al. 2024", flag="--head-types-cmr-starts")
     induction_threshold: float = opt(0.4, "A head is an induction head from the first checkpoint where its "
                                           "induction score is at least this.", flag="--induction-threshold")
     concept_threshold: float = opt(0.05, "... a concept-copying head where concept_copying is at least this.",
@@ -329,10 +332,12 @@ class HeadTypeParams:
     def validate(self) -> None:
         """Raises InductionLabError: a count below 1, a threshold outside its range, a lag window the sequence
         cannot hold."""
-        for name in ("seq_len", "batch_size", "n_batches", "n_words", "n_attention", "route_seq_len", "n_exps",
-                     "top_k"):
+        for name in ("seq_len", "batch_size", "n_batches", "n_words", "n_attention", "route_seq_len", "word_pool",
+                     "n_exps", "top_k"):
             if getattr(self, name) < 1:
                 raise InductionLabError(f"head types: {name} = {getattr(self, name)} must be >= 1")
+        if not 1 <= self.n_starts <= 100:
+            raise InductionLabError(f"--head-types-cmr-starts {self.n_starts}: give 1..100 start positions")
         if not 5 <= self.max_lag <= self.seq_len - 1:
             raise InductionLabError(f"head types: the CRP lags -{self.max_lag}..{self.max_lag} need 5 <= max_lag <= "
                                     f"--head-types-seq-len - 1 = {self.seq_len - 1}; raise --head-types-seq-len")

@@ -51,11 +51,28 @@ def _tidy(step: int, scores: dict[str, np.ndarray]) -> list[dict]:
             for name, grid in scores.items() for l in range(grid.shape[0]) for h in range(grid.shape[1])]
 
 
-def measure_checkpoint(model, tokenizer, params: HeadTypeParams, step: int = 0) -> tuple[pd.DataFrame, dict]:
+def route_prompts(tokenizer, vocab_size: int, params: HeadTypeParams):
+    """The dual-route prompts of a sweep (:func:`~inductionlab.protocols.dual_route.build_prompts`, seeded by
+    ``params.seed``), or the reason there are none: ``(prompts | None, note)``, note ``"computed"`` or
+    ``"not computed: <reason>"`` (e.g. too few words of 2–5 tokens under a tiny tokenizer)."""
+    from . import dual_route as DR
+
+    p = params
+    try:
+        return DR.build_prompts(tokenizer, vocab_size, n_words=p.n_words, n_attention=p.n_attention,
+                                seq_len=p.route_seq_len, top_n=p.word_pool, seed=p.seed), "computed"
+    except InductionLabError as e:
+        return None, f"not computed: {e}"
+
+
+def measure_checkpoint(model, tokenizer, params: HeadTypeParams, step: int = 0, prompts=None
+                       ) -> tuple[pd.DataFrame, dict]:
     """Every head type score of one model state.
 
     Args:
         model: a causal LM (``[n_layers, n_heads]`` query heads); tokenizer: its tokenizer.
+        prompts: :func:`route_prompts` of this tokenizer and ``params`` when already built (a sweep builds
+            them once: drawing words tokenizes wordfreq's list); None: built here.
 
     Returns: (tidy rows ``step, layer, head, score, value``; notes ``{"dual_route": "computed" | "not computed:
     <reason>"}``).
@@ -71,16 +88,11 @@ def measure_checkpoint(model, tokenizer, params: HeadTypeParams, step: int = 0) 
     hs = compute_head_scores(model, tokenizer=tokenizer, seq_len=p.seq_len, batch_size=p.batch_size,
                              n_batches=p.n_batches, seed=p.seed, names=("induction",), induction_loss=False)
     scores["induction"] = np.asarray(hs.scores["induction"], float)
-    notes = {}
-    try:
-        wp, rp, ap = DR.build_prompts(tokenizer, model.config.vocab_size, n_words=p.n_words,
-                                      n_attention=p.n_attention, seq_len=p.route_seq_len, seed=p.seed)
-    except InductionLabError as e:
-        notes["dual_route"] = f"not computed: {e}"
-    else:
-        r = DR.route_scores(model, wp, rp, ap, measure_cost=False)
+    built, note = prompts if prompts is not None else route_prompts(tokenizer, model.config.vocab_size, p)
+    if built is not None:
+        r = DR.route_scores(model, *built, measure_cost=False)
         scores.update({n: r.score(n) for n in ROUTE_NAMES})
-        notes["dual_route"] = "computed"
+    notes = {"dual_route": note}
     cmr = attention_crp_cmr_fit(model, tokenizer=tokenizer, seq_len=p.seq_len, batch_size=p.batch_size,
                                 n_batches=p.n_batches, seed=p.seed, max_lag=p.max_lag, n_exps=p.n_exps,
                                 n_starts=p.n_starts)
@@ -112,10 +124,12 @@ def sweep(run_dir, params: HeadTypeParams, steps: Sequence[int] | None = None, p
         ckpts = [c for c in ckpts if c.step in set(steps)]
     if not ckpts:
         raise InductionLabError(f"{run_dir} has no complete checkpoint; pass a run written by `inductionlab train`")
-    frames, notes = [], {}
+    frames, notes, prompts = [], {}, None
     for c in ckpts:
         loaded = load_model(c.path, dtype="float32")
-        df, n = measure_checkpoint(loaded.model, loaded.tokenizer, params, step=c.step)
+        if prompts is None:           # one tokenizer per run: the same prompts at every checkpoint
+            prompts = route_prompts(loaded.tokenizer, loaded.model.config.vocab_size, params)
+        df, n = measure_checkpoint(loaded.model, loaded.tokenizer, params, step=c.step, prompts=prompts)
         frames.append(df)
         notes[c.step] = n
         if progress:
@@ -178,5 +192,5 @@ def concentration(tidy: pd.DataFrame, top_k: int = 5, score: str = "induction") 
     return pd.DataFrame(out)
 
 
-__all__ = ["HeadTypeParams", "ROUTE_NAMES", "CMR_NAMES", "measure_checkpoint", "sweep", "transition_table",
+__all__ = ["HeadTypeParams", "ROUTE_NAMES", "CMR_NAMES", "route_prompts", "measure_checkpoint", "sweep", "transition_table",
            "cmr_share", "concentration"]

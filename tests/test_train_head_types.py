@@ -1,0 +1,108 @@
+"""Head types over training (`inductionlab telemetry --head-types`): a sweep equals per-checkpoint runs bit for
+bit, a too-small word pool is recorded rather than fatal, and the transition table, CMR-like share and
+induction concentration on hand-made tables."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from inductionlab.cli import main
+from inductionlab.protocols.training_head_types import (HeadTypeParams, cmr_share, concentration, sweep,
+                                                        transition_table)
+from test_train_helpers import tiny_trained_run
+
+FAST = dict(seq_len=12, batch_size=2, n_words=4, n_attention=4, word_pool=2000, n_exps=1, n_starts=2)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return tiny_trained_run(tmp_path_factory.mktemp("ht"))[1]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):          # the CMR grid is cached here, not in the user's cache
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def test_sweep_over_two_checkpoints_equals_two_single_runs(run, tmp_path):
+    out = tmp_path / "tel"
+    r = CliRunner().invoke(main, ["telemetry", str(run), "--out", str(out), "--head-types",
+                                  "--head-types-seq-len", "12", "--head-types-batch", "2", "--head-types-words", "4",
+                                  "--head-types-attention-prompts", "4", "--head-types-word-pool", "2000",
+                                  "--head-types-cmr-runs", "1", "--head-types-cmr-starts", "2",
+                                  "--concept-threshold", "0.1"])
+    assert r.exit_code == 0, r.output
+    folder = out / "head_types"
+    both = pd.read_csv(folder / "run_scores.csv")
+    p = HeadTypeParams(**{**FAST, "concept_threshold": 0.1})
+    single = pd.concat([sweep(run, p, steps=[s])[0] for s in (0, 2)], ignore_index=True)
+    assert sorted(set(both["step"])) == [0, 2]
+    assert {"induction", "concept_copying", "token_copying", "cmr_distance", "crp_range"} <= set(both["score"])
+    pd.testing.assert_frame_equal(both, single, check_exact=True)
+    rec = json.loads((folder / "run_head_types.json").read_text())
+    assert rec["params"]["concept_threshold"] == 0.1 and rec["params"]["n_words"] == 4
+    assert rec["not_computed"] == {} and rec["steps"] == [0, 2]
+    assert rec["thresholds"]["cmr_distance"] == {"value": 0.5, "crossed_when": "score < value"}
+    for f in ("run_transitions.csv", "run_cmr_share.csv", "run_concentration.csv", "run_induction.png",
+              "run_cmr_distance.png", "run_concept_copying.png", "run_token_copying.png"):
+        assert (folder / f).is_file(), f
+    conc = pd.read_csv(folder / "run_concentration.csv")
+    assert conc["n_heads"].tolist() == [8, 8] and (conc["effective_heads"] <= 8 + 1e-9).all()
+    assert "head_types" in json.loads((out / "telemetry.json").read_text())["results"]["run"]
+
+
+def test_too_small_word_pool_is_recorded_not_fatal(run):
+    tidy, notes = sweep(run, HeadTypeParams(**{**FAST, "word_pool": 3}), steps=[0])
+    assert notes[0]["dual_route"].startswith("not computed: only ")
+    assert "concept_copying" not in set(tidy["score"])
+    assert {"induction", "cmr_distance"} <= set(tidy["score"]) and len(tidy[tidy["score"] == "induction"]) == 8
+
+
+def _tidy(values: dict[str, dict[tuple[int, int], list[float]]], steps=(0, 10, 20)) -> pd.DataFrame:
+    return pd.DataFrame([{"step": s, "layer": lh[0], "head": lh[1], "score": score, "value": v}
+                         for score, heads in values.items() for lh, vals in heads.items()
+                         for s, v in zip(steps, vals)])
+
+
+def test_transition_table_hand_worked():
+    nan = math.nan
+    t = _tidy({"induction": {(0, 0): [0.1, 0.4, 0.9], (0, 1): [0.5, 0.2, 0.6], (1, 0): [0.1, 0.2, 0.3]},
+               "cmr_distance": {(0, 0): [nan, 0.6, 0.49], (0, 1): [0.5, 0.3, 0.2], (1, 0): [0.4, 0.9, 0.9]},
+               "concept_copying": {(0, 0): [0.0, 0.2, 0.2], (0, 1): [0.0, 0.3, 0.0], (1, 0): [0.0, 0.0, 0.1]}})
+    tab = transition_table(t, HeadTypeParams(concept_threshold=0.1).thresholds()).set_index(["score", "layer", "head"])
+    first = tab["first_step"]
+    # induction >= 0.4 (equal counts); cmr_distance < 0.5 (0.5 does not; NaN never); concept_copying >= 0.1
+    assert first[("induction", 0, 0)] == 10 and first[("induction", 0, 1)] == 0
+    assert math.isnan(first[("induction", 1, 0)]) and math.isnan(tab.loc[("induction", 1, 0), "order"])
+    assert [first[("cmr_distance", 0, h)] for h in (0, 1)] == [20, 10] and first[("cmr_distance", 1, 0)] == 0
+    assert tab.loc[("induction", 0, 1), "order"] == 1 and tab.loc[("induction", 0, 0), "order"] == 2
+    assert [tab.loc[("cmr_distance", l, h), "order"] for l, h in ((1, 0), (0, 1), (0, 0))] == [1, 2, 3]
+    # ties share the lower rank: two heads at step 10, the third at 20
+    assert [tab.loc[("concept_copying", l, h), "order"] for l, h in ((0, 0), (0, 1), (1, 0))] == [1, 1, 3]
+    assert "token_copying" not in set(tab.index.get_level_values(0))       # no scores, no rows
+
+
+def test_concentration_hand_worked():
+    t = _tidy({"induction": {(0, 0): [0.5, 0.25, 0.0], (0, 1): [0.5, 0.25, 0.0],
+                             (1, 0): [0.0, 0.25, -0.2], (1, 1): [-0.3, 0.25, 0.0]}})
+    c = concentration(t, top_k=1).set_index("step")
+    assert c.loc[0, "top_k_share"] == 0.5 and c.loc[0, "effective_heads"] == pytest.approx(2.0)   # two equal heads
+    assert c.loc[10, "top_k_share"] == 0.25 and c.loc[10, "effective_heads"] == pytest.approx(4.0)
+    assert math.isnan(c.loc[20, "top_k_share"]) and math.isnan(c.loc[20, "effective_heads"])     # nothing positive
+    t2 = _tidy({"induction": {(0, 0): [0.6], (0, 1): [0.2], (1, 0): [0.2], (1, 1): [-0.1]}}, steps=(0,))
+    c2 = concentration(t2, top_k=2).iloc[0]
+    assert c2["top_k_share"] == pytest.approx(0.8)
+    assert c2["effective_heads"] == pytest.approx(math.exp(-(0.6 * math.log(0.6) + 2 * 0.2 * math.log(0.2))))
+
+
+def test_cmr_share_hand_worked():
+    t = _tidy({"cmr_distance": {(0, 0): [0.2, 0.6], (0, 1): [math.nan, 0.1], (1, 0): [0.6, 0.4], (1, 1): [0.7, 0.3]}},
+              steps=(0, 5))
+    s = cmr_share(t).set_index(["step", "layer"])["share"]
+    assert s.to_dict() == {(0, 0): 0.5, (0, 1): 0.0, (5, 0): 0.5, (5, 1): 1.0}
