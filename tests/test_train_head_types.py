@@ -106,3 +106,12 @@ def test_cmr_share_hand_worked():
               steps=(0, 5))
     s = cmr_share(t).set_index(["step", "layer"])["share"]
     assert s.to_dict() == {(0, 0): 0.5, (0, 1): 0.0, (5, 0): 0.5, (5, 1): 1.0}
+
+
+@pytest.mark.parametrize("flags, words", [(["--head-types-seq-len", "4"], "--head-types-seq-len"),
+                                          (["--head-types-cmr-starts", "0"], "--head-types-cmr-starts"),
+                                          (["--concept-threshold", "2"], "--concept-threshold")])
+def test_bad_head_type_options_are_one_line(tmp_path, flags, words):
+    r = CliRunner().invoke(main, ["telemetry", str(tmp_path / "none"), "--head-types", *flags])
+    assert r.exit_code != 0 and words in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "none").exists()
