@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner

@@ -28,7 +28,7 @@ of the positive induction total held by the top k heads, and the effective numbe
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
