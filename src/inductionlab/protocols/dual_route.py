@@ -54,7 +54,7 @@ from ..core.stimuli import multi_token_words as word_pool, random_token_words as
 from ..core.stimuli import sample_multi_token_words as sample_words
 from ..errors import InductionLabError
 from ..measures.stats import Z95
-from .function_vectors import _last_only, _recording, _skipping, _under
+from .function_vectors import _copies_mask, _last_only, _recording, _skipping, _under
 
 #: The four per-head scores, in table order.
 ROUTE_SCORES = ("concept_copying", "token_copying", "concept_attention", "token_attention")
@@ -135,32 +135,6 @@ def special_ids(tokenizer) -> tuple[int, int]:
 # The fast path: copies of a two-token suffix
 
 
-def _suffix_mask(model, cache, prefix: int, n: int, s: int, dtype, device):
-    """The additive mask of ``n`` copies of an ``s``-token suffix read after a cached prefix of ``prefix`` tokens:
-    token j of a copy sees the prefix and its copy's tokens 0..j: ``[1, 1, n·s, prefix + n·s]`` (a dict by layer
-    type for sliding-window layers, as :func:`~inductionlab.protocols.function_vectors._copies_mask`)."""
-    k = torch.arange(prefix + n * s, device=device)
-    q = torch.arange(n * s, device=device)
-    kc, kj = (k - prefix) // s, (k - prefix) % s
-    ok = (k[None, :] < prefix) | ((kc[None, :] == (q // s)[:, None]) & (kj[None, :] <= (q % s)[:, None]))
-    neg = torch.finfo(dtype).min
-
-    def additive(allowed):
-        return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, neg)[None, None]
-    cfg = model.config
-    types = list(getattr(cfg, "layer_types", None) or ())
-    window = getattr(cfg, "sliding_window", None)
-    if "sliding_attention" in types and window:
-        kept = cache.layers[types.index("sliding_attention")].keys.shape[-2]
-        kpos = torch.where(k < prefix, k, prefix + kj)
-        near = (((prefix + q % s)[:, None] - kpos[None, :]) < window) & ok
-        return {t: additive(near[:, prefix - kept:]) if t == "sliding_attention" else additive(ok) for t in set(types)}
-    if set(types) - {"full_attention"}:
-        raise InductionLabError(f"{type(model).__name__} has layer types {sorted(set(types))} the dual-route fast "
-                                "path does not handle")
-    return additive(ok)
-
-
 def patched_suffix_logits(model, ids: Sequence[int], patches: Sequence[Sequence[tuple[int, int, torch.Tensor]]], *,
                           suffix: int = 2, at: int = 0, rows: int = 64, under: Sequence[HeadIntervention] = (),
                           skip: bool = True) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
@@ -221,7 +195,7 @@ def patched_suffix_logits(model, ids: Sequence[int], patches: Sequence[Sequence[
             state = None if state is None else state.repeat(1, n, 1)
             kw = {"input_ids": x[:, P0:].repeat(1, n),
                   "position_ids": (P0 + torch.arange(S, device=dev)).repeat(n)[None],
-                  "attention_mask": _suffix_mask(model, prefix, P0, n, S, p.dtype, dev)}
+                  "attention_mask": _copies_mask(model, prefix, P0, n, p.dtype, dev, suffix=S)}
             with instrument(model, [*under, *ivs], strict=False) as inst, _skipping(layers, b, state, tuple_out):
                 logits = model(**kw, **{kv: copy.deepcopy(prefix)}, use_cache=True).logits[0].float()
             logits = logits.reshape(n, S, -1)

@@ -231,13 +231,17 @@ def _skipping(layers, b: int, state: torch.Tensor | None, tuple_out: bool) -> It
                 layer.forward = f
 
 
-def _copies_mask(model, cache, prefix: int, n: int, dtype, device):
-    """The additive attention mask of ``n`` copies of the last token read after a cached prefix of ``prefix``
-    tokens: each copy sees the prefix and itself, not the other copies: ``[1, 1, n, prefix + n]``; a dict by layer
-    type where the model has sliding-window layers, whose cache keeps only the most recent keys (their mask covers
-    those, each within the window of a copy at position ``prefix``)."""
-    k = torch.arange(prefix + n, device=device)
-    ok = (k[None, :] < prefix) | (k[None, :] - prefix == torch.arange(n, device=device)[:, None])
+def _copies_mask(model, cache, prefix: int, n: int, dtype, device, suffix: int = 1):
+    """The additive attention mask of ``n`` copies of the last ``suffix`` tokens read after a cached prefix of
+    ``prefix`` tokens: token j of a copy sees the prefix and its own copy's tokens 0..j, not the other copies:
+    ``[1, 1, n·suffix, prefix + n·suffix]``; a dict by layer type where the model has sliding-window layers, whose
+    cache keeps only the most recent keys (their mask covers those, each within the window of the copy's token
+    at position ``prefix + j``). The FV score reads one token per copy, the dual-route scores two."""
+    s = suffix
+    k = torch.arange(prefix + n * s, device=device)
+    q = torch.arange(n * s, device=device)
+    kc, kj = (k - prefix) // s, (k - prefix) % s
+    ok = (k[None, :] < prefix) | ((kc[None, :] == (q // s)[:, None]) & (kj[None, :] <= (q % s)[:, None]))
     neg = torch.finfo(dtype).min
 
     def additive(allowed):
@@ -247,12 +251,12 @@ def _copies_mask(model, cache, prefix: int, n: int, dtype, device):
     window = getattr(cfg, "sliding_window", None)
     if "sliding_attention" in types and window:
         kept = cache.layers[types.index("sliding_attention")].keys.shape[-2]    # the sliding cache's recent keys
-        pos = torch.where(k < prefix, k, torch.full_like(k, prefix))
-        near = ((prefix - pos[None, :]) < window) & ok                          # transformers: kv > q - window
+        kpos = torch.where(k < prefix, k, prefix + kj)
+        near = (((prefix + q % s)[:, None] - kpos[None, :]) < window) & ok      # transformers: kv > q - window
         return {t: additive(near[:, prefix - kept:]) if t == "sliding_attention" else additive(ok) for t in set(types)}
     if set(types) - {"full_attention"}:
-        raise InductionLabError(f"{type(model).__name__} has layer types {sorted(set(types))} the FV fast path does "
-                                "not handle")
+        raise InductionLabError(f"{type(model).__name__} has layer types {sorted(set(types))} the batched patching "
+                                "fast path does not handle")
     return additive(ok)
 
 
