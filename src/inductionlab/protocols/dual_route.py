@@ -37,7 +37,6 @@ layer order start at their lowest layer from the unpatched residual stream there
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -47,14 +46,14 @@ import pandas as pd
 import torch
 
 from ..core.instrument import HeadIntervention, instrument, unwrap_model
-from ..core.models import attention_shape, cache_keyword, returned_cache
+from ..core.models import attention_shape
 from ..core.placement import execution_device
 from ..core.stimuli import WORD_LENGTHS, ordinary_token_ids
 from ..core.stimuli import multi_token_words as word_pool, random_token_words as random_words
 from ..core.stimuli import sample_multi_token_words as sample_words
 from ..errors import InductionLabError
 from ..measures.stats import Z95
-from .function_vectors import _copies_mask, _last_only, _recording, _skipping, _under
+from .function_vectors import patched_suffix_logits
 
 #: The four per-head scores, in table order.
 ROUTE_SCORES = ("concept_copying", "token_copying", "concept_attention", "token_attention")
@@ -133,78 +132,6 @@ def special_ids(tokenizer) -> tuple[int, int]:
 
 # ---------------------------------------------------------------------------------------------
 # The fast path: copies of a two-token suffix
-
-
-def patched_suffix_logits(model, ids: Sequence[int], patches: Sequence[Sequence[tuple[int, int, torch.Tensor]]], *,
-                          suffix: int = 2, at: int = 0, rows: int = 64, under: Sequence[HeadIntervention] = (),
-                          skip: bool = True) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """The logits of the last ``suffix`` positions of ``ids`` unpatched and under each patch set, by the fast path
-    of the module docstring: each patch set writes its heads' outputs at suffix token ``at`` (0: position
-    ``−suffix``), every other position keeps the unpatched run's values.
-
-    Args:
-        ids: the prompt's token ids (more than ``suffix``).
-        patches: patch sets, each a list of ``(layer, head, value [head_dim])``.
-        rows: patch sets per forward; under: interventions applied in every forward.
-
-    Returns:
-        ``(base, logits, changed)``: float32 ``[suffix, V]`` unpatched; float32 ``[P, suffix, V]``; bool ``[P]``
-        (a set that changed no head's value is the unpatched run: its row is the unpatched copy).
-
-    Raises: InductionLabError for too short a prompt, ``rows < 1``, ``at`` outside the suffix, an empty patch set."""
-    from ..core.reuse import decoder_layers
-
-    model = unwrap_model(model)
-    S = int(suffix)
-    if S < 1 or len(ids) <= S or not 0 <= at < S:
-        raise InductionLabError(f"a prompt of {len(ids)} tokens with a suffix of {S} patched at suffix token {at}: "
-                                "need 1 <= suffix < len(ids) and 0 <= at < suffix")
-    if rows < 1:
-        raise InductionLabError(f"rows must be >= 1, got {rows}")
-    if any(not ps for ps in patches):
-        raise InductionLabError("an empty patch set; give each at least one (layer, head, value)")
-    layers = decoder_layers(model) if skip else None
-    L = attention_shape(model.config)["n_layers"]
-    below = min((iv.layer for iv in under), default=L)
-    p = next(model.parameters())
-    dev = execution_device(model)
-    x = torch.tensor([list(ids)], device=dev)
-    P0 = x.shape[1] - S
-    order = sorted(range(len(patches)), key=lambda i: min(int(l) for l, _, _ in patches[i]))
-    out = [None] * len(patches)
-    changed = np.zeros(len(patches), dtype=bool)
-    base = None
-    states: dict = {}
-    kv = cache_keyword(model)
-    with torch.inference_mode():
-        with _under(model, under):
-            prefix = returned_cache(_last_only(model, input_ids=x[:, :P0], use_cache=True))
-            if layers is not None:
-                with _recording(layers) as states:
-                    model(input_ids=x[:, P0:], **{kv: copy.deepcopy(prefix)}, use_cache=True)
-        for start in range(0, len(order), rows):
-            chunk = order[start:start + rows]
-            n = len(chunk) + 1
-            b = min(min(min(int(l) for l, _, _ in patches[i]) for i in chunk), below) if layers is not None else 0
-            state, tuple_out = states.get(b, (None, False))
-            ivs, owner = [], []
-            for r, i in enumerate(chunk):                                # copy 0: unpatched
-                for l, h, v in patches[i]:
-                    ivs.append(HeadIntervention(int(l), int(h), "mean", value=v, positions=(P0 + (r + 1) * S + at,)))
-                    owner.append(i)
-            state = None if state is None else state.repeat(1, n, 1)
-            kw = {"input_ids": x[:, P0:].repeat(1, n),
-                  "position_ids": (P0 + torch.arange(S, device=dev)).repeat(n)[None],
-                  "attention_mask": _copies_mask(model, prefix, P0, n, p.dtype, dev, suffix=S)}
-            with instrument(model, [*under, *ivs], strict=False) as inst, _skipping(layers, b, state, tuple_out):
-                logits = model(**kw, **{kv: copy.deepcopy(prefix)}, use_cache=True).logits[0].float()
-            logits = logits.reshape(n, S, -1)
-            base = logits[0] if base is None else base
-            for j, i in enumerate(owner):
-                changed[i] |= inst.effect[len(under) + j]
-            for r, i in enumerate(chunk):
-                out[i] = logits[r + 1] if changed[i] else logits[0]
-    return base, torch.stack(out), changed
 
 
 def _heads(model, heads):

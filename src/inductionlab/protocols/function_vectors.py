@@ -260,6 +260,78 @@ def _copies_mask(model, cache, prefix: int, n: int, dtype, device, suffix: int =
     return additive(ok)
 
 
+def patched_suffix_logits(model, ids: Sequence[int], patches: Sequence[Sequence[tuple[int, int, torch.Tensor]]], *,
+                          suffix: int = 2, at: int = 0, rows: int = 64, under: Sequence[HeadIntervention] = (),
+                          skip: bool = True) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """The logits of the last ``suffix`` positions of ``ids`` unpatched and under each patch set, by the fast path
+    of :func:`patched_last_logits`, with ``suffix`` tokens per copy: each patch set writes its heads' outputs at suffix token ``at`` (0: position
+    ``−suffix``), every other position keeps the unpatched run's values.
+
+    Args:
+        ids: the prompt's token ids (more than ``suffix``).
+        patches: patch sets, each a list of ``(layer, head, value [head_dim])``.
+        rows: patch sets per forward; under: interventions applied in every forward.
+
+    Returns:
+        ``(base, logits, changed)``: float32 ``[suffix, V]`` unpatched; float32 ``[P, suffix, V]``; bool ``[P]``
+        (a set that changed no head's value is the unpatched run: its row is the unpatched copy).
+
+    Raises: InductionLabError for too short a prompt, ``rows < 1``, ``at`` outside the suffix, an empty patch set."""
+    from ..core.reuse import decoder_layers
+
+    model = unwrap_model(model)
+    S = int(suffix)
+    if S < 1 or len(ids) <= S or not 0 <= at < S:
+        raise InductionLabError(f"a prompt of {len(ids)} tokens with a suffix of {S} patched at suffix token {at}: "
+                                "need 1 <= suffix < len(ids) and 0 <= at < suffix")
+    if rows < 1:
+        raise InductionLabError(f"rows must be >= 1, got {rows}")
+    if any(not ps for ps in patches):
+        raise InductionLabError("an empty patch set; give each at least one (layer, head, value)")
+    layers = decoder_layers(model) if skip else None
+    L = attention_shape(model.config)["n_layers"]
+    below = min((iv.layer for iv in under), default=L)
+    p = next(model.parameters())
+    dev = execution_device(model)
+    x = torch.tensor([list(ids)], device=dev)
+    P0 = x.shape[1] - S
+    order = sorted(range(len(patches)), key=lambda i: min(int(l) for l, _, _ in patches[i]))
+    out = [None] * len(patches)
+    changed = np.zeros(len(patches), dtype=bool)
+    base = None
+    states: dict = {}
+    kv = cache_keyword(model)
+    with torch.inference_mode():
+        with _under(model, under):
+            prefix = returned_cache(_last_only(model, input_ids=x[:, :P0], use_cache=True))
+            if layers is not None:
+                with _recording(layers) as states:
+                    model(input_ids=x[:, P0:], **{kv: copy.deepcopy(prefix)}, use_cache=True)
+        for start in range(0, len(order), rows):
+            chunk = order[start:start + rows]
+            n = len(chunk) + 1
+            b = min(min(min(int(l) for l, _, _ in patches[i]) for i in chunk), below) if layers is not None else 0
+            state, tuple_out = states.get(b, (None, False))
+            ivs, owner = [], []
+            for r, i in enumerate(chunk):                                # copy 0: unpatched
+                for l, h, v in patches[i]:
+                    ivs.append(HeadIntervention(int(l), int(h), "mean", value=v, positions=(P0 + (r + 1) * S + at,)))
+                    owner.append(i)
+            state = None if state is None else state.repeat(1, n, 1)
+            kw = {"input_ids": x[:, P0:].repeat(1, n),
+                  "position_ids": (P0 + torch.arange(S, device=dev)).repeat(n)[None],
+                  "attention_mask": _copies_mask(model, prefix, P0, n, p.dtype, dev, suffix=S)}
+            with instrument(model, [*under, *ivs], strict=False) as inst, _skipping(layers, b, state, tuple_out):
+                logits = model(**kw, **{kv: copy.deepcopy(prefix)}, use_cache=True).logits[0].float()
+            logits = logits.reshape(n, S, -1)
+            base = logits[0] if base is None else base
+            for j, i in enumerate(owner):
+                changed[i] |= inst.effect[len(under) + j]
+            for r, i in enumerate(chunk):
+                out[i] = logits[r + 1] if changed[i] else logits[0]
+    return base, torch.stack(out), changed
+
+
 def patched_last_logits(model, ids: Sequence[int], patches: Sequence[Sequence[tuple[int, int, torch.Tensor]]], *,
                         rows: int = 90, under: Sequence[HeadIntervention] = (), skip: bool = True
                         ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
@@ -286,55 +358,10 @@ def patched_last_logits(model, ids: Sequence[int], patches: Sequence[Sequence[tu
         changed nothing is the unpatched run: its row is its forward's unpatched copy).
 
     Raises: InductionLabError for fewer than 2 tokens, ``rows < 1``, an empty patch set."""
-    from ..core.reuse import decoder_layers
-
-    model = unwrap_model(model)
     if len(ids) < 2:
         raise InductionLabError("a prompt needs at least 2 tokens (a prefix and the last position)")
-    if rows < 1:
-        raise InductionLabError(f"rows must be >= 1, got {rows}")
-    if any(not ps for ps in patches):
-        raise InductionLabError("an empty patch set; give each at least one (layer, head, value)")
-    layers = decoder_layers(model) if skip else None
-    L = attention_shape(model.config)["n_layers"]
-    below = min((iv.layer for iv in under), default=L)              # base interventions: nothing skipped above them
-    p = next(model.parameters())
-    dev = execution_device(model)
-    x = torch.tensor([list(ids)], device=dev)
-    last = x.shape[1] - 1
-    order = sorted(range(len(patches)), key=lambda i: min(int(l) for l, _, _ in patches[i]))
-    out = [None] * len(patches)
-    changed = np.zeros(len(patches), dtype=bool)
-    base = None
-    states: dict = {}
-    kv = cache_keyword(model)
-    with torch.inference_mode():
-        with _under(model, under):
-            prefix = returned_cache(_last_only(model, input_ids=x[:, :-1], use_cache=True))
-            if layers is not None:
-                with _recording(layers) as states:
-                    model(input_ids=x[:, -1:], **{kv: copy.deepcopy(prefix)}, use_cache=True)
-        for start in range(0, len(order), rows):
-            chunk = order[start:start + rows]
-            n = len(chunk) + 1
-            b = min(min(min(int(l) for l, _, _ in patches[i]) for i in chunk), below) if layers is not None else 0
-            state, tuple_out = states.get(b, (None, False))
-            ivs, owner = [], []
-            for r, i in enumerate(chunk):                                # copy 0: unpatched
-                for l, h, v in patches[i]:
-                    ivs.append(HeadIntervention(int(l), int(h), "mean", value=v, positions=(last + r + 1,)))
-                    owner.append(i)
-            state = None if state is None else state.expand(1, n, state.shape[-1])
-            kw = {"input_ids": x[:, -1:].expand(1, n), "position_ids": torch.full((1, n), last, device=dev),
-                  "attention_mask": _copies_mask(model, prefix, last, n, p.dtype, dev)}
-            with instrument(model, [*under, *ivs], strict=False) as inst, _skipping(layers, b, state, tuple_out):
-                logits = model(**kw, **{kv: copy.deepcopy(prefix)}, use_cache=True).logits[0].float()
-            base = logits[0] if base is None else base
-            for j, i in enumerate(owner):
-                changed[i] |= inst.effect[len(under) + j]
-            for r, i in enumerate(chunk):
-                out[i] = logits[r + 1] if changed[i] else logits[0]
-    return base, torch.stack(out), changed
+    base, logits, changed = patched_suffix_logits(model, ids, patches, suffix=1, rows=rows, under=under, skip=skip)
+    return base[0], logits[:, 0], changed
 
 
 def indirect_effects(model, prompt: Prompt, means: torch.Tensor, *, heads: Sequence[tuple[int, int]] | None = None,
