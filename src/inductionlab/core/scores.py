@@ -304,6 +304,30 @@ def _count(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
+def _sequence_args(model, tokenizer, bos_id, sequences, seq_len, batch_size, n_batches):
+    """The arguments every ``[BOS] S S`` reduction normalises the same way: the bare model (a LoadedModel's
+    tokenizer taken when none is given), ``bos_id`` from the tokenizer, explicit ``sequences`` as a LongTensor
+    ``[N, T]`` (then ``seq_len`` = T), and the counts checked.
+
+    Returns: ``(model, tokenizer, bos_id, sequences, seq_len, batch_size, n_batches)``.
+    Raises: InductionLabError for a count below range or sequences that are not a non-empty ``[N, T]``."""
+    if tokenizer is None and not isinstance(model, torch.nn.Module):
+        tokenizer = getattr(model, "tokenizer", None)
+    model = unwrap_model(model)
+    batch_size = _count("batch_size", batch_size)
+    n_batches = _count("n_batches", n_batches)
+    if bos_id is None and tokenizer is not None:
+        bos_id = tokenizer.bos_token_id
+    if sequences is None:
+        seq_len = _count("seq_len", seq_len, 2)
+    else:
+        sequences = torch.as_tensor(sequences, dtype=torch.long)
+        if sequences.dim() != 2 or sequences.shape[0] < 1:
+            raise InductionLabError(f"sequences must be a non-empty [N, T] id tensor, got shape {tuple(sequences.shape)}")
+        seq_len = _count("sequence length (sequences.shape[1])", sequences.shape[1], 2)
+    return model, tokenizer, bos_id, sequences, seq_len, batch_size, n_batches
+
+
 def check_score_names(names) -> tuple[str, ...]:
     """``names`` (one name or an iterable) as a tuple of known, distinct names.
 
@@ -358,26 +382,14 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
         InductionLabError: unknown score name, seq_len / batch_size / n_batches below range,
             sequences longer than the model's context, a pool smaller than seq_len.
     """
-    if tokenizer is None and not isinstance(model, torch.nn.Module):
-        tokenizer = getattr(model, "tokenizer", None)
-    model = unwrap_model(model)
+    model, tokenizer, bos_id, sequences, seq_len, batch_size, n_batches = _sequence_args(
+        model, tokenizer, bos_id, sequences, seq_len, batch_size, n_batches)
     names = check_score_names(names)
     specs = [SCORES[n] for n in names]
-    batch_size = _count("batch_size", batch_size)
-    n_batches = _count("n_batches", n_batches)
     shape = attention_shape(model.config)
     device = execution_device(model)
-    if bos_id is None and tokenizer is not None:
-        bos_id = tokenizer.bos_token_id
     need_R = any(s.needs_control for s in specs)
     R = None
-    if sequences is None:
-        seq_len = _count("seq_len", seq_len, 2)
-    else:
-        sequences = torch.as_tensor(sequences, dtype=torch.long)
-        if sequences.dim() != 2 or sequences.shape[0] < 1:
-            raise InductionLabError(f"sequences must be a non-empty [N, T] id tensor, got shape {tuple(sequences.shape)}")
-        seq_len = _count("sequence length (sequences.shape[1])", sequences.shape[1], 2)
     bos = bos_id is not None
     targets = {s.name: s.targets(seq_len, bos) for s in specs}
     ctx = shape["max_position_embeddings"]
@@ -524,22 +536,10 @@ def attention_crp(model, *, tokenizer=None, vocab_size: int | None = None, exclu
 
     Raises:
         InductionLabError: the lag window does not fit ``seq_len``; what :func:`compute_head_scores` refuses."""
-    if tokenizer is None and not isinstance(model, torch.nn.Module):
-        tokenizer = getattr(model, "tokenizer", None)
-    model = unwrap_model(model)
-    batch_size = _count("batch_size", batch_size)
-    n_batches = _count("n_batches", n_batches)
+    model, tokenizer, bos_id, sequences, seq_len, batch_size, n_batches = _sequence_args(
+        model, tokenizer, bos_id, sequences, seq_len, batch_size, n_batches)
     shape = attention_shape(model.config)
     device = execution_device(model)
-    if bos_id is None and tokenizer is not None:
-        bos_id = tokenizer.bos_token_id
-    if sequences is None:
-        seq_len = _count("seq_len", seq_len, 2)
-    else:
-        sequences = torch.as_tensor(sequences, dtype=torch.long)
-        if sequences.dim() != 2 or sequences.shape[0] < 1:
-            raise InductionLabError(f"sequences must be a non-empty [N, T] id tensor, got shape {tuple(sequences.shape)}")
-        seq_len = _count("sequence length (sequences.shape[1])", sequences.shape[1], 2)
     max_lag = check_lag_window(max_lag, seq_len)
     bos = bos_id is not None
     ctx = shape["max_position_embeddings"]
