@@ -5,7 +5,9 @@ head_scores.csv ("-" for none). Writes OUT (a CSV with one row per head: a --sco
 `analyze --rank-by`) and OUT with .json (top-10 per score, Spearman between scores, top-20 overlaps, the CMR-like
 share per layer, costs).
 
-    PYTHONPATH=src .venv/bin/python bench/head_type_scores.py MODEL OLD_HEAD_SCORES_CSV|- OUT.csv
+    PYTHONPATH=src .venv/bin/python bench/head_type_scores.py MODEL OLD_HEAD_SCORES_CSV|- OUT.csv [WORD_LENGTHS]
+
+WORD_LENGTHS: the dual-route words' token lengths, comma-separated (default 2,3,4,5; Gemma 3: 2,3,4).
 """
 import sys, time, json, numpy as np, pandas as pd, torch
 sys.path.insert(0, __import__('os').path.join(__import__('os').path.dirname(__file__), '..', 'src'))
@@ -18,13 +20,14 @@ from inductionlab.studies.configs import HeadScoreConfig
 from inductionlab.studies.head_types.config import CMRConfig
 torch.set_num_threads(2)
 name, old, out = sys.argv[1], sys.argv[2], sys.argv[3]
+lengths = tuple(int(x) for x in sys.argv[4].split(",")) if len(sys.argv) > 4 else (2, 3, 4, 5)
 lm = load_model(name, dtype="float32")
 sc, cc = HeadScoreConfig(), CMRConfig()
 t = time.time(); hs = compute_head_scores(lm.model, tokenizer=lm.tokenizer, seq_len=sc.seq_len, batch_size=sc.batch_size, n_batches=sc.n_batches, seed=0); t_scores = time.time() - t
 ind = hs["induction"]; L, H = ind.shape
 t = time.time(); crp = attention_crp(lm.model, tokenizer=lm.tokenizer, seq_len=sc.seq_len, batch_size=sc.batch_size, n_batches=sc.n_batches, seed=0, max_lag=cc.max_lag); t_crp = time.time() - t
 grid = C.cmr_grid(n_exps=cc.n_exps, n_s0=cc.n_starts); fit = C.fit_cmr(crp.profile, grid)
-wp, rp, ap = build_prompts(lm.tokenizer, lm.model.config.vocab_size, n_words=32, n_attention=32)
+wp, rp, ap = build_prompts(lm.tokenizer, lm.model.config.vocab_size, n_words=32, n_attention=32, lengths=lengths)
 t = time.time(); rs = route_scores(lm.model, wp, rp, ap); t_route = time.time() - t
 df = pd.DataFrame([{"layer": l, "head": h, **{n: float(v[l, h]) for n, v in hs.scores.items()}} for l in range(L) for h in range(H)])
 for n in ROUTE_SCORES: df[n] = rs.score(n).ravel()
@@ -35,7 +38,7 @@ if old != "-":
 df.to_csv(out, index=False)
 import platform, transformers
 rec = {"model": name, "identity": {k: lm.identity.get(k) for k in ("name", "sha256", "dtype", "n_layers", "n_heads")},
-       "params": {"head_scores": vars(sc), "cmr": vars(cc), "route": {"n_words": 32, "n_attention": 32, "seed": 0}},
+       "params": {"head_scores": vars(sc), "cmr": vars(cc), "route": {"n_words": 32, "n_attention": 32, "seed": 0, "lengths": list(lengths)}},
        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}, "seconds": {"head_scores": t_scores, "attention_crp": t_crp, "dual_route": t_route, "grid": grid.params.get("seconds")},
        "route_cost": rs.params.get("cost"), "n_cmr_like": int((fit.distance < 0.5).sum()),
        "cmr_share_per_layer": [float(np.mean(fit.distance[l] < 0.5)) for l in range(L)]}

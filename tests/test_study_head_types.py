@@ -237,3 +237,15 @@ def test_a_missing_text_file_is_refused_before_anything_is_written(loaded, tmp_p
     with pytest.raises(InductionLabError, match="--icl-text"):
         run_head_types(loaded[0], small(tmp_path / "none.txt"), tmp_path / "out", RunOptions(progress=False))
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_without_enough_long_words_is_refused_before_anything_is_written(loaded, tmp_path):
+    """Gemma 3's vocabulary splits one word of wordfreq's top 50,000 into 5 tokens: the dual-route step's default
+    word lengths cannot be met there. The run stops in ``prepare`` (nothing written) naming the options that fix it."""
+    from inductionlab.errors import InductionLabError
+    from inductionlab.studies.head_types.study import run_head_types
+    lm, text = loaded
+    cfg = small(text, route=DualRouteConfig(n_words=4, n_attention=4, word_pool=3))
+    with pytest.raises(InductionLabError, match=r"dual-route scores: .*--route-word-lengths 2,3,4.*--no-dual-route"):
+        run_head_types(lm, cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

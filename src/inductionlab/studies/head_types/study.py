@@ -176,9 +176,13 @@ def prepare(loaded: LoadedModel, cfg: HeadTypesConfig) -> Plan:
     lag_probe.check_cues(loaded, lag)
     route, route_prompts = cfg.route_config(), None
     if route.enabled:
-        route_prompts = DR.build_prompts(loaded.tokenizer, loaded.model.config.vocab_size, n_words=route.n_words,
-                                         n_attention=route.n_attention, seq_len=route.seq_len, lengths=route.lengths,
-                                         top_n=route.word_pool, seed=route.seed)
+        try:
+            route_prompts = DR.build_prompts(loaded.tokenizer, loaded.model.config.vocab_size, n_words=route.n_words,
+                                             n_attention=route.n_attention, seq_len=route.seq_len,
+                                             lengths=route.lengths, top_n=route.word_pool, seed=route.seed)
+        except InductionLabError as e:      # e.g. Gemma 3's 262k vocabulary splits few common words into 5 tokens
+            raise InductionLabError(f"dual-route scores: {e} (--route-word-lengths 2,3,4, a larger --route-word-pool, "
+                                    "fewer --route-prompts, or --no-dual-route)") from None
     params = {"config": to_dict(cfg), "fractions": kept, "fractions_dropped": dropped,
               "counts": {f"{f:g}": max(1, int(f * n_total)) for f in kept}, "fv_layer": fv_layer,
               "fv_tasks": list(fv_prompts), "icl_positions": {"late": late, "early": early},
