@@ -184,3 +184,13 @@ def write_cue_outputs(tables: Path, figs: Path, lag, name: str, shown: list[str]
                                 title=f"{name}: serial-position curve of the lag probe\n{what}")
     plots.lag_crp_heatmap(t["lag_crp_bands"], figs / "lag_crp_bands.png", heat,
                           title=f"{name}: lag-CRP by cue-position band\n{what}")
+
+
+def verdict_lines(verdicts, rules: str) -> list[str]:
+    """The "## Verdicts" section of a study with pre-registered claims: one table row per
+    :class:`~inductionlab.studies.run.Verdict` (claim, status, evidence; caveat appended); ``rules``: the module
+    that fixes them (``"studies/routes/verdicts.py"``)."""
+    lines = ["## Verdicts", "", f"Rules fixed in code before the first run (`{rules}`).", "",
+             "| claim | status | evidence |", "|---|---|---|"]
+    return lines + [f"| **{v.claim}** {v.text} | {v.status} | {v.evidence}{'; ' + v.caveat if v.caveat else ''} |"
+                    for v in verdicts]

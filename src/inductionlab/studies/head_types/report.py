@@ -10,7 +10,7 @@ import pandas as pd
 
 from ...runtime.runs import atomic_write_text
 from .. import plots
-from ..report import fmt_ci, model_line
+from ..report import fmt_ci, model_line, verdict_lines
 from .verdicts import MEASURES
 
 ZS, FVEC, RVEC = "zero-shot", "function vector", "random heads' vector"     # the vectors of study._fv_check
@@ -145,11 +145,8 @@ def report(res) -> str:
     lines = [f"# inductionlab study head-types — {idn['name']}", "", model_line(idn), "",
              "Which heads carry in-context learning: function-vector (FV) heads and induction heads, scored, compared "
              "and ablated with and without excluding the other ranking's top heads (Yin & Steinhardt 2025). "
-             "Guide: docs/head_types.md.", "", "## Verdicts", "",
-             "Rules fixed in code before the first run (`studies/head_types/verdicts.py`).", "",
-             "| claim | status | evidence |", "|---|---|---|"]
-    for v in res.verdicts:
-        lines.append(f"| **{v.claim}** {v.text} | {v.status} | {v.evidence}{'; ' + v.caveat if v.caveat else ''} |")
+             "Guide: docs/head_types.md.", ""]
+    lines += verdict_lines(res.verdicts, "studies/head_types/verdicts.py")
     lines += ["", "## FV heads", "",
               f"AIE = mean over {len(fv.tasks)} tasks × {fv.cie.shape[1]} prompts ({cfg.fv.shots} shots, labels "
               "deranged) of P(answer's first token) after setting the head's last-position output to its mean over "

@@ -9,7 +9,7 @@ import pandas as pd
 
 from ...runtime.runs import atomic_write_text
 from .. import plots
-from ..report import fmt_ci, model_line
+from ..report import fmt_ci, model_line, verdict_lines
 from .verdicts import MEASURES
 
 #: the measures of the figure and of the report's main table
@@ -35,11 +35,8 @@ def report(res) -> str:
     lines = [f"# inductionlab study routes — {idn['name']}", "", model_line(idn), "",
              "Which route carries the seed's effects: the top heads of each ranking ablated, against random heads, "
              "on the all-cue lag probe, serial recall, a word-list copy probe and the token-loss ICL score. "
-             "Guide: docs/study-routes.md.", "", "## Verdicts", "",
-             "Rules fixed in code before the first run (`studies/routes/verdicts.py`).", "",
-             "| claim | status | evidence |", "|---|---|---|"]
-    for v in res.verdicts:
-        lines.append(f"| **{v.claim}** {v.text} | {v.status} | {v.evidence}{'; ' + v.caveat if v.caveat else ''} |")
+             "Guide: docs/study-routes.md.", ""]
+    lines += verdict_lines(res.verdicts, "studies/routes/verdicts.py")
     lines += ["", "## Rankings", "",
               f"Rankings: {', '.join(sel.rankings)} (scores file: {sel.scores_file or 'none'}); claim roles: token = "
               f"{sel.token_ranking}, concept = {sel.concept_ranking}, CMR-like = {sel.cmr_ranking}. Top 5 heads:", ""]
