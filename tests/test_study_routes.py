@@ -150,6 +150,44 @@ def test_paraphrase_is_a_different_real_word_and_a_truncated_copy_is_not(piece_t
     assert out["paraphrase"].tolist() == [False, True, False, False, False]
 
 
+# ---- greedy continuations with a KV cache ---------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
+@pytest.mark.parametrize("heads", [None, [(0, 1), (1, 3)]])
+def test_cached_greedy_tokens_equal_full_forwards_on_left_padded_prompts_under_ablation(arch, heads):
+    """The KV-cached greedy decode gives the tokens (and first logits) of one full forward per token — on
+    left-padded rows of different lengths, on a sliding-window model, intact and with two heads zero-ablated."""
+    import contextlib
+
+    from inductionlab.core.instrument import ablate
+    from inductionlab.protocols.runner import greedy_tokens, pad_left
+
+    model = make_tiny(arch, ctx=128, seed=3)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(5, VOCAB, (n,), generator=g).tolist() for n in (9, 14, 6)]
+    p = pad_left(seqs, 0)
+    ids, mask, pos = p["input_ids"], p["attention_mask"], p["position_ids"]
+    n = 6
+    ctx = (lambda: ablate(model, heads)) if heads else contextlib.nullcontext
+    with torch.inference_mode():
+        with ctx():
+            first, toks = greedy_tokens(model, ids, n, attention_mask=mask, position_ids=pos)
+        with ctx():                                          # the oracle: a full forward per token
+            x, m, q, want, logits0 = ids, mask, pos, [], None
+            for _ in range(n):
+                logits = model(input_ids=x, attention_mask=m, position_ids=q).logits[:, -1].float()
+                logits0 = logits if logits0 is None else logits0
+                want.append(logits.argmax(-1))
+                x = torch.cat([x, want[-1][:, None]], 1)
+                m = torch.cat([m, torch.ones_like(m[:, :1])], 1)
+                q = torch.cat([q, q[:, -1:] + 1], 1)
+    assert toks.shape == (3, n) and toks.tolist() == torch.stack(want, 1).tolist()
+    torch.testing.assert_close(first, logits0, rtol=0, atol=1e-5)
+    if heads:                                                # the ablation acted on the decode
+        with torch.inference_mode():
+            assert not torch.equal(greedy_tokens(model, ids, n, attention_mask=mask, position_ids=pos)[0], first)
+
+
 # ---- the study ---------------------------------------------------------------------------------------------
 
 def _scores_file(path, columns: dict[str, np.ndarray]):

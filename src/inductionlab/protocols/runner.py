@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from ..core.models import cache_keyword, returned_cache
 from ..core.reuse import first_ablated_layer
 from ..core.placement import execution_device
 from ..errors import InductionLabError
@@ -215,6 +216,44 @@ def forward_logits(model, ids: torch.Tensor, keep: int | torch.Tensor = 1, **inp
             out = model(input_ids=ids, **inputs).logits
         out = out[:, keep] if index else out[:, -keep:]
     return out.float()
+
+
+def greedy_tokens(model, ids: torch.Tensor, n: int, attention_mask: torch.Tensor | None = None,
+                  position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` greedy tokens after ``ids`` ``[B, P]`` → (float32 logits ``[B, V]`` at the prompt's last position,
+    long tokens ``[B, n]``).
+
+    One forward of the prompt with a KV cache, then one single-token forward per further token (the
+    instrumentation tags the cache with the context's interventions, so an ablation acts on every position of
+    every step exactly as on a full forward). Left-padded prompts pass their ``attention_mask`` / ``position_ids``
+    ``[B, P]``; both grow by one real position per token. A model that returns no cache gets one full forward of
+    the prompt and the tokens so far per token (the same tokens, ``n`` times the cost)."""
+    kv = cache_keyword(model)
+    extra = {k: v for k, v in (("attention_mask", attention_mask), ("position_ids", position_ids)) if v is not None}
+    try:
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **extra)
+    except TypeError:      # architectures without logits_to_keep
+        out = model(input_ids=ids, use_cache=True, **extra)
+    past = returned_cache(out)
+    first = out.logits[:, -1].float()
+    toks = [first.argmax(-1)]
+    for _ in range(n - 1):
+        nxt = toks[-1][:, None]
+        ids = torch.cat([ids, nxt], 1)
+        if "attention_mask" in extra:
+            extra["attention_mask"] = torch.cat([extra["attention_mask"], torch.ones_like(nxt)], 1)
+        if "position_ids" in extra:
+            extra["position_ids"] = torch.cat([extra["position_ids"], extra["position_ids"][:, -1:] + 1], 1)
+        if past is not None:
+            step = dict(extra)
+            if "position_ids" in step:
+                step["position_ids"] = step["position_ids"][:, -1:]
+            out = model(input_ids=nxt, use_cache=True, **{kv: past}, **step)
+            past = returned_cache(out)
+        else:
+            out = model(input_ids=ids, **extra)
+        toks.append(out.logits[:, -1].argmax(-1))
+    return first, torch.stack(toks, 1)
 
 
 def auto_batch_size(loaded, seq_len: int, logit_positions: int = 1, cap: int = 64) -> int:

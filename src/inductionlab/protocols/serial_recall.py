@@ -46,13 +46,13 @@ import torch
 
 from ..checks import check_loaded, check_type
 from ..core.ablation import Condition, check_conditions
-from ..core.models import LoadedModel, cache_keyword, returned_cache
+from ..core.models import LoadedModel
 from ..core.stimuli import seed_for, single_token_words
 from ..errors import InductionLabError
 from ..measures.crp import lag_crp, prob_lag_crp
 from ..measures.stats import mean_ci, pooled_arms, put_ci
 from .configs import SerialRecallConfig
-from .runner import Probe, Trials, auto_batch_size, forward_logits
+from .runner import Probe, Trials, auto_batch_size, forward_logits, greedy_tokens
 
 
 @dataclass
@@ -219,24 +219,6 @@ class SerialRecallResult:
                 "accuracy_by_position": {c.name: self.data[c.name]["correct"].mean(0).tolist() for c in self.conditions}}
 
 
-def _greedy(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
-    """``n`` greedy tokens after ``prompt`` ``[B, P]`` → ``[B, n]`` (KV cache when the model offers one)."""
-    cache_kw = cache_keyword(model)
-    out = model(input_ids=prompt, use_cache=True)
-    past = returned_cache(out)
-    toks = [out.logits[:, -1].argmax(-1)]
-    ids = prompt
-    for _ in range(n - 1):
-        ids = torch.cat([ids, toks[-1][:, None]], 1)
-        if past is not None:
-            out = model(input_ids=toks[-1][:, None], use_cache=True, **{cache_kw: past})
-            past = returned_cache(out)
-        else:
-            out = model(input_ids=ids)
-        toks.append(out.logits[:, -1].argmax(-1))
-    return torch.stack(toks, 1)
-
-
 def build_trials(loaded: LoadedModel, cfg: SerialRecallConfig) -> Trials:
     """The protocol runner's view of :func:`build_recall_trials`: ``ids`` ``[n, P + L]`` (prompt
     then the list, so the list is teacher-forced) and ``targets`` ``[n, L]``."""
@@ -253,7 +235,7 @@ def measure_batch(model, batch: dict[str, torch.Tensor], cfg: SerialRecallConfig
     out = {"correct": logits.argmax(-1) == tgt, "list_mass": pl.sum(-1).float(),
            "trans": (pl[:, 1:] / pl[:, 1:].sum(-1, keepdim=True)).float()}
     if cfg.generate:
-        gen = _greedy(model, ids[:, :-L], L)                           # [b, L]
+        gen = greedy_tokens(model, ids[:, :-L], L)[1]                           # [b, L]
         hit = gen[:, :, None] == tgt[:, None, :]                      # [b, L, L]
         pos = hit.float().argmax(-1).double() + 1
         pos[~hit.any(-1)] = float("nan")

@@ -21,7 +21,7 @@ the same item lengths in tokens, so the kinds differ in what the items are made 
 
 Per trial (:func:`measure_batch`): ``p_first``, the probability of the last item's first token at the scored
 position; ``top1``, whether it is the arg-max; with ``generate``, the greedy continuation (``max(lengths) + 1``
-tokens, one full forward per token, the ablation applied to every one). :func:`copy_outcomes` then reads the
+tokens with a KV cache, the ablation applied to every position of every step). :func:`copy_outcomes` then reads the
 continuations with the tokenizer:
 
 * **verbatim** — the first ``len(item)`` generated ids are the item's ids;
@@ -48,7 +48,7 @@ from ..core.models import LoadedModel
 from ..core.stimuli import ordinary_token_ids, seed_for
 from ..errors import InductionLabError
 from .configs import WordCopyConfig
-from .runner import Probe, Trials, auto_batch_size, forward_logits, trim_padding
+from .runner import Probe, Trials, auto_batch_size, forward_logits, greedy_tokens, trim_padding
 
 KINDS = ("word", "nonsense", "random")
 REAL_WORD_ZIPF = 2.0      # decision: a "real word" for paraphrases (Zipf 2 = about once per 10^7 words)
@@ -211,23 +211,21 @@ def build_trials(loaded: LoadedModel, cfg: WordCopyConfig) -> Trials:
 
 def measure_batch(model, batch: dict[str, torch.Tensor], cfg: WordCopyConfig) -> dict[str, torch.Tensor]:
     """One batch → ``p_first`` float64 ``[b]`` (probability of the last item's first token), ``top1`` bool ``[b]``,
-    and with ``cfg.generate`` ``generated`` long ``[b, max(lengths) + 1]`` (greedy tokens, no KV cache: each a
-    full forward of the prompt and the tokens so far); ``target``, ``target_len``, ``kind``, ``list_index`` echoed."""
+    and with ``cfg.generate`` ``generated`` long ``[b, max(lengths) + 1]`` (greedy tokens,
+    :func:`~inductionlab.protocols.runner.greedy_tokens`: one prompt forward with a KV cache, then a single-token
+    forward per token, under the condition's ablation); ``target``, ``target_len``, ``kind``, ``list_index`` echoed."""
     batch = trim_padding(batch)
     ids, mask, pos = batch["ids"], batch["attention_mask"], batch["position_ids"]
-    logits = forward_logits(model, ids, 1, attention_mask=mask, position_ids=pos)[:, -1]     # [b, V]
+    if cfg.generate:
+        logits, generated = greedy_tokens(model, ids, max(cfg.lengths) + 1, attention_mask=mask, position_ids=pos)
+    else:
+        logits = forward_logits(model, ids, 1, attention_mask=mask, position_ids=pos)[:, -1]     # [b, V]
     first = batch["target"][:, 0]
     p = torch.softmax(logits, -1).gather(1, first[:, None])[:, 0].double()
     out = {"p_first": p, "top1": logits.argmax(-1) == first,
            **{k: batch[k].cpu() for k in ("target", "target_len", "kind", "list_index")}}
     if cfg.generate:
-        toks = [logits.argmax(-1)]
-        for _ in range(max(cfg.lengths)):
-            ids = torch.cat([ids, toks[-1][:, None]], 1)
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-            pos = torch.cat([pos, pos[:, -1:] + 1], 1)
-            toks.append(forward_logits(model, ids, 1, attention_mask=mask, position_ids=pos)[:, -1].argmax(-1))
-        out["generated"] = torch.stack(toks, 1)
+        out["generated"] = generated
     return out
 
 
