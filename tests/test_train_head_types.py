@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from inductionlab.cli import main
-from inductionlab.protocols.training_head_types import (HeadTypeParams, cmr_share, concentration, sweep,
-                                                        transition_table)
+from inductionlab.protocols.training_head_types import (HeadTypeParams, cmr_share, compare_runs, concentration,
+                                                        sweep, transition_table)
 from test_train_helpers import tiny_trained_run
 
 FAST = dict(seq_len=12, batch_size=2, n_words=4, n_attention=4, word_pool=2000, n_exps=1, n_starts=2)
@@ -105,6 +105,60 @@ def test_cmr_share_hand_worked():
               steps=(0, 5))
     s = cmr_share(t).set_index(["step", "layer"])["share"]
     assert s.to_dict() == {(0, 0): 0.5, (0, 1): 0.0, (5, 0): 0.5, (5, 1): 1.0}
+
+
+def test_compare_runs_hand_worked():
+    nan = math.nan
+    a = _tidy({"induction": {(0, 0): [0.0, 0.9], (0, 1): [0.0, 0.1], (1, 0): [0.0, 0.0], (1, 1): [0.0, -0.2]},
+               "cmr_distance": {(0, 0): [0.9, 0.2], (0, 1): [0.9, 0.6], (1, 0): [0.9, 0.3], (1, 1): [0.9, nan]},
+               "crp_range": {(0, 0): [0.0, 0.8], (0, 1): [0.0, 0.1], (1, 0): [0.0, 0.02], (1, 1): [0.0, 0.0]}},
+              steps=(0, 10))
+    b = _tidy({"induction": {(0, 0): [0.5, 0.5], (0, 1): [0.5, 0.5], (1, 0): [0.0, 0.5], (1, 1): [0.0, 0.5]},
+               "cmr_distance": {(0, 0): [0.1, 0.1], (0, 1): [0.1, 0.1], (1, 0): [0.1, 0.1], (1, 1): [0.1, 0.1]},
+               "crp_range": {(0, 0): [0.4, 0.4], (0, 1): [0.4, 0.4], (1, 0): [0.2, 0.2], (1, 1): [0.2, 0.2]}},
+              steps=(0, 10))
+    per_run, by_group = compare_runs({"a": ("none", a), "b": ("induction", b), "c": ("induction", a)}, top_k=2)
+    r = per_run.set_index("run")
+    assert r.loc["a", "step"] == 10 and r.loc["a", "max_induction"] == 0.9 and r.loc["a", "n_induction_heads"] == 1
+    assert r.loc["a", "top1_share"] == pytest.approx(0.9) and r.loc["a", "top2_share"] == pytest.approx(1.0)
+    assert r.loc["a", "effective_heads"] == pytest.approx(math.exp(-(0.9 * math.log(0.9) + 0.1 * math.log(0.1))))
+    # CMR-like (< 0.5): L0H0 and L1H0 of 4 heads (NaN is not); per layer 1/2 and 1/2; their mean crp_range
+    assert r.loc["a", "cmr_like_share"] == 0.5
+    assert (r.loc["a", "cmr_like_share_L0"], r.loc["a", "cmr_like_share_L1"]) == (0.5, 0.5)
+    assert r.loc["a", "crp_range_cmr_like"] == pytest.approx(0.41)
+    assert r.loc["a", "crp_range_all"] == pytest.approx(0.23)
+    assert r.loc["b", "top1_share"] == 0.25 and r.loc["b", "effective_heads"] == pytest.approx(4.0)
+    assert r.loc["b", "n_induction_heads"] == 4 and r.loc["b", "cmr_like_share"] == 1.0
+    g = by_group.set_index(["group", "measure"])
+    assert g.loc[("induction", "top1_share"), "n_runs"] == 2
+    assert g.loc[("induction", "top1_share"), "mean"] == pytest.approx((0.25 + 0.9) / 2)
+    assert (g.loc[("induction", "max_induction"), "min"], g.loc[("induction", "max_induction"), "max"]) == (0.5, 0.9)
+    assert g.loc[("none", "cmr_like_share"), "mean"] == 0.5 and g.loc[("none", "cmr_like_share"), "n_runs"] == 1
+    with pytest.raises(Exception, match="lack the induction score or the CMR fit"):
+        compare_runs({"x": ("none", a[a["score"] != "crp_range"])})
+
+
+def test_telemetry_of_two_runs_compares_their_head_types(run, tmp_path):
+    import shutil
+
+    twin = tmp_path / "twin"
+    shutil.copytree(run, twin)
+    out = tmp_path / "tel2"
+    r = CliRunner().invoke(main, ["telemetry", str(run), str(twin), "--out", str(out), "--head-types",
+                                  "--head-types-seq-len", "12", "--head-types-batch", "2", "--head-types-words", "4",
+                                  "--head-types-attention-prompts", "4", "--head-types-word-pool", "2000",
+                                  "--head-types-cmr-runs", "1", "--head-types-cmr-starts", "2"])
+    assert r.exit_code == 0, r.output
+    folder = out / "head_types"
+    per_run = pd.read_csv(folder / "comparison.csv")
+    assert per_run["run"].tolist() == [run.name, "twin"] and (folder / "comparison.png").is_file()
+    same = per_run.drop(columns=["run"])
+    pd.testing.assert_series_equal(same.iloc[0], same.iloc[1], check_names=False)   # a copy: the same values
+    tidy = pd.read_csv(folder / "twin_scores.csv")
+    last = tidy[(tidy["step"] == tidy["step"].max()) & (tidy["score"] == "induction")]["value"]
+    assert per_run.loc[1, "max_induction"] == pytest.approx(last.max())
+    rec = json.loads((out / "telemetry.json").read_text())["head_types_comparison"]
+    assert len(rec["per_run"]) == 2 and rec["files"] == ["comparison.csv", "comparison_by_group.csv", "comparison.png"]
 
 
 @pytest.mark.parametrize("flags, words", [(["--head-types-seq-len", "4"], "--head-types-seq-len"),

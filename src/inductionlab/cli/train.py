@@ -144,13 +144,19 @@ def telemetry_cmd(runs, out, overwrite, threshold, **flags):
                                           context=bud.get("seq_len")),
                             "curriculum": cur.get("variant") if isinstance(cur, dict) else cur}
         if ht.enabled:
+            swept = {}
             for name, r in zip(tables, runs):
-                report[name]["head_types"] = _head_types(r, name, ht, stage / "head_types")
+                report[name]["head_types"], swept[name] = _head_types(r, name, ht, stage / "head_types")
+            if len(swept) > 1:
+                comparison = _compare_head_types(swept, {n: str(report[n]["curriculum"]) for n in swept}, ht,
+                                                 stage / "head_types")
         training_curves(summaries, evals, {n: r["emergence_tokens"] for n, r in report.items()},
                         stage / "curves.png", threshold)
         atomic_write_json(stage / "telemetry.json", {"kind": "telemetry", "runs": [str(r) for r in runs],
                                                       "threshold": threshold, "budgets": budgets,
-                                                      "results": report, "versions": versions()})
+                                                      "results": report, "versions": versions(),
+                                                      **({"head_types_comparison": comparison}
+                                                         if ht.enabled and len(runs) > 1 else {})})
     for name, rep in report.items():
         ind = rep["final"]["induction"]
         ppl = rep["final_heldout_ppl"]
@@ -165,7 +171,8 @@ def telemetry_cmd(runs, out, overwrite, threshold, **flags):
 def _head_types(run, name: str, params: HeadTypeParams, folder: Path) -> dict:
     """The head-type sweep of one run (:mod:`inductionlab.protocols.training_head_types`) written to ``folder``
     as ``<name>_scores.csv`` (tidy), ``_transitions.csv``, ``_cmr_share.csv``, ``_concentration.csv``, one
-    ``_<score>.png`` per type and ``_head_types.json`` (parameters, notes, files); returns that record."""
+    ``_<score>.png`` per type and ``_head_types.json`` (parameters, notes, files); returns (that record, the tidy
+    rows)."""
     from ..runtime.runs import atomic_write_json
     from ..protocols import training_head_types as T
     from ..studies.plots import head_type_plot
@@ -192,7 +199,27 @@ def _head_types(run, name: str, params: HeadTypeParams, folder: Path) -> dict:
            "steps": sorted(int(s) for s in notes), "notes": {str(k): v for k, v in notes.items()},
            "not_computed": skipped, "files": files}
     atomic_write_json(folder / f"{name}_head_types.json", rec)
-    return {k: rec[k] for k in ("params", "not_computed", "files")}
+    return {k: rec[k] for k in ("params", "not_computed", "files")}, tidy
+
+
+def _compare_head_types(swept: dict[str, pd.DataFrame], groups: dict[str, str], params: HeadTypeParams,
+                        folder: Path) -> dict:
+    """Several runs' head types side by side, grouped by curriculum variant
+    (:func:`~inductionlab.protocols.training_head_types.compare_runs`): ``comparison.csv`` (per run, last
+    checkpoint), ``comparison_by_group.csv`` (mean, min, max over a group's runs) and ``comparison.png`` (over
+    checkpoints); returns the record for telemetry.json."""
+    from ..protocols import training_head_types as T
+    from ..studies.plots import head_type_comparison
+
+    per_run, by_group = T.compare_runs({n: (groups[n], t) for n, t in swept.items()}, params.top_k,
+                                       params.cmr_threshold, params.induction_threshold)
+    per_run.to_csv(folder / "comparison.csv", index=False)
+    by_group.to_csv(folder / "comparison_by_group.csv", index=False)
+    head_type_comparison({n: (groups[n], T.concentration(t, 1), T.cmr_share(t, params.cmr_threshold))
+                          for n, t in swept.items()}, folder / "comparison.png",
+                         "Head types over training: " + " vs ".join(dict.fromkeys(groups.values())))
+    return {"per_run": per_run.to_dict(orient="records"), "by_group": by_group.to_dict(orient="records"),
+            "files": ["comparison.csv", "comparison_by_group.csv", "comparison.png"]}
 
 
 COMMANDS = [train_cmd, telemetry_cmd]   # registered on `inductionlab` by cli/main._register

@@ -192,5 +192,54 @@ def concentration(tidy: pd.DataFrame, top_k: int = 5, score: str = "induction") 
     return pd.DataFrame(out)
 
 
+def compare_runs(runs: dict[str, tuple[str, pd.DataFrame]], top_k: int = 5,
+                 cmr_threshold: float = CMR_LIKE_THRESHOLD, induction_threshold: float = 0.4
+                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Head types of several training runs side by side, at each run's last swept checkpoint.
+
+    Args:
+        runs: ``{run name: (group, tidy rows of :func:`sweep`)}``; the group is the arm a run belongs to (e.g. its
+            curriculum variant), the unit the second table averages over.
+
+    Returns:
+        (per run: ``run, group, step``, ``max_induction``, ``n_induction_heads`` (induction ≥
+        ``induction_threshold``), ``top1_share`` and ``top<k>_share`` of the positive induction total, and
+        ``effective_heads`` (:func:`concentration`), ``cmr_like_share`` over all heads and ``cmr_like_share_L<l>``
+        per layer (:func:`cmr_share`), ``crp_range_cmr_like`` (mean ``crp_range`` of the CMR-like heads: near 0
+        when only flat profiles fit) and ``crp_range_all``; per group and measure: ``n_runs, mean, min, max`` over
+        its runs.)
+
+    Raises:
+        InductionLabError: a run's rows lack the induction score or the CMR fit."""
+    rows = []
+    for name, (group, tidy) in runs.items():
+        have = set(tidy["score"])
+        if not {"induction", "cmr_distance", "crp_range"} <= have:
+            raise InductionLabError(f"run {name}: the head-type rows lack the induction score or the CMR fit "
+                                    f"(have {sorted(have)}); sweep it with `inductionlab telemetry --head-types`")
+        last = int(tidy["step"].max())
+        t = tidy[tidy["step"] == last]
+        ind = t[t["score"] == "induction"]["value"].to_numpy(float)
+        c1, ck = concentration(t, 1).iloc[0], concentration(t, top_k).iloc[0]
+        share = cmr_share(t, cmr_threshold)
+        dist = t[t["score"] == "cmr_distance"].set_index(["layer", "head"])["value"]
+        rng = t[t["score"] == "crp_range"].set_index(["layer", "head"])["value"].reindex(dist.index)
+        like = dist < cmr_threshold
+        row = {"run": name, "group": group, "step": last, "max_induction": float(np.nanmax(ind)),
+               "n_induction_heads": int((ind >= induction_threshold).sum()), "top1_share": float(c1["top_k_share"]),
+               f"top{top_k}_share": float(ck["top_k_share"]), "effective_heads": float(c1["effective_heads"]),
+               "cmr_like_share": float(like.mean()),
+               **{f"cmr_like_share_L{int(r.layer)}": float(r.share) for r in share.itertuples()},
+               "crp_range_cmr_like": float(rng[like].mean()) if like.any() else math.nan,
+               "crp_range_all": float(rng.mean())}
+        rows.append(row)
+    per_run = pd.DataFrame(rows)
+    measures = [c for c in per_run.columns if c not in ("run", "group", "step")]
+    long = per_run.melt(id_vars=["run", "group"], value_vars=measures, var_name="measure")
+    by_group = (long.groupby(["group", "measure"], sort=False)["value"]
+                .agg(n_runs="count", mean="mean", min="min", max="max").reset_index())
+    return per_run, by_group
+
+
 __all__ = ["HeadTypeParams", "ROUTE_NAMES", "CMR_NAMES", "route_prompts", "measure_checkpoint", "sweep", "transition_table",
-           "cmr_share", "concentration"]
+           "cmr_share", "concentration", "compare_runs"]

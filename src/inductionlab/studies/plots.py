@@ -681,3 +681,33 @@ def head_type_plot(tidy: pd.DataFrame, score: str, threshold: float, direction: 
     fig.colorbar(im, ax=b, label=score)
     fig.suptitle(title)
     save(fig, path)
+
+
+def head_type_comparison(curves: dict[str, tuple[str, pd.DataFrame, pd.DataFrame]], path: str | Path,
+                         title: str = "") -> None:
+    """Head types of several training runs over checkpoints, a line per run coloured by its group: the effective
+    number of induction heads, the top head's share of the positive induction total, and the CMR-like share of
+    all heads.
+
+    ``curves``: ``{run: (group, concentration rows, cmr-share rows)}`` of
+    :func:`inductionlab.protocols.training_head_types.concentration` (top 1) and ``cmr_share``."""
+    groups = list(dict.fromkeys(g for g, _, _ in curves.values()))
+    colour = {g: f"C{i}" for i, g in enumerate(groups)}
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    seen = set()
+    for run, (group, conc, share) in curves.items():
+        kw = dict(color=colour[group], marker=".", label=group if group not in seen else None)
+        seen.add(group)
+        axes[0].plot(conc["step"], conc["effective_heads"], **kw)
+        axes[1].plot(conc["step"], conc["top_k_share"], **kw)
+        s = share.groupby("step")[["n_cmr_like", "n_heads"]].sum()
+        axes[2].plot(s.index, s["n_cmr_like"] / s["n_heads"], **kw)
+    for a, label in zip(axes, ("effective induction heads exp(H)", "top head's share of induction",
+                               "CMR-like share of heads")):
+        a.set_xscale("symlog", linthresh=1)
+        a.set_xlabel("checkpoint (optimizer step)")
+        a.set_ylabel(label)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title or "Head types over training, by run")
+    save(fig, path)
+
