@@ -179,3 +179,21 @@ def test_table_means_and_cis_by_hand():
     half = 1.959963984540054 * np.sqrt(2.0) / np.sqrt(2)
     assert np.isclose(t.loc[(0, 1), "concept_copying_ci_high"], 2.0 + half)
     assert t.loc[(0, 0), "token_attention"] == 0.25 and rs.top("concept_copying", 1) == [(0, 1, 2.0)]
+
+
+def test_random_tokens_and_filler_come_from_a_given_pool(bpe):
+    """With ``pool`` (a small model's training-split ids), every random-word token and every filler token is drawn
+    from it; the real words are the tokenizer's own."""
+    import numpy as np
+
+    pool = np.arange(300, 420)
+    words, rand, att = D.build_prompts(bpe, 800, n_words=4, n_attention=4, top_n=3000, seed=3, pool=pool)
+    allowed = set(pool.tolist()) | {t for t in D.special_ids(bpe) if t is not None}   # BOS and "\n" frame them
+    for p in rand:
+        assert set(p.word) <= allowed and set(p.clean) | set(p.corrupt) <= allowed
+    for p in words:
+        assert not set(p.word) <= allowed                                  # a real word of the tokenizer
+        assert (set(p.clean) | set(p.corrupt)) - set(p.word) <= allowed   # filler from the pool
+    for a in att:
+        assert set(a.ids) - set(a.word) <= allowed
+    assert rand != D.build_prompts(bpe, 800, n_words=4, n_attention=4, top_n=3000, seed=3)[1]

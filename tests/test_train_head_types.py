@@ -61,6 +61,41 @@ def test_too_small_word_pool_is_recorded_not_fatal(run):
     assert notes[0]["dual_route"].startswith("not computed: only ")
     assert "concept_copying" not in set(tidy["score"])
     assert {"induction", "cmr_distance"} <= set(tidy["score"]) and len(tidy[tidy["score"] == "induction"]) == 8
+    assert notes[0]["pool"].startswith("training split")
+
+
+def test_random_tokens_come_from_the_training_split(run, tmp_path):
+    """The sweep draws its random tokens from the ids the run's shards use (as the training telemetry does):
+    its scores equal a checkpoint measured with that pool given, and differ from whole-vocabulary draws."""
+    import shutil
+
+    from inductionlab.core.models import load_model
+    from inductionlab.data.shards import TokenShards
+    from inductionlab.protocols.training_head_types import measure_checkpoint, training_pool
+    from inductionlab.runtime.run_dir import TrainRun
+
+    p = HeadTypeParams(**FAST)
+    ckpt = TrainRun(run).checkpoints()[-1]
+    loaded = load_model(ckpt.path, dtype="float32")
+    pool, note = training_pool(run, loaded.tokenizer)
+    data = TrainRun(run).record["config"]["data"]
+    want = TokenShards.open(data).token_pool(exclude_ids=loaded.tokenizer.all_special_ids)
+    assert note == f"training split ({data})" and pool.tolist() == want.tolist()
+    assert len(pool) < loaded.model.config.vocab_size
+    swept = sweep(run, p, steps=[ckpt.step])[0]
+    given = measure_checkpoint(loaded.model, loaded.tokenizer, p, step=ckpt.step, pool=pool)[0]
+    whole = measure_checkpoint(loaded.model, loaded.tokenizer, p, step=ckpt.step)[0]
+    pd.testing.assert_frame_equal(swept, given, check_exact=True)
+    ind = lambda t: t[t["score"] == "induction"]["value"].to_numpy()   # noqa: E731
+    assert not (ind(swept) == ind(whole)).all()
+    moved = tmp_path / "moved"                                         # shards not here: the whole vocabulary
+    shutil.copytree(run, moved)
+    rec = TrainRun(moved).record_path
+    r = json.loads(rec.read_text())
+    r["config"]["data"] = str(tmp_path / "gone")
+    rec.write_text(json.dumps(r))
+    assert training_pool(moved, loaded.tokenizer)[0] is None
+    assert "not here" in sweep(moved, p, steps=[ckpt.step])[1][ckpt.step]["pool"]
 
 
 def _tidy(values: dict[str, dict[tuple[int, int], list[float]]], steps=(0, 10, 20)) -> pd.DataFrame:

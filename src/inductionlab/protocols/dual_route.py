@@ -272,12 +272,18 @@ def bare_forward_seconds(model, sequences: Sequence[Sequence[int]]) -> float:
 
 
 def build_prompts(tokenizer, vocab_size: int, *, n_words: int, n_attention: int, seq_len: int = 30,
-                  lengths: Sequence[int] = WORD_LENGTHS, top_n: int = 50_000, seed: int = 0
-                  ) -> tuple[list[CopyPrompt], list[CopyPrompt], list[AttentionPrompt]]:
+                  lengths: Sequence[int] = WORD_LENGTHS, top_n: int = 50_000, seed: int = 0,
+                  pool=None) -> tuple[list[CopyPrompt], list[CopyPrompt], list[AttentionPrompt]]:
     """The word prompts, random-token prompts and attention prompts of :func:`route_scores` (seeded by ``seed``:
-    words ``seed``, random words ``seed + 1``, contexts ``seed + 2..4``)."""
+    words ``seed``, random words ``seed + 1``, contexts ``seed + 2..4``). Random-token words and filler come from
+    the tokenizer's ordinary ids, or from ``pool`` (e.g. the ids a small model's training split uses, so that no
+    random token has an embedding training never updated) minus BOS and newline."""
     bos, nl = special_ids(tokenizer)
-    filler = ordinary_token_ids(min(int(vocab_size), len(tokenizer)), (bos, nl), tokenizer)
+    if pool is None:
+        filler = ordinary_token_ids(min(int(vocab_size), len(tokenizer)), (bos, nl), tokenizer)
+    else:
+        keep = np.asarray(pool, dtype=np.int64)
+        filler = torch.as_tensor(keep[~np.isin(keep, [i for i in (bos, nl) if i is not None])])
     words = sample_words(tokenizer, n_words, seed=seed, lengths=lengths, top_n=top_n)
     att_words = words if n_attention <= n_words else sample_words(tokenizer, n_attention, seed=seed, lengths=lengths,
                                                                   top_n=top_n)

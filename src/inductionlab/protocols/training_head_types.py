@@ -32,6 +32,7 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
+import torch
 
 from ..errors import InductionLabError
 from ..measures.cmr import CMR_LIKE_THRESHOLD
@@ -51,7 +52,7 @@ def _tidy(step: int, scores: dict[str, np.ndarray]) -> list[dict]:
             for name, grid in scores.items() for l in range(grid.shape[0]) for h in range(grid.shape[1])]
 
 
-def route_prompts(tokenizer, vocab_size: int, params: HeadTypeParams):
+def route_prompts(tokenizer, vocab_size: int, params: HeadTypeParams, pool: np.ndarray | None = None):
     """The dual-route prompts of a sweep (:func:`~inductionlab.protocols.dual_route.build_prompts`, seeded by
     ``params.seed``), or the reason there are none: ``(prompts | None, note)``, note ``"computed"`` or
     ``"not computed: <reason>"`` (e.g. too few words of 2–5 tokens under a tiny tokenizer)."""
@@ -60,19 +61,21 @@ def route_prompts(tokenizer, vocab_size: int, params: HeadTypeParams):
     p = params
     try:
         return DR.build_prompts(tokenizer, vocab_size, n_words=p.n_words, n_attention=p.n_attention,
-                                seq_len=p.route_seq_len, top_n=p.word_pool, seed=p.seed), "computed"
+                                seq_len=p.route_seq_len, top_n=p.word_pool, seed=p.seed, pool=pool), "computed"
     except InductionLabError as e:
         return None, f"not computed: {e}"
 
 
-def measure_checkpoint(model, tokenizer, params: HeadTypeParams, step: int = 0, prompts=None
-                       ) -> tuple[pd.DataFrame, dict]:
+def measure_checkpoint(model, tokenizer, params: HeadTypeParams, step: int = 0, prompts=None,
+                       pool: np.ndarray | None = None) -> tuple[pd.DataFrame, dict]:
     """Every head type score of one model state.
 
     Args:
         model: a causal LM (``[n_layers, n_heads]`` query heads); tokenizer: its tokenizer.
         prompts: :func:`route_prompts` of this tokenizer and ``params`` when already built (a sweep builds
             them once: drawing words tokenizes wordfreq's list); None: built here.
+        pool: the ids random tokens are drawn from (the training split's, :func:`training_pool`); None: the
+            tokenizer's ordinary ids.
 
     Returns: (tidy rows ``step, layer, head, score, value``; notes ``{"dual_route": "computed" | "not computed:
     <reason>"}``).
@@ -85,27 +88,47 @@ def measure_checkpoint(model, tokenizer, params: HeadTypeParams, step: int = 0, 
 
     p = params
     scores: dict[str, np.ndarray] = {}
+    ids = None if pool is None else torch.as_tensor(np.asarray(pool, dtype=np.int64))
     hs = compute_head_scores(model, tokenizer=tokenizer, seq_len=p.seq_len, batch_size=p.batch_size,
-                             n_batches=p.n_batches, seed=p.seed, names=("induction",), induction_loss=False)
+                             n_batches=p.n_batches, seed=p.seed, names=("induction",), induction_loss=False, pool=ids)
     scores["induction"] = np.asarray(hs.scores["induction"], float)
-    built, note = prompts if prompts is not None else route_prompts(tokenizer, model.config.vocab_size, p)
+    built, note = prompts if prompts is not None else route_prompts(tokenizer, model.config.vocab_size, p, pool)
     if built is not None:
         r = DR.route_scores(model, *built, measure_cost=False)
         scores.update({n: r.score(n) for n in ROUTE_NAMES})
     notes = {"dual_route": note}
     cmr = attention_crp_cmr_fit(model, tokenizer=tokenizer, seq_len=p.seq_len, batch_size=p.batch_size,
                                 n_batches=p.n_batches, seed=p.seed, max_lag=p.max_lag, n_exps=p.n_exps,
-                                n_starts=p.n_starts)
+                                n_starts=p.n_starts, pool=ids)
     scores.update({"cmr_distance": cmr["distance"], "cmr_beta_enc": cmr["beta_enc"],
                    "cmr_beta_rec": cmr["beta_rec"], "cmr_gamma_ft": cmr["gamma_ft"],
                    "crp_range": np.ptp(_crp_window(cmr["profile"]), axis=-1)})
     return pd.DataFrame(_tidy(step, scores)), notes
 
 
+def training_pool(run_dir, tokenizer) -> tuple[np.ndarray | None, str]:
+    """The ids a run's training split uses (:meth:`~inductionlab.data.shards.TokenShards.token_pool`, minus the
+    tokenizer's special ids), read from the shards its record names, as the training telemetry draws its probe
+    tokens (traps.md: drawing from the whole vocabulary understates a small model's scores 2–3×). Returns
+    ``(pool | None, note)``: None, with the reason, when the record names no shards or they are not there (the
+    scores then draw from the whole vocabulary)."""
+    from pathlib import Path
+
+    from ..data.shards import TokenShards
+    from ..runtime.run_dir import TrainRun
+
+    data = (TrainRun(run_dir).record.get("config") or {}).get("data")
+    if not data or not Path(data).is_dir():
+        return None, f"vocabulary (the training shards {data!r} are not here)"
+    special = [int(i) for i in getattr(tokenizer, "all_special_ids", [])]
+    return TokenShards.open(data).token_pool(exclude_ids=special), f"training split ({data})"
+
+
 def sweep(run_dir, params: HeadTypeParams, steps: Sequence[int] | None = None, progress=None
           ) -> tuple[pd.DataFrame, dict[int, dict]]:
     """:func:`measure_checkpoint` at every complete checkpoint of a training run (or those of ``steps``), each
-    loaded in float32 on the CPU.
+    loaded in float32 on the CPU, with random tokens drawn from the training split's ids (:func:`training_pool`;
+    the note ``pool`` says which).
 
     Returns: (tidy rows of all checkpoints, by step; ``{step: notes}``).
 
@@ -127,11 +150,12 @@ def sweep(run_dir, params: HeadTypeParams, steps: Sequence[int] | None = None, p
     frames, notes, prompts = [], {}, None
     for c in ckpts:
         loaded = load_model(c.path, dtype="float32")
-        if prompts is None:           # one tokenizer per run: the same prompts at every checkpoint
-            prompts = route_prompts(loaded.tokenizer, loaded.model.config.vocab_size, params)
-        df, n = measure_checkpoint(loaded.model, loaded.tokenizer, params, step=c.step, prompts=prompts)
+        if prompts is None:           # one tokenizer per run: the same pool and prompts at every checkpoint
+            pool, source = training_pool(run_dir, loaded.tokenizer)
+            prompts = route_prompts(loaded.tokenizer, loaded.model.config.vocab_size, params, pool)
+        df, n = measure_checkpoint(loaded.model, loaded.tokenizer, params, step=c.step, prompts=prompts, pool=pool)
         frames.append(df)
-        notes[c.step] = n
+        notes[c.step] = {**n, "pool": source}
         if progress:
             progress(1)
     return pd.concat(frames, ignore_index=True), notes
@@ -241,5 +265,5 @@ def compare_runs(runs: dict[str, tuple[str, pd.DataFrame]], top_k: int = 5,
     return per_run, by_group
 
 
-__all__ = ["HeadTypeParams", "ROUTE_NAMES", "CMR_NAMES", "route_prompts", "measure_checkpoint", "sweep", "transition_table",
+__all__ = ["HeadTypeParams", "ROUTE_NAMES", "CMR_NAMES", "route_prompts", "measure_checkpoint", "training_pool", "sweep", "transition_table",
            "cmr_share", "concentration", "compare_runs"]
