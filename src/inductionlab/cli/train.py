@@ -143,6 +143,7 @@ def telemetry_cmd(runs, out, overwrite, threshold, **flags):
             report[name] = {**run_summary(heads, ev, threshold, summary=s, batch_sequences=bud.get("global_batch"),
                                           context=bud.get("seq_len")),
                             "curriculum": cur.get("variant") if isinstance(cur, dict) else cur}
+        comparison = None
         if ht.enabled:
             swept = {}
             for name, r in zip(tables, runs):
@@ -156,7 +157,7 @@ def telemetry_cmd(runs, out, overwrite, threshold, **flags):
                                                       "threshold": threshold, "budgets": budgets,
                                                       "results": report, "versions": versions(),
                                                       **({"head_types_comparison": comparison}
-                                                         if ht.enabled and len(runs) > 1 else {})})
+                                                         if comparison is not None else {})})
     for name, rep in report.items():
         ind = rep["final"]["induction"]
         ppl = rep["final_heldout_ppl"]

@@ -239,7 +239,6 @@ def greedy_tokens(model, ids: torch.Tensor, n: int, attention_mask: torch.Tensor
     toks = [first.argmax(-1)]
     for _ in range(n - 1):
         nxt = toks[-1][:, None]
-        ids = torch.cat([ids, nxt], 1)
         if "attention_mask" in extra:
             extra["attention_mask"] = torch.cat([extra["attention_mask"], torch.ones_like(nxt)], 1)
         if "position_ids" in extra:
@@ -251,6 +250,7 @@ def greedy_tokens(model, ids: torch.Tensor, n: int, attention_mask: torch.Tensor
             out = model(input_ids=nxt, use_cache=True, **{kv: past}, **step)
             past = returned_cache(out)
         else:
+            ids = torch.cat([ids, nxt], 1)
             out = model(input_ids=ids, **extra)
         toks.append(out.logits[:, -1].argmax(-1))
     return first, torch.stack(toks, 1)

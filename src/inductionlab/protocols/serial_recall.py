@@ -235,7 +235,7 @@ def measure_batch(model, batch: dict[str, torch.Tensor], cfg: SerialRecallConfig
     out = {"correct": logits.argmax(-1) == tgt, "list_mass": pl.sum(-1).float(),
            "trans": (pl[:, 1:] / pl[:, 1:].sum(-1, keepdim=True)).float()}
     if cfg.generate:
-        gen = greedy_tokens(model, ids[:, :-L], L)[1]                           # [b, L]
+        gen = greedy_tokens(model, ids[:, :-L], L)[1]                 # [b, L]
         hit = gen[:, :, None] == tgt[:, None, :]                      # [b, L, L]
         pos = hit.float().argmax(-1).double() + 1
         pos[~hit.any(-1)] = float("nan")

@@ -710,4 +710,3 @@ def head_type_comparison(curves: dict[str, tuple[str, pd.DataFrame, pd.DataFrame
     axes[0].legend(fontsize=7)
     fig.suptitle(title or "Head types over training, by run")
     save(fig, path)
-
