@@ -379,6 +379,9 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dt
         raise InductionLabError(f"unknown dtype {dtype!r}; use one of auto, float32, bfloat16, float16")
     if not device_map:
         check_device(device)
+    elif device_map == "meta":   # refused here: transformers' own error for it changes between releases
+        raise InductionLabError("device map 'meta' leaves weights unloaded: the meta device holds no data, so "
+                                "every weight would stay there; use device_map 'auto' or 'cpu', or leave it unset")
     # where the model runs, for dtype="auto" (a device_map spreads it over the GPUs if there are any)
     run_on = device if not device_map else ("cuda" if torch.cuda.is_available() else "cpu")
 
