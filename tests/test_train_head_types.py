@@ -16,7 +16,7 @@ from inductionlab.cli import main
 from inductionlab.protocols.training_head_types import (HeadTypeParams, cmr_share, compare_runs, concentration,
                                                         measure_checkpoint, transition_table)
 from inductionlab.studies.telemetry.study import RunProbe, sweep_rows, training_pool
-from test_train_helpers import run_cli, tiny_trained_run
+from test_train_helpers import tiny_trained_run
 
 FAST = dict(seq_len=12, batch_size=2, n_words=4, n_attention=4, word_pool=2000, n_exps=1, n_starts=2)
 FLAGS = ["--head-types", "--head-types-seq-len", "12", "--head-types-batch", "2", "--head-types-words", "4",
@@ -93,6 +93,7 @@ def test_a_sweep_killed_midway_resumes_to_the_results_of_an_uninterrupted_one(ru
     """SIGKILL right after the first checkpoint's piece is written (a subprocess); the same command again
     loads that piece, computes the second, and every leaf of results.json but the timings and ``resumed``
     equals an uninterrupted sweep's, as does every table. One torch thread everywhere, as in the killed process."""
+    import os
     import subprocess
     import sys
 
@@ -102,7 +103,7 @@ def test_a_sweep_killed_midway_resumes_to_the_results_of_an_uninterrupted_one(ru
 
     killed = tmp_path / "killed"
     p = subprocess.run([sys.executable, "-c", KILLED_AFTER_FIRST_PIECE % FAST, str(run), str(killed)],
-                       capture_output=True, text=True, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == -9, p.stderr
     first = killed / "checkpoints" / "head_types" / "run" / "0.npz"
     assert first.is_file() and not (killed / "checkpoints" / "head_types" / "run" / "2.npz").exists()
