@@ -5,6 +5,7 @@ tables."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -22,6 +23,7 @@ FAST = dict(seq_len=12, batch_size=2, n_words=4, n_attention=4, word_pool=2000, 
 FLAGS = ["--head-types", "--head-types-seq-len", "12", "--head-types-batch", "2", "--head-types-words", "4",
          "--head-types-attention-prompts", "4", "--head-types-word-pool", "2000", "--head-types-cmr-runs", "1",
          "--head-types-cmr-starts", "2"]                 # FAST as options
+SWEPT = [*FLAGS, "--concept-threshold", "0.1"]        # the module's sweep (the `swept` fixture)
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +31,38 @@ def run(tmp_path_factory):
     return tiny_trained_run(tmp_path_factory.mktemp("ht"))[1]
 
 
+def _cache_dir(tmp_path_factory) -> str:               # the CMR grid is cached here, not in the user's cache
+    return str(tmp_path_factory.getbasetemp() / "cache")
+
+
 @pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):          # the CMR grid is cached here, not in the user's cache
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", _cache_dir(tmp_path_factory))
+
+
+@contextlib.contextmanager
+def one_thread():
+    """One torch thread, as a process under OMP_NUM_THREADS=1: float sums in the same order in this process and
+    in a subprocess, so their scores are bit-equal."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def swept(run, tmp_path_factory):
+    """``telemetry RUN --out OUT SWEPT`` on one torch thread, uninterrupted: OUT."""
+    out = tmp_path_factory.mktemp("swept") / "tel"
+    with pytest.MonkeyPatch.context() as mp, one_thread():
+        mp.setenv("XDG_CACHE_HOME", _cache_dir(tmp_path_factory))
+        r = CliRunner().invoke(main, ["telemetry", str(run), "--out", str(out), *SWEPT])
+    assert r.exit_code == 0, r.output
+    return out
 
 
 def _measured(run, p: HeadTypeParams, step: int) -> pd.DataFrame:
@@ -44,14 +75,13 @@ def _measured(run, p: HeadTypeParams, step: int) -> pd.DataFrame:
                               pool=training_pool(run, loaded.tokenizer)[0])[0]
 
 
-def test_sweep_over_two_checkpoints_equals_two_single_runs(run, tmp_path):
-    out = tmp_path / "tel"
-    r = CliRunner().invoke(main, ["telemetry", str(run), "--out", str(out), *FLAGS, "--concept-threshold", "0.1"])
-    assert r.exit_code == 0, r.output
+def test_sweep_over_two_checkpoints_equals_two_single_runs(run, swept):
+    out = swept
     folder = out / "head_types"
     both = pd.read_csv(folder / "run_scores.csv")
     p = HeadTypeParams(**{**FAST, "concept_threshold": 0.1})
-    single = pd.concat([_measured(run, p, s) for s in (0, 2)], ignore_index=True)
+    with one_thread():
+        single = pd.concat([_measured(run, p, s) for s in (0, 2)], ignore_index=True)
     assert sorted(set(both["step"])) == [0, 2]
     assert {"induction", "concept_copying", "token_copying", "cmr_distance", "crp_range"} <= set(both["score"])
     pd.testing.assert_frame_equal(both, single, check_exact=True)
@@ -75,7 +105,7 @@ from inductionlab.protocols.configs import HeadTypeParams
 from inductionlab.studies.spec import RunOptions
 from inductionlab.studies.telemetry import TelemetryConfig, run_telemetry
 
-cfg = TelemetryConfig(runs=(sys.argv[1],), head_types=HeadTypeParams(enabled=True, **%r))
+cfg = TelemetryConfig(runs=(sys.argv[1],), head_types=HeadTypeParams(enabled=True, concept_threshold=0.1, **%r))
 run_telemetry(cfg, sys.argv[2], RunOptions(progress=False, on_checkpoint=lambda key: os.kill(os.getpid(), signal.SIGKILL)))
 """
 
@@ -89,15 +119,13 @@ def _leaves(obj, path=()):
     return [(path, obj)]
 
 
-def test_a_sweep_killed_midway_resumes_to_the_results_of_an_uninterrupted_one(run, tmp_path):
+def test_a_sweep_killed_midway_resumes_to_the_results_of_an_uninterrupted_one(run, swept, tmp_path):
     """SIGKILL right after the first checkpoint's piece is written (a subprocess); the same command again
     loads that piece, computes the second, and every leaf of results.json but the timings and ``resumed``
     equals an uninterrupted sweep's, as does every table. One torch thread everywhere, as in the killed process."""
     import os
     import subprocess
     import sys
-
-    import torch
 
     from inductionlab.studies.engine import HEADER
 
@@ -109,15 +137,10 @@ def test_a_sweep_killed_midway_resumes_to_the_results_of_an_uninterrupted_one(ru
     assert first.is_file() and not (killed / "checkpoints" / "head_types" / "run" / "2.npz").exists()
     assert not (killed / "results.json").exists()
     before = (first.read_bytes(), first.stat().st_mtime_ns)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        full = tmp_path / "full"
-        for out in (full, killed):
-            r = CliRunner().invoke(main, ["telemetry", str(run), "--out", str(out), *FLAGS])
-            assert r.exit_code == 0, r.output
-    finally:
-        torch.set_num_threads(threads)
+    with one_thread():
+        r = CliRunner().invoke(main, ["telemetry", str(run), "--out", str(killed), *SWEPT])
+    assert r.exit_code == 0, r.output
+    full = swept
     assert (first.read_bytes(), first.stat().st_mtime_ns) == before          # loaded, not computed again
     a, b = (json.loads((d / "results.json").read_text()) for d in (full, killed))
     assert list(a)[:len(HEADER)] == list(HEADER) and a["kind"] == "telemetry"
