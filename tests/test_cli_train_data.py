@@ -311,10 +311,10 @@ def test_overwrite_means_start_afresh_in_telemetry_and_prepare(tmp_path):
     out = tmp_path / "t"
     out.mkdir()
     (out / "old.txt").write_text("x")
-    _refused(["telemetry", run, "--out", out], "pass a new --out or --overwrite", tmp_path)
+    _refused(["telemetry", run, "--out", out], "use a new --out or --overwrite", tmp_path)
     r = CliRunner().invoke(main, ["telemetry", str(run), "--out", str(out), "--overwrite"])
     assert r.exit_code == 0, r.output
-    assert not (out / "old.txt").exists() and (out / "telemetry.json").is_file()
+    assert not (out / "old.txt").exists() and (out / "results.json").is_file()
     (tmp_path / "c.txt").write_text("\n\n".join(f"paragraph {i} with some words" for i in range(60)))
     _refused(["corpus", "prepare", tmp_path / "c.txt", "--out", out, "--vocab-size", "300"],
              "pass a new --out or --overwrite", tmp_path)

@@ -1,9 +1,11 @@
-"""Head types over training (`inductionlab telemetry --head-types`): a sweep equals per-checkpoint runs bit for
-bit, a too-small word pool is recorded rather than fatal, and the transition table, CMR-like share and
-induction concentration on hand-made tables."""
+"""Head types over training (`inductionlab telemetry --head-types`, the study `telemetry`): a sweep equals
+per-checkpoint measures bit for bit, a sweep killed midway resumes to the same results, a too-small word pool is
+recorded rather than fatal, and the transition table, CMR-like share and induction concentration on hand-made
+tables."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -13,10 +15,15 @@ from click.testing import CliRunner
 
 from inductionlab.cli import main
 from inductionlab.protocols.training_head_types import (HeadTypeParams, cmr_share, compare_runs, concentration,
-                                                        sweep, transition_table)
+                                                        measure_checkpoint, transition_table)
+from inductionlab.studies.telemetry.study import RunProbe, sweep_rows, training_pool
 from test_train_helpers import tiny_trained_run
 
 FAST = dict(seq_len=12, batch_size=2, n_words=4, n_attention=4, word_pool=2000, n_exps=1, n_starts=2)
+FLAGS = ["--head-types", "--head-types-seq-len", "12", "--head-types-batch", "2", "--head-types-words", "4",
+         "--head-types-attention-prompts", "4", "--head-types-word-pool", "2000", "--head-types-cmr-runs", "1",
+         "--head-types-cmr-starts", "2"]                 # FAST as options
+SWEPT = [*FLAGS, "--concept-threshold", "0.1"]        # the module's sweep (the `swept` fixture)
 
 
 @pytest.fixture(scope="module")
@@ -24,23 +31,57 @@ def run(tmp_path_factory):
     return tiny_trained_run(tmp_path_factory.mktemp("ht"))[1]
 
 
+def _cache_dir(tmp_path_factory) -> str:               # the CMR grid is cached here, not in the user's cache
+    return str(tmp_path_factory.getbasetemp() / "cache")
+
+
 @pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):          # the CMR grid is cached here, not in the user's cache
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", _cache_dir(tmp_path_factory))
 
 
-def test_sweep_over_two_checkpoints_equals_two_single_runs(run, tmp_path):
-    out = tmp_path / "tel"
-    r = CliRunner().invoke(main, ["telemetry", str(run), "--out", str(out), "--head-types",
-                                  "--head-types-seq-len", "12", "--head-types-batch", "2", "--head-types-words", "4",
-                                  "--head-types-attention-prompts", "4", "--head-types-word-pool", "2000",
-                                  "--head-types-cmr-runs", "1", "--head-types-cmr-starts", "2",
-                                  "--concept-threshold", "0.1"])
+@contextlib.contextmanager
+def one_thread():
+    """One torch thread, as a process under OMP_NUM_THREADS=1: float sums in the same order in this process and
+    in a subprocess, so their scores are bit-equal."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def swept(run, tmp_path_factory):
+    """``telemetry RUN --out OUT SWEPT`` on one torch thread, uninterrupted: OUT."""
+    out = tmp_path_factory.mktemp("swept") / "tel"
+    with pytest.MonkeyPatch.context() as mp, one_thread():
+        mp.setenv("XDG_CACHE_HOME", _cache_dir(tmp_path_factory))
+        r = CliRunner().invoke(main, ["telemetry", str(run), "--out", str(out), *SWEPT])
     assert r.exit_code == 0, r.output
+    return out
+
+
+def _measured(run, p: HeadTypeParams, step: int) -> pd.DataFrame:
+    """One checkpoint measured on its own: loaded here, random tokens from the run's training split."""
+    from inductionlab.core.models import load_model
+    from inductionlab.runtime.run_dir import TrainRun
+
+    loaded = load_model(next(c.path for c in TrainRun(run).checkpoints() if c.step == step), dtype="float32")
+    return measure_checkpoint(loaded.model, loaded.tokenizer, p, step=step,
+                              pool=training_pool(run, loaded.tokenizer)[0])[0]
+
+
+def test_sweep_over_two_checkpoints_equals_two_single_runs(run, swept):
+    out = swept
     folder = out / "head_types"
     both = pd.read_csv(folder / "run_scores.csv")
     p = HeadTypeParams(**{**FAST, "concept_threshold": 0.1})
-    single = pd.concat([sweep(run, p, steps=[s])[0] for s in (0, 2)], ignore_index=True)
+    with one_thread():
+        single = pd.concat([_measured(run, p, s) for s in (0, 2)], ignore_index=True)
     assert sorted(set(both["step"])) == [0, 2]
     assert {"induction", "concept_copying", "token_copying", "cmr_distance", "crp_range"} <= set(both["score"])
     pd.testing.assert_frame_equal(both, single, check_exact=True)
@@ -53,15 +94,75 @@ def test_sweep_over_two_checkpoints_equals_two_single_runs(run, tmp_path):
         assert (folder / f).is_file(), f
     conc = pd.read_csv(folder / "run_concentration.csv")
     assert conc["n_heads"].tolist() == [8, 8] and (conc["effective_heads"] <= 8 + 1e-9).all()
-    assert "head_types" in json.loads((out / "telemetry.json").read_text())["results"]["run"]
+    rec = json.loads((out / "results.json").read_text())
+    assert rec["kind"] == "telemetry" and "head_types" in rec["results"]["run"]
+    assert sorted(p.name for p in (out / "checkpoints" / "head_types" / "run").iterdir()) == ["0.npz", "2.npz"]
+
+
+KILLED_AFTER_FIRST_PIECE = """
+import os, signal, sys
+from inductionlab.protocols.configs import HeadTypeParams
+from inductionlab.studies.spec import RunOptions
+from inductionlab.studies.telemetry import TelemetryConfig, run_telemetry
+
+cfg = TelemetryConfig(runs=(sys.argv[1],), head_types=HeadTypeParams(enabled=True, concept_threshold=0.1, **%r))
+run_telemetry(cfg, sys.argv[2], RunOptions(progress=False, on_checkpoint=lambda key: os.kill(os.getpid(), signal.SIGKILL)))
+"""
+
+
+def _leaves(obj, path=()):
+    """Every leaf of a JSON document as (path, value)."""
+    if isinstance(obj, dict):
+        return [x for k, v in obj.items() for x in _leaves(v, path + (k,))]
+    if isinstance(obj, list):
+        return [x for i, v in enumerate(obj) for x in _leaves(v, path + (i,))]
+    return [(path, obj)]
+
+
+def test_a_sweep_killed_midway_resumes_to_the_results_of_an_uninterrupted_one(run, swept, tmp_path):
+    """SIGKILL right after the first checkpoint's piece is written (a subprocess); the same command again
+    loads that piece, computes the second, and every leaf of results.json but the timings and ``resumed``
+    equals an uninterrupted sweep's, as does every table. One torch thread everywhere, as in the killed process."""
+    import os
+    import subprocess
+    import sys
+
+    from inductionlab.studies.engine import HEADER
+
+    killed = tmp_path / "killed"
+    p = subprocess.run([sys.executable, "-c", KILLED_AFTER_FIRST_PIECE % FAST, str(run), str(killed)],
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == -9, p.stderr
+    first = killed / "checkpoints" / "head_types" / "run" / "0.npz"
+    assert first.is_file() and not (killed / "checkpoints" / "head_types" / "run" / "2.npz").exists()
+    assert not (killed / "results.json").exists()
+    before = (first.read_bytes(), first.stat().st_mtime_ns)
+    with one_thread():
+        r = CliRunner().invoke(main, ["telemetry", str(run), "--out", str(killed), *SWEPT])
+    assert r.exit_code == 0, r.output
+    full = swept
+    assert (first.read_bytes(), first.stat().st_mtime_ns) == before          # loaded, not computed again
+    a, b = (json.loads((d / "results.json").read_text()) for d in (full, killed))
+    assert list(a)[:len(HEADER)] == list(HEADER) and a["kind"] == "telemetry"
+    assert (a["resumed"], b["resumed"]) == (False, True)
+    same = lambda rec: [x for x in _leaves(rec) if x[0][0] not in ("timings", "resumed")]   # noqa: E731
+    assert same(a) == same(b) and len(same(a)) > 100
+    assert a["results"]["run"]["head_types"]["files"] == b["results"]["run"]["head_types"]["files"]
+    for f in sorted((full / "head_types").glob("*.csv")) + sorted((full / "head_types").glob("*.json")):
+        assert f.read_bytes() == (killed / "head_types" / f.name).read_bytes(), f.name
+    scores = pd.read_csv(killed / "head_types" / "run_scores.csv")
+    assert sorted(set(scores["step"])) == [0, 2] and len(scores) == 2 * len(scores[scores["step"] == 0])
 
 
 def test_too_small_word_pool_is_recorded_not_fatal(run):
-    tidy, notes = sweep(run, HeadTypeParams(**{**FAST, "word_pool": 3}), steps=[0])
-    assert notes[0]["dual_route"].startswith("not computed: only ")
+    from inductionlab.runtime.run_dir import TrainRun
+
+    ckpt = TrainRun(run).checkpoints()[0]
+    tidy, notes = sweep_rows({ckpt.step: RunProbe(run, HeadTypeParams(**{**FAST, "word_pool": 3})).measure(ckpt)})
+    assert notes[ckpt.step]["dual_route"].startswith("not computed: only ")
     assert "concept_copying" not in set(tidy["score"])
     assert {"induction", "cmr_distance"} <= set(tidy["score"]) and len(tidy[tidy["score"] == "induction"]) == 8
-    assert notes[0]["pool"].startswith("training split")
+    assert notes[ckpt.step]["pool"].startswith("training split")
 
 
 def test_random_tokens_come_from_the_training_split(run, tmp_path):
@@ -71,7 +172,6 @@ def test_random_tokens_come_from_the_training_split(run, tmp_path):
 
     from inductionlab.core.models import load_model
     from inductionlab.data.shards import TokenShards
-    from inductionlab.protocols.training_head_types import measure_checkpoint, training_pool
     from inductionlab.runtime.run_dir import TrainRun
 
     p = HeadTypeParams(**FAST)
@@ -82,7 +182,7 @@ def test_random_tokens_come_from_the_training_split(run, tmp_path):
     want = TokenShards.open(data).token_pool(exclude_ids=loaded.tokenizer.all_special_ids)
     assert note == f"training split ({data})" and pool.tolist() == want.tolist()
     assert len(pool) < loaded.model.config.vocab_size
-    swept = sweep(run, p, steps=[ckpt.step])[0]
+    swept = sweep_rows({ckpt.step: RunProbe(run, p).measure(ckpt)})[0]
     given = measure_checkpoint(loaded.model, loaded.tokenizer, p, step=ckpt.step, pool=pool)[0]
     whole = measure_checkpoint(loaded.model, loaded.tokenizer, p, step=ckpt.step)[0]
     pd.testing.assert_frame_equal(swept, given, check_exact=True)
@@ -95,7 +195,8 @@ def test_random_tokens_come_from_the_training_split(run, tmp_path):
     r["config"]["data"] = str(tmp_path / "gone")
     rec.write_text(json.dumps(r))
     assert training_pool(moved, loaded.tokenizer)[0] is None
-    assert "not here" in sweep(moved, p, steps=[ckpt.step])[1][ckpt.step]["pool"]
+    moved_ckpt = TrainRun(moved).checkpoints()[-1]
+    assert "not here" in str(RunProbe(moved, p).measure(moved_ckpt)["pool"])
 
 
 def _tidy(values: dict[str, dict[tuple[int, int], list[float]]], steps=(0, 10, 20)) -> pd.DataFrame:
@@ -179,10 +280,7 @@ def test_telemetry_of_two_runs_compares_their_head_types(run, tmp_path):
     twin = tmp_path / "twin"
     shutil.copytree(run, twin)
     out = tmp_path / "tel2"
-    r = CliRunner().invoke(main, ["telemetry", str(run), str(twin), "--out", str(out), "--head-types",
-                                  "--head-types-seq-len", "12", "--head-types-batch", "2", "--head-types-words", "4",
-                                  "--head-types-attention-prompts", "4", "--head-types-word-pool", "2000",
-                                  "--head-types-cmr-runs", "1", "--head-types-cmr-starts", "2"])
+    r = CliRunner().invoke(main, ["telemetry", str(run), str(twin), "--out", str(out), *FLAGS])
     assert r.exit_code == 0, r.output
     folder = out / "head_types"
     per_run = pd.read_csv(folder / "comparison.csv")
@@ -192,7 +290,7 @@ def test_telemetry_of_two_runs_compares_their_head_types(run, tmp_path):
     tidy = pd.read_csv(folder / "twin_scores.csv")
     last = tidy[(tidy["step"] == tidy["step"].max()) & (tidy["score"] == "induction")]["value"]
     assert per_run.loc[1, "max_induction"] == pytest.approx(last.max())
-    rec = json.loads((out / "telemetry.json").read_text())["head_types_comparison"]
+    rec = json.loads((out / "results.json").read_text())["head_types_comparison"]
     assert len(rec["per_run"]) == 2 and rec["files"] == ["comparison.csv", "comparison_by_group.csv", "comparison.png"]
 
 

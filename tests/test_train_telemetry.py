@@ -156,7 +156,9 @@ def test_telemetry_command(tmp_path):
     r = CliRunner().invoke(main, ["telemetry", str(tmp_path / "base"), str(tmp_path / "bi"), "--out",
                                   str(tmp_path / "cmp")])
     assert r.exit_code == 0, r.output
-    rep = json.loads((tmp_path / "cmp" / "telemetry.json").read_text())["results"]
+    rec = json.loads((tmp_path / "cmp" / "results.json").read_text())
+    assert rec["kind"] == "telemetry" and rec["model"]["source"] == "checkpoints of the training runs"
+    rep = rec["results"]
     # bi: max induction 0.05 + 0.8 * 2/8 = 0.25 at step 2, 0.85 at step 8 -> emerges (> 0.4) at step 8
     assert rep["bi"]["emergence_step"] == 8 and rep["base"]["emergence_step"] is None
     assert rep["bi"]["final"]["induction"]["max"] == pytest.approx(0.85)

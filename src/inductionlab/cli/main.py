@@ -148,9 +148,10 @@ def main() -> None:
         hf_logging.disable_progress_bar()
 
 
-# Sub-commands: the hand-written families (corpus, curriculum, train, telemetry, lm-eval) live next to the API they
+# Sub-commands: the hand-written families (corpus, curriculum, train, lm-eval) live next to the API they
 # wrap; every study's command is generated from its spec (studies/<name>/config.py), so a new study folder
-# is a new command with no code here. Registered explicitly (no import cycle: those modules never import this one).
+# is a new command with no code here — except where a hand-written command of the same name fronts the spec
+# (telemetry: its runs are positional arguments, which a generated command has not). Registered explicitly (no import cycle: those modules never import this one).
 def _register() -> None:
     from ..studies.spec import specs
     from . import data as cli_data, lm_eval as cli_lm_eval, train as cli_train
@@ -166,7 +167,8 @@ def _register() -> None:
             if g not in parent.commands:
                 parent.add_command(click.Group(g, help=_GROUP_HELP.get(g)))
             parent = parent.commands[g]
-        parent.add_command(study_command(spec, name))
+        if name not in parent.commands:     # a hand-written command fronts its spec (telemetry: RUN... arguments)
+            parent.add_command(study_command(spec, name))
 
 
 _GROUP_HELP = {"study": "Multi-protocol studies that reproduce a paper's experimental design on one model."}

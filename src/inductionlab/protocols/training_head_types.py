@@ -2,8 +2,9 @@
 induction score, concept / token induction scores and attention CRP with its CMR fit; then which heads cross
 each type's threshold and in what order, the CMR-like share per layer, and how concentrated induction is.
 
-Per checkpoint (:func:`measure_checkpoint`, one model state; every draw seeded by ``seed`` alone, so a
-checkpoint's values do not depend on which other checkpoints are swept):
+Per checkpoint (:func:`checkpoint_scores`, one model state; every draw seeded by ``seed`` alone, so a
+checkpoint's values do not depend on which other checkpoints are swept; the sweep over a run's checkpoints, which
+reads them from disk, is the ``telemetry`` study's: :mod:`inductionlab.studies.telemetry`):
 
 * ``induction``: :func:`~inductionlab.core.scores.compute_head_scores` on ``[BOS] S S`` (SPEC §3);
 * ``concept_copying``, ``token_copying``, ``concept_attention``, ``token_attention``: the dual-route scores
@@ -28,7 +29,6 @@ of the positive induction total held by the top k heads, and the effective numbe
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -47,9 +47,12 @@ def _crp_window(profile: np.ndarray, r: int = 5) -> np.ndarray:
     return profile[..., m - r:m + r + 1]
 
 
-def _tidy(step: int, scores: dict[str, np.ndarray]) -> list[dict]:
-    return [{"step": int(step), "layer": l, "head": h, "score": name, "value": float(grid[l, h])}
-            for name, grid in scores.items() for l in range(grid.shape[0]) for h in range(grid.shape[1])]
+def tidy(step: int, scores: dict[str, np.ndarray]) -> pd.DataFrame:
+    """The tidy rows ``step, layer, head, score, value`` of one checkpoint's ``{score: [n_layers, n_heads]}``
+    grids: by score (in the dict's order), then layer, then head."""
+    return pd.DataFrame([{"step": int(step), "layer": l, "head": h, "score": name, "value": float(grid[l, h])}
+                         for name, grid in scores.items() for l in range(grid.shape[0]) for h in range(grid.shape[1])],
+                        columns=["step", "layer", "head", "score", "value"])
 
 
 def route_prompts(tokenizer, vocab_size: int, params: HeadTypeParams, pool: np.ndarray | None = None):
@@ -68,17 +71,29 @@ def route_prompts(tokenizer, vocab_size: int, params: HeadTypeParams, pool: np.n
 
 def measure_checkpoint(model, tokenizer, params: HeadTypeParams, step: int = 0, prompts=None,
                        pool: np.ndarray | None = None) -> tuple[pd.DataFrame, dict]:
+    """Every head type score of one model state, as tidy rows (:func:`tidy` of :func:`checkpoint_scores`).
+
+    Returns: (tidy rows ``step, layer, head, score, value``; notes ``{"dual_route": "computed" | "not computed:
+    <reason>"}``)."""
+    scores, notes = checkpoint_scores(model, tokenizer, params, prompts, pool)
+    return tidy(step, scores), notes
+
+
+def checkpoint_scores(model, tokenizer, params: HeadTypeParams, prompts=None, pool: np.ndarray | None = None
+                      ) -> tuple[dict[str, np.ndarray], dict]:
     """Every head type score of one model state.
 
     Args:
         model: a causal LM (``[n_layers, n_heads]`` query heads); tokenizer: its tokenizer.
         prompts: :func:`route_prompts` of this tokenizer and ``params`` when already built (a sweep builds
             them once: drawing words tokenizes wordfreq's list); None: built here.
-        pool: the ids random tokens are drawn from (the training split's, :func:`training_pool`); None: the
+        pool: the ids random tokens are drawn from (the training split's:
+            :func:`inductionlab.studies.telemetry.study.training_pool`); None: the
             tokenizer's ordinary ids.
 
-    Returns: (tidy rows ``step, layer, head, score, value``; notes ``{"dual_route": "computed" | "not computed:
-    <reason>"}``).
+    Returns: (``{score: float64 [n_layers, n_heads]}``: ``induction``, the four :data:`ROUTE_NAMES` when the
+    dual-route prompts were built, the five :data:`CMR_NAMES`, in that order; notes ``{"dual_route": "computed" |
+    "not computed: <reason>"}``).
 
     Raises:
         InductionLabError: what the induction score or the attention CRP refuse (e.g. a sequence longer than
@@ -103,62 +118,7 @@ def measure_checkpoint(model, tokenizer, params: HeadTypeParams, step: int = 0, 
     scores.update({"cmr_distance": cmr["distance"], "cmr_beta_enc": cmr["beta_enc"],
                    "cmr_beta_rec": cmr["beta_rec"], "cmr_gamma_ft": cmr["gamma_ft"],
                    "crp_range": np.ptp(_crp_window(cmr["profile"]), axis=-1)})
-    return pd.DataFrame(_tidy(step, scores)), notes
-
-
-def training_pool(run_dir, tokenizer) -> tuple[np.ndarray | None, str]:
-    """The ids a run's training split uses (:meth:`~inductionlab.data.shards.TokenShards.token_pool`, minus the
-    tokenizer's special ids), read from the shards its record names, as the training telemetry draws its probe
-    tokens (traps.md: drawing from the whole vocabulary understates a small model's scores 2–3×). Returns
-    ``(pool | None, note)``: None, with the reason, when the record names no shards or they are not there (the
-    scores then draw from the whole vocabulary)."""
-    from pathlib import Path
-
-    from ..data.shards import TokenShards
-    from ..runtime.run_dir import TrainRun
-
-    data = (TrainRun(run_dir).record.get("config") or {}).get("data")
-    if not data or not Path(data).is_dir():
-        return None, f"vocabulary (the training shards {data!r} are not here)"
-    special = [int(i) for i in getattr(tokenizer, "all_special_ids", [])]
-    return TokenShards.open(data).token_pool(exclude_ids=special), f"training split ({data})"
-
-
-def sweep(run_dir, params: HeadTypeParams, steps: Sequence[int] | None = None, progress=None
-          ) -> tuple[pd.DataFrame, dict[int, dict]]:
-    """:func:`measure_checkpoint` at every complete checkpoint of a training run (or those of ``steps``), each
-    loaded in float32 on the CPU, with random tokens drawn from the training split's ids (:func:`training_pool`;
-    the note ``pool`` says which).
-
-    Returns: (tidy rows of all checkpoints, by step; ``{step: notes}``).
-
-    Raises:
-        InductionLabError: no complete checkpoint, or a step in ``steps`` without one."""
-    from ..core.models import load_model
-    from ..runtime.run_dir import TrainRun
-
-    ckpts = TrainRun(run_dir).checkpoints()
-    if steps is not None:
-        have = {c.step for c in ckpts}
-        missing = sorted(set(steps) - have)
-        if missing:
-            raise InductionLabError(f"{run_dir} has no complete checkpoint at step(s) {missing}; pick among "
-                                    f"{sorted(have)}")
-        ckpts = [c for c in ckpts if c.step in set(steps)]
-    if not ckpts:
-        raise InductionLabError(f"{run_dir} has no complete checkpoint; pass a run written by `inductionlab train`")
-    frames, notes, prompts = [], {}, None
-    for c in ckpts:
-        loaded = load_model(c.path, dtype="float32")
-        if prompts is None:           # one tokenizer per run: the same pool and prompts at every checkpoint
-            pool, source = training_pool(run_dir, loaded.tokenizer)
-            prompts = route_prompts(loaded.tokenizer, loaded.model.config.vocab_size, params, pool)
-        df, n = measure_checkpoint(loaded.model, loaded.tokenizer, params, step=c.step, prompts=prompts, pool=pool)
-        frames.append(df)
-        notes[c.step] = {**n, "pool": source}
-        if progress:
-            progress(1)
-    return pd.concat(frames, ignore_index=True), notes
+    return scores, notes
 
 
 def _crossed(values: pd.Series, threshold: float, direction: str) -> pd.Series:
@@ -222,7 +182,7 @@ def compare_runs(runs: dict[str, tuple[str, pd.DataFrame]], top_k: int = 5,
     """Head types of several training runs side by side, at each run's last swept checkpoint.
 
     Args:
-        runs: ``{run name: (group, tidy rows of :func:`sweep`)}``; the group is the arm a run belongs to (e.g. its
+        runs: ``{run name: (group, tidy rows of :func:`tidy`, checkpoints concatenated)}``; the group is the arm a run belongs to (e.g. its
             curriculum variant), the unit the second table averages over.
 
     Returns:
@@ -265,5 +225,5 @@ def compare_runs(runs: dict[str, tuple[str, pd.DataFrame]], top_k: int = 5,
     return per_run, by_group
 
 
-__all__ = ["HeadTypeParams", "ROUTE_NAMES", "CMR_NAMES", "route_prompts", "measure_checkpoint", "training_pool", "sweep", "transition_table",
-           "cmr_share", "concentration", "compare_runs"]
+__all__ = ["HeadTypeParams", "ROUTE_NAMES", "CMR_NAMES", "route_prompts", "measure_checkpoint", "checkpoint_scores",
+           "tidy", "transition_table", "cmr_share", "concentration", "compare_runs"]

@@ -660,8 +660,8 @@ def head_type_plot(tidy: pd.DataFrame, score: str, threshold: float, direction: 
     """One head type over training: left, heads past ``threshold`` per layer over checkpoints (``direction``
     ``">="`` or ``"<"``); right, the score as a heat map, heads (layer-major, y) × checkpoints (x).
 
-    ``tidy``: rows (step, layer, head, score, value) of
-    :func:`inductionlab.protocols.training_head_types.sweep`."""
+    ``tidy``: rows (step, layer, head, score, value) of a run's checkpoints
+    (:func:`inductionlab.studies.telemetry.study.sweep_rows`)."""
     g = tidy[tidy["score"] == score].copy()
     g["past"] = (g["value"] < threshold) if direction == "<" else (g["value"] >= threshold)
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
