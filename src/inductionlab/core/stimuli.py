@@ -95,24 +95,78 @@ def seed_for(*parts: int) -> int:
 WORD_LENGTHS = (2, 3, 4, 5)
 
 
+def _word_splits(tokenizer, lengths: Sequence[int], top_n: int, prefix: str = " ", lang: str = "en"):
+    """``(word, ids)`` for wordfreq's ``top_n`` most frequent words (alphabetic ASCII), most frequent first, each
+    encoded as ``prefix + word`` without special tokens, when it splits into one of ``lengths`` tokens."""
+    from wordfreq import top_n_list
+
+    want = {int(n) for n in lengths}
+    for w in top_n_list(lang, int(top_n)):
+        if not (w.isascii() and w.isalpha()):
+            continue
+        ids = tuple(tokenizer.encode(prefix + w, add_special_tokens=False))
+        if len(ids) in want:
+            yield w, ids
+
+
 def multi_token_words(tokenizer, *, lengths: Sequence[int] = WORD_LENGTHS,
                       top_n: int = 50_000) -> dict[int, list[tuple[int, ...]]]:
     """Multi-token words of the tokenizer: wordfreq's ``top_n`` most frequent English words (alphabetic ASCII),
     each encoded with a leading space and no special tokens, kept when it splits into one of ``lengths`` tokens.
 
     Returns: ``{length: [token ids, ...]}`` in frequency order (distinct id tuples)."""
-    from wordfreq import top_n_list
-
-    want = {int(n) for n in lengths}
-    out: dict[int, list[tuple[int, ...]]] = {n: [] for n in sorted(want)}
+    out: dict[int, list[tuple[int, ...]]] = {n: [] for n in sorted({int(n) for n in lengths})}
     seen = set()
-    for w in top_n_list("en", int(top_n)):
-        if not (w.isascii() and w.isalpha()):
-            continue
-        ids = tuple(tokenizer.encode(" " + w, add_special_tokens=False))
-        if len(ids) in want and ids not in seen:
+    for _, ids in _word_splits(tokenizer, lengths, top_n):
+        if ids not in seen:
             seen.add(ids)
             out[len(ids)].append(ids)
+    return out
+
+
+@dataclass(frozen=True)
+class TokenWord:
+    """A word of one or more tokens in the model's tokenizer (in the form used in the lists): ``ids`` its tokens."""
+    text: str
+    ids: tuple[int, ...]
+    zipf: float
+
+
+def word_pool(tokenizer, n: int, *, lengths: Sequence[int], prefix: str = " ", top_n: int = 50_000,
+              min_length: int = 2, lang: str = "en") -> list[TokenWord]:
+    """``n`` common English words of ``lengths`` tokens (with ``prefix``) for the lag probe's lists, balanced over
+    the lengths (``n // k`` per length, the shortest ``n mod k`` lengths one more), most frequent first within a
+    length, with **distinct first tokens** (so a first token's probability names one word), no special token,
+    alphabetic and at least ``min_length`` letters. Words from :func:`_word_splits` (wordfreq, as
+    :func:`multi_token_words`); the vocabulary is never scraped. ``lengths == (1,)`` gives the words of
+    :func:`single_token_words`.
+
+    Returns: the words, most frequent first over all lengths.
+
+    Raises:
+        InductionLabError: a length with fewer qualifying words than its share (one line naming the fixes)."""
+    from wordfreq import zipf_frequency
+
+    lengths = sorted({int(x) for x in lengths})
+    quota = dict(zip(lengths, _per_length(int(n), lengths)))
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    got = {k: 0 for k in lengths}
+    out, first = [], set()
+    for w, ids in _word_splits(tokenizer, lengths, top_n, prefix, lang):
+        k = len(ids)
+        if len(w) < min_length or got[k] >= quota[k] or ids[0] in first or special.intersection(ids):
+            continue
+        first.add(ids[0])
+        got[k] += 1
+        out.append(TokenWord(w, ids, zipf_frequency(w, lang)))
+        if len(out) >= n:
+            break
+    short = [k for k in lengths if got[k] < quota[k]]
+    if short:
+        k = short[0]
+        raise InductionLabError(f"word pool too small: only {got[k]} words of {k} tokens with distinct first tokens "
+                                f"among wordfreq's top {top_n:,} under this tokenizer, {quota[k]} needed; use a "
+                                "shorter --list-length or other --word-tokens")
     return out
 
 
