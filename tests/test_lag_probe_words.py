@@ -26,10 +26,9 @@ INTACT = Condition("intact", "intact")
 ABLATED = Condition("ablated", "induction", k=2, heads=[(1, 0), (0, 1)])
 
 
-@pytest.fixture(scope="module")
-def bpe_tokenizer():
-    """A byte-level BPE of 600 ids trained on wordfreq's top words: common words are 1-4 tokens, the leading
-    space folded into the first (as GPT-2 / SmolLM2)."""
+def train_bpe(vocab_size: int):
+    """A byte-level BPE of ``vocab_size`` ids trained on wordfreq's top words: common words are 1-5 tokens, the
+    leading space folded into the first (as GPT-2 / SmolLM2)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from wordfreq import top_n_list
@@ -39,8 +38,15 @@ def bpe_tokenizer():
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
     tk.train_from_iterator([" " + w for w in words], trainers.BpeTrainer(
-        vocab_size=600, special_tokens=["<bos>", "<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        vocab_size=vocab_size, special_tokens=["<bos>", "<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>")
+
+
+@pytest.fixture(scope="module")
+def bpe_tokenizer():
+    """600 ids: most common words split into 2-4 tokens."""
+    return train_bpe(600)
 
 
 def loaded(arch, tok):
@@ -60,6 +66,26 @@ def test_word_pool_lengths_balance_and_distinct_first_tokens(bpe_tokenizer):
     assert len({w.ids[0] for w in pool}) == 30
     for w in pool:    # the ids are the word's own tokenisation with the list's leading space
         assert tuple(bpe_tokenizer.encode(" " + w.text, add_special_tokens=False)) == w.ids
+
+
+def test_a_length_short_of_its_share_leaves_the_rest_to_the_others():
+    from wordfreq import top_n_list
+
+    tok = train_bpe(3000)                 # a larger vocabulary: few words of 4 tokens
+    first, c4 = set(), 0                  # every 4-token word with a new first token, counted by hand
+    for w in top_n_list("en", 5000):
+        if w.isascii() and w.isalpha() and len(w) >= 2:
+            ids = tok.encode(" " + w, add_special_tokens=False)
+            if len(ids) == 4 and ids[0] not in first:
+                first.add(ids[0])
+                c4 += 1
+    assert 5 <= c4 < 60
+    n = 2 * c4 + 40                       # shares c4 + 20 each: four-token words fall 20 short
+    pool = word_pool(tok, n, lengths=(2, 4), top_n=5000)
+    lengths = [len(w.ids) for w in pool]
+    assert len(pool) == n and lengths.count(4) == c4 and lengths.count(2) == n - c4
+    assert len({w.ids[0] for w in pool}) == n
+    assert [w.zipf for w in pool] == sorted((w.zipf for w in pool), reverse=True)   # most frequent first
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
@@ -141,8 +167,10 @@ def test_run_records_both_readings(bpe_tokenizer):
 
 def test_a_pool_too_small_is_refused(word_tokenizer, bpe_tokenizer):
     lm = loaded("llama", word_tokenizer)            # every word one token: none of 2-4
-    with pytest.raises(InductionLabError, match=r"word pool too small.*2 tokens.*--list-length.*--word-tokens"):
+    with pytest.raises(InductionLabError, match=r"no words of 2 tokens.*--word-tokens"):
         build_trials(lm, config())
+    with pytest.raises(InductionLabError, match=r"word pool too small.*--list-length.*--word-tokens"):
+        build_trials(loaded("llama", bpe_tokenizer), config(list_length=1000))
     with pytest.raises(InductionLabError, match="word pool too small: only"):
         word_pool(bpe_tokenizer, 3000, lengths=(4,), top_n=5000)
 
