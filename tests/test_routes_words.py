@@ -66,7 +66,8 @@ def test_r2w_is_decided_on_the_whole_word_and_left_out_when_not_run():
     base = {"copy_p_first_nonsense": 0.5 + jitter, "lag_plus1": 0.3 + jitter, "lag_enrichment": 1.0 + jitter,
             "icl_benefit": 0.2 + jitter}
     words = {"lag_word_plus1": 0.2 + jitter, "lag_first_enrichment": 0.5 + jitter}
-    lower = {"concept_copying-2": {"lag_word_plus1": 0.05}, "induction-excl-concept_copying-2": {"lag_word_plus1": 0.01}}
+    lower = {"concept_copying-2": {"lag_word_plus1": 0.05},
+             "induction-excl-concept_copying-2": {"lag_word_plus1": 0.01}}
 
     def values(name, with_words=True):
         src = base | (words if with_words else {})

@@ -344,17 +344,20 @@ def word_trials(loaded: LoadedModel, cfg: LagProbeConfig, pool: list[TokenWord],
                                 "use a shorter --list-length or --word-tokens")
     n = len(ids)
     return Trials({"ids": torch.tensor(ids), "list_ids": torch.tensor(firsts), "word_ids": torch.tensor(toks),
-                   "word_len": torch.tensor(lens), "sep": torch.tensor([stim.sep_ids] * n, dtype=torch.long).reshape(n, -1),
+                   "word_len": torch.tensor(lens),
+                   "sep": torch.tensor([stim.sep_ids] * n, dtype=torch.long).reshape(n, -1),
                    "cue_start": torch.full((n,), S, dtype=torch.long)}, [w.text for w in pool])
 
 
-#: bytes of float32 logits one packed multi-token forward may hold (bounds the cues per chunk)
-WORD_LOGIT_BYTES = 1 << 30
+#: bytes of float32 logits one packed multi-token forward may hold (bounds the cues per chunk; SmolLM2, 8 lists,
+#: words of 2-4 tokens, 5 scored lags: 25 MB per cue, so 51 cues in one forward)
+WORD_LOGIT_BYTES = 2 << 30
 
 
 def word_chunk(b: int, list_tokens: int, cfg: LagProbeConfig, M: int, s: int, vocab: int) -> int:
-    """Cues per packed multi-token forward: the cue tokens at most the list's (:func:`~inductionlab.protocols.packed.cue_chunk`)
-    and the logits read at most :data:`WORD_LOGIT_BYTES` (``cfg.cue_chunk`` overrides both)."""
+    """Cues per packed multi-token forward: the cue tokens at most the list's
+    (:func:`~inductionlab.protocols.packed.cue_chunk`) and the logits read at most :data:`WORD_LOGIT_BYTES`
+    (``cfg.cue_chunk`` overrides both)."""
     K = len(cfg.word_lag_list())
     per_cue = 2 * s + M + K * (M - 1)
     reads = 1 + K * (M - 1)
@@ -388,12 +391,16 @@ def measure_words(model, batch: dict[str, torch.Tensor], cfg: LagProbeConfig, la
         logits = word_cue_logits(model, batch["ids"], words, wlen, sep, cues, lags)   # [b, n, 1 + K(M-1), V]
         n = len(cues)
         first = logits[:, :, 0]
-        for j in range(0, n, _SOFTMAX_CUES):
+        lse = []
+        for j in range(0, n, _SOFTMAX_CUES):                                       # bounded copies of the logits
             part = torch.softmax(first[:, j:j + _SOFTMAX_CUES], dim=-1)
             pl, mass, col = _read(part, lst, torch.tensor(cues[j:j + _SOFTMAX_CUES], device=dev))
             pls.append(pl), masses.append(mass), cols.append(col)
-        logp = torch.log_softmax(logits, dim=-1)                                   # [b, n, R, V]
-        del logits
+            lse.append(torch.logsumexp(logits[:, j:j + _SOFTMAX_CUES], dim=-1))
+        lse = torch.cat(lse, 1)                                                    # [b, n, R]
+
+        def logp(rows: slice, ids: torch.Tensor) -> torch.Tensor:                 # log p of ids [b, n, r]
+            return logits[:, :, rows].gather(-1, ids[..., None]).squeeze(-1) - lse[:, :, rows]
         cue_t = torch.tensor(cues, device=dev)
         for kk, k in enumerate(lags):
             j = cue_t + k                                                          # [n] 1-based target
@@ -401,13 +408,12 @@ def measure_words(model, batch: dict[str, torch.Tensor], cfg: LagProbeConfig, la
             ji = torch.where(ok, j, cue_t) - 1
             tgt = words[:, ji]                                                     # [b, n, M]
             tl = wlen[:, ji]                                                       # [b, n]
-            lp = logp[:, :, 0].gather(-1, tgt[:, :, :1]).squeeze(-1)               # first token
-            if M > 1:
-                rows = logp[:, :, 1 + kk * (M - 1): 1 + (kk + 1) * (M - 1)]        # [b, n, M-1, V]
-                more = rows.gather(-1, tgt[:, :, 1:, None]).squeeze(-1)            # [b, n, M-1]
+            lp = logp(slice(0, 1), tgt[:, :, :1])[..., 0]                          # first token, [b, n]
+            if M > 1:                                                              # the branch's M-1 reads
+                more = logp(slice(1 + kk * (M - 1), 1 + (kk + 1) * (M - 1)), tgt[:, :, 1:])   # [b, n, M-1]
                 lp = lp + torch.where(ar[None, None] < (tl[:, :, None] - 1), more, torch.zeros_like(more)).sum(-1)
             wlps.append(torch.where(ok[None], lp, torch.full_like(lp, float("nan"))).float())
-        del logp
+        del logits
     pl, mass, col = torch.cat(pls, 1), torch.cat(masses, 1), torch.cat(cols, 1)
     n_chunks = -(-len(run) // chunk)
     wl = torch.stack([torch.cat([wlps[c * K + kk] for c in range(n_chunks)], 1) for kk in range(K)], -1)   # [b, n, K]

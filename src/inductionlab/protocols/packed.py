@@ -138,8 +138,8 @@ def packed_word_batch(model, ids: torch.Tensor, word_ids: torch.Tensor, word_len
     Returns:
         ``(kwargs, readout)``: ``input_ids`` ``[b, T']``, ``attention_mask`` additive ``[b, 1, T', T']`` (a dict by
         layer type with sliding-window layers), ``position_ids`` ``[b, T']``; ``readout`` LongTensor
-        ``[n·(1 + K·(M−1))]``: per cue its last token, then per lag the branch's ``M − 1`` tokens (the positions the
-        same in every row; a padded one is read and discarded).
+        ``[n·(1 + K·(M−1))]``: per cue its last token, then per lag the branch's ``M − 1`` tokens (the same
+        positions in every row; a padded one is read and discarded).
 
     Raises:
         InductionLabError: the model has layer types other than full and sliding-window attention."""
