@@ -26,7 +26,8 @@ k) − log baseline(word)``, nats, the baseline being the word's mean probabilit
 **Words of several tokens** (``word_tokens="2-4"``, issue 34; Feucht et al. 2025's concept heads copy
 multi-token words as units, so a single-token list leaves them nothing to do). The list is ``n`` of the most
 frequent wordfreq words that the tokenizer splits, with the list's leading space, into the asked numbers of
-tokens (balanced over the lengths, **distinct first tokens**: :func:`~inductionlab.core.stimuli.word_pool`);
+tokens (balanced over the lengths where the tokenizer has enough, **distinct first tokens**:
+:func:`~inductionlab.core.stimuli.word_pool`; ``word_lengths`` records each position's count);
 ``[BOS] w1 … wL`` is built from each word's ids (no re-tokenising), and every trial permutes the same words.
 Two readings of "the next word" per cue, both recorded:
 
@@ -46,8 +47,9 @@ first-token reading. Everything runs in one packed forward per chunk of cues
 sep`` (``2s + M`` tokens) and 2R+1 branches of ``M − 1`` tokens sharing it through the mask (the KV-cache
 route without a cache, so the residual reuse across conditions still applies). Per trial that is
 ``S + n·(2s + M + (2R+1)(M−1))`` tokens for a list of S tokens and n cues: with M = 4, R = 2, a space list of
-500 words (S ≈ 1,500) and 50 cues, ≈ 2,450 tokens, ≈ 1.6× the list and 1.4× what first tokens alone need,
-against n + 1 forwards of ≈ 1,500 tokens for cue-by-cue runs. The packed forward needs the architecture's
+500 words (S ≈ 1,500) and 51 cues, ≈ 2,450 tokens, ≈ 1.6× the list and 1.4× what first tokens alone need,
+against n + 1 forwards of ≈ 1,500 tokens for cue-by-cue runs. Measured (SmolLM2, fp32, one CPU thread, one list
+of ``cues="all:10"``): 49 s, 2.8× a bare forward of the list; the single-token all-cue probe: 7.5 s. The packed forward needs the architecture's
 4-D mask support and a fixed word set with every cue's ablation applied at all positions: ``--resample-words``,
 ``--method resample`` and ``--positions last`` are refused with multi-token words. The trials' ``ids`` are the
 list part only (it is the same length in every trial; the cues differ in length).
