@@ -17,15 +17,15 @@ Claims:
 * **R3** (Ji-An et al. 2024: CMR-like heads carry in-context learning) — ablating the top-k CMR-like heads lowers
   the token-loss ICL benefit (loss at the early token − loss at the late token) more than ablating k random heads.
 
-Rule (one for all three). Every condition sees the same trials (copy-probe lists, lag-probe lists, text windows),
+Rule (one for all of them). Every condition sees the same trials (copy-probe lists, lag-probe lists, text windows),
 so the comparison is paired: per trial, ``value(B) − value(A)`` where A is the claim's ablation and B its
 comparison (the random draws of k pooled per trial as the mean over draws) — how much more A lowers the measure
 than B does. Averaged per trial over the study's head counts k, then mean and 95% CI over trials (normal
 approximation, :func:`~inductionlab.measures.stats.ci`). **reproduced** iff the CI lies above 0; **not reproduced**
 otherwise. **not testable** when the intact model has nothing to lower — R1: intact mean P(nonsense item) < 0.05;
 R2: the intact lag +1 log-enrichment's CI reaches 0 (no contiguity above the word prior); R2w: the same on the
-multi-token list's first tokens (the word prior needs every far lag, which only the first-token reading has); R3: the intact ICL
-benefit's CI reaches 0 — and, with the caveat "not tested", when a ranking the claim needs is not among
+multi-token list's first tokens (the word prior needs every far lag, which only the first-token reading has); R3:
+the intact ICL benefit's CI reaches 0 — and, with the caveat "not tested", when a ranking the claim needs is not among
 ``--rankings``.
 """
 
