@@ -26,7 +26,9 @@ NEW = {("analyze", ("--config",)), ("evaluate", ("--config",)), ("study temporal
        *{("telemetry", (f,)) for f in ("--head-types", "--head-types-seq-len", "--head-types-batch",   # issue 26:
          "--head-types-seed", "--head-types-words", "--head-types-attention-prompts",                 # head types
          "--head-types-word-pool", "--head-types-cmr-runs", "--head-types-cmr-starts",                # over training
-         "--induction-threshold", "--concept-threshold", "--token-threshold", "--concentration-top")}}
+         "--induction-threshold", "--concept-threshold", "--token-threshold", "--concentration-top")},
+       *{(c, (f,)) for c in ("analyze", "study temporal")                     # issue 34: lag-probe words of
+         for f in ("--word-tokens", "--word-lags")}}                           # several tokens
 HAND_WRITTEN = {"lm-eval"}          # issue 27: lm-eval's own CLI with the model type inductionlab registered
 GONE = {("study temporal", ("--shots",))}
 CHANGED = {

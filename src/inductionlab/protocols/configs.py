@@ -49,12 +49,50 @@ class LagProbeConfig:
                                 cli=False)
     max_cue_bytes: int = opt(1 << 30, "Per condition: n_trials x n_cues x list_length x 4 bytes of cue_probs.",
                              cli=False)
+    word_tokens: str = opt("1", "Tokens per list word: 1 (single-token words) or lengths such as 2-4 or 2,3 (the "
+                                "most frequent words of those lengths, balanced, distinct first tokens; reads each "
+                                "word's first-token probability at every lag and the whole word's log-probability "
+                                "at lags -word-lags..word-lags).", source="seed protocol: 1",
+                           omit_default=True)
+    word_lags: int = opt(2, "With --word-tokens other than 1: the whole next word's log-probability is scored at "
+                            "lags -N..N of every cue (teacher-forced, one packed copy of the word per lag).",
+                         source="decision: covers the headline lags 0, +1, -1", omit_default=True)
+    word_top_n: int = opt(50_000, "With --word-tokens other than 1: most frequent wordfreq words the list is "
+                                  "drawn from.", source="as the dual-route scores", cli=False, omit_default=True)
+
+    def token_lengths(self) -> tuple[int, ...]:
+        """The list words' lengths in tokens from ``word_tokens`` (``"1"``, ``"2-4"``, ``"2,3"``), ascending.
+
+        Raises:
+            InductionLabError: not a length, a range or a comma list of lengths in 1..8."""
+        text = self.word_tokens.strip() if isinstance(self.word_tokens, str) else ""
+        usage = f"--word-tokens {self.word_tokens!r}: give 1, a range such as 2-4 or lengths such as 2,3 (1..8 tokens)"
+        a, dash, b = text.partition("-")
+        parts = [a, b] if dash else text.split(",")
+        if not all(x.strip().isdigit() for x in parts):
+            raise InductionLabError(usage)
+        nums = [int(x) for x in parts]
+        out = tuple(range(nums[0], nums[1] + 1)) if dash else tuple(sorted(set(nums)))
+        if not out or min(out) < 1 or max(out) > 8:
+            raise InductionLabError(usage)
+        return out
+
+    @property
+    def multi_token(self) -> bool:
+        """Whether the list words are read as token sequences (``word_tokens`` other than ``"1"``)."""
+        return self.token_lengths() != (1,)
+
+    def word_lag_list(self) -> list[int]:
+        """The lags whose whole word is scored: ``-word_lags..word_lags``."""
+        return list(range(-self.word_lags, self.word_lags + 1))
 
     @property
     def trial_tokens(self) -> int:
         """Tokens of one seed trial with a one-token separator: BOS, the list, then separator, cue,
-        separator (more with a longer separator or an instruction): the size of the trial checks."""
-        return self.list_length + 4
+        separator (more with a longer separator or an instruction): the size of the trial checks.
+        Words of several tokens: at most their longest length each."""
+        m = max(self.token_lengths())
+        return self.list_length * m + 3 + m
 
     def cue_positions(self) -> list[int]:
         """The chosen cue positions, 1-based, ascending (``[cue_position]`` for ``"seed"``).
@@ -120,6 +158,17 @@ class LagProbeConfig:
                                     f"{self.method} need --cues seed")
         if self.cue_chunk is not None and self.cue_chunk < 1:
             raise InductionLabError(f"cue chunk {self.cue_chunk} must be at least 1 (None: automatic)")
+        if self.multi_token:
+            bad = ("--resample-words" if self.resample_words else "--method resample" if self.method == "resample"
+                   else f"--positions {self.positions}" if self.positions != "all" else None)
+            if bad:
+                raise InductionLabError(f"--word-tokens {self.word_tokens} scores every cue and word in one packed "
+                                        f"forward of a fixed word set: {bad} needs --word-tokens 1")
+            if self.word_lags < 0 or self.word_lags >= self.list_length:
+                raise InductionLabError(f"--word-lags {self.word_lags}: give 0..{self.list_length - 1} "
+                                        "(lags -N..N of the cue)")
+            if self.word_top_n < 1:
+                raise InductionLabError(f"word_top_n {self.word_top_n} must be >= 1")
         need = self.n_permutations * n_cues * self.list_length * 4
         if need > self.max_cue_bytes:
             raise InductionLabError(

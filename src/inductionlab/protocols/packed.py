@@ -110,3 +110,100 @@ def cue_logits(model, ids: torch.Tensor, list_ids: torch.Tensor, start: int, cue
     cues' last tokens only."""
     kw, readout = packed_cue_batch(model, ids, list_ids, start, cues)
     return forward_logits(model, kw.pop("input_ids"), readout, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Words of several tokens: each cue, then one teacher-forced copy of a list word per scored lag
+
+
+def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def packed_word_batch(model, ids: torch.Tensor, word_ids: torch.Tensor, word_len: torch.Tensor, sep: list[int],
+                      cues: list[int], lags: list[int]):
+    """The packed forward's inputs for lists of multi-token words: after the list, per cue c a **cue block**
+    ``sep w_c sep`` (left-padded to the longest word) and, per scored lag k, a **branch** holding all but the last
+    token of the word at list position ``c + k`` (right-padded), which attends to the list, its cue block and itself
+    (teacher forcing): the branch's tokens read what a single-cue trial continued by that word reads.
+
+    Args:
+        ids: ``[b, S]`` the list part (prefix, words and separators), the same length in every row.
+        word_ids: ``[b, L, M]`` each list position's tokens, padded after ``word_len`` with any id.
+        word_len: ``[b, L]`` each list position's number of tokens.
+        sep: the separator's ids (``[]`` for a space list).
+        cues: 1-based list positions; lags: the scored lags (a target outside the list gets the cue's own word;
+            the caller discards it).
+
+    Returns:
+        ``(kwargs, readout)``: ``input_ids`` ``[b, T']``, ``attention_mask`` additive ``[b, 1, T', T']`` (a dict by
+        layer type with sliding-window layers), ``position_ids`` ``[b, T']``; ``readout`` LongTensor
+        ``[n·(1 + K·(M−1))]``: per cue its last token, then per lag the branch's ``M − 1`` tokens (the same
+        positions in every row; a padded one is read and discarded).
+
+    Raises:
+        InductionLabError: the model has layer types other than full and sliding-window attention."""
+    b, S = ids.shape
+    L, M = word_ids.shape[1], word_ids.shape[2]
+    s, n, K = len(sep), len(cues), len(lags)
+    C, B = 2 * s + M, M - 1
+    W = C + K * B
+    dev = ids.device
+    wl = word_len.tolist()
+    wi = word_ids.tolist()
+    rows, posr, realr = [], [], []
+    for r in range(b):
+        row, pos, real = [], [], []
+        for c in cues:
+            w = wi[r][c - 1][:wl[r][c - 1]]
+            pad = M - len(w)
+            tokens = [w[0]] * pad + list(sep) + w + list(sep)
+            row += tokens
+            real += [False] * pad + [True] * (C - pad)
+            pos += [S] * pad + list(range(S, S + C - pad))
+            after = S + C - pad
+            for k in lags:
+                j = c + k if 1 <= c + k <= L else c
+                t = wi[r][j - 1][:wl[r][j - 1]][:-1]
+                row += t + [w[0]] * (B - len(t))
+                real += [True] * len(t) + [False] * (B - len(t))
+                pos += list(range(after, after + B))
+        rows.append(row), posr.append(pos), realr.append(real)
+    input_ids = torch.cat([ids, torch.tensor(rows, dtype=ids.dtype, device=dev).reshape(b, n * W)], 1)
+    Tp = S + n * W
+    pos = torch.cat([torch.arange(S, device=dev).expand(b, S), torch.tensor(posr, device=dev).reshape(b, n * W)], 1)
+    real = torch.cat([torch.ones(b, S, dtype=torch.bool, device=dev),
+                      torch.tensor(realr, dtype=torch.bool, device=dev).reshape(b, n * W)], 1)
+    # segment of each token: -1 list, else a cue block (2g) or a branch (2·(g·K + k) + 1), g the cue's index
+    off = torch.arange(W, device=dev)
+    within = torch.where(off < C, torch.zeros_like(off), 1 + (off - C) // max(B, 1))   # 0 cue block, 1 + k branch
+    g = torch.arange(n, device=dev).repeat_interleave(W)
+    w_ = within.repeat(n)
+    block = torch.cat([torch.full((S,), -1, device=dev), g])
+    branch = torch.cat([torch.full((S,), -1, device=dev), torch.where(w_ > 0, g * K + w_ - 1, -1)])
+    q, k = torch.arange(Tp, device=dev)[:, None], torch.arange(Tp, device=dev)[None, :]
+    static = (k <= q) & ((block[None, :] == -1) | ((block[None, :] == block[:, None]) & (branch[None, :] == -1))
+                         | ((branch[None, :] != -1) & (branch[None, :] == branch[:, None])))
+    allowed = (static[None] & real[:, None, :]) | torch.eye(Tp, dtype=torch.bool, device=dev)[None]   # [b, T', T']
+    dtype = next(model.parameters()).dtype
+    mask = _additive(allowed, dtype)[:, None]
+    cfg = model.config
+    types = set(getattr(cfg, "layer_types", None) or ())
+    window = getattr(cfg, "sliding_window", None)
+    if "sliding_attention" in types and window:
+        near = (pos[:, :, None] - pos[:, None, :]) < window
+        mask = {t: (_additive(allowed & near, dtype)[:, None] if t == "sliding_attention" else mask) for t in types}
+    elif types - {"full_attention"}:
+        raise InductionLabError(f"{type(model).__name__} has layer types {sorted(types)} the multi-token lag probe "
+                                "does not handle; use --word-tokens 1 --cues seed")
+    base = S + torch.arange(n, device=dev)[:, None] * W
+    reads = torch.cat([base + C - 1, base + C + torch.arange(K * B, device=dev)[None, :]], 1)    # [n, 1 + K·B]
+    return {"input_ids": input_ids, "attention_mask": mask, "position_ids": pos}, reads.reshape(-1)
+
+
+def word_cue_logits(model, ids, word_ids, word_len, sep, cues, lags) -> torch.Tensor:
+    """Float32 logits ``[b, n, 1 + K·(M−1), V]`` of :func:`packed_word_batch` (arguments as there): per cue, after
+    its last token, then at each scored lag's branch tokens."""
+    kw, readout = packed_word_batch(model, ids, word_ids, word_len, sep, cues, lags)
+    out = forward_logits(model, kw.pop("input_ids"), readout, **kw)
+    return out.reshape(ids.shape[0], len(cues), -1, out.shape[-1])

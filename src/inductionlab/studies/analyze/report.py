@@ -136,9 +136,12 @@ def write_analyze_outputs(d: Path, res) -> None:
         atomic_write_text(d / name, df.to_csv(index=False))
     buf = io.BytesIO()
     lag = res.lag
-    cue = {f"{m}/{k}": v for m in ("cue_probs", "cue_list_mass", "cue_argmax_lag") for k, v in getattr(lag, m).items()}
+    cue = {f"{m}/{k}": v for m in ("cue_probs", "cue_list_mass", "cue_argmax_lag", "word_logp")
+           for k, v in getattr(lag, m).items()}
     if lag.cue_positions is not None:
         cue["cue_positions"] = lag.cue_positions
+    if lag.word_lengths is not None:                          # --word-tokens other than 1
+        cue["word_lengths"] = lag.word_lengths
     np.savez_compressed(buf, **{f"probs/{k}": v for k, v in res.lag.probs.items()}, **cue)
     atomic_write_bytes(d / "lag_trials.npz", buf.getvalue())
     name = res.loaded.identity["name"]

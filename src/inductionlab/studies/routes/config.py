@@ -94,6 +94,17 @@ class RoutesConfig:
                                         "Few-shot serial recall (SPEC §5).")
     copy: WordCopyConfig = nested(WordCopyConfig, "The word-list copy probe.")
     icl: TokenLossConfig = nested(TokenLossConfig, "Token-loss ICL score under ablation.")
+    r2_word_tokens: str = opt("none", "Claim R2's multi-token arm (R2w): the lag probe again, same lists and cues, on "
+                                      "words of these many tokens (e.g. 2-4; whole next word's p(+1) and its first "
+                                      "token's) under every condition; none skips it.", source="issue 34",
+                              omit_default=True)
+
+    def word_lag(self) -> LagProbeConfig | None:
+        """The lag probe of claim R2's multi-token arm (the study's lag probe with ``word_tokens =
+        r2_word_tokens``, its seed and method), or None when ``r2_word_tokens`` is ``none``."""
+        if self.r2_word_tokens.strip() == "none":
+            return None
+        return replace(self.lag, seed=self.seed, method=self.selection.method, word_tokens=self.r2_word_tokens)
 
     def protocols(self) -> tuple[LagProbeConfig, SerialRecallConfig, WordCopyConfig]:
         """The nested protocol configs with the study's seed and ablation method."""
@@ -118,6 +129,13 @@ class RoutesConfig:
         check_lag_headline(lag)
         check_trials_fit(lag.n_permutations, lag.trial_tokens, "--n-permutations")
         check_trials_fit(recall.n_trials, recall.trial_tokens, "--recall-trials")
+        words = self.word_lag()
+        if words is not None:
+            words.validate()
+            if not words.multi_token:
+                raise InductionLabError(f"--r2-word-tokens {self.r2_word_tokens}: the multi-token arm needs words of "
+                                        "2 or more tokens (e.g. 2-4); none skips it")
+            check_trials_fit(words.n_permutations, words.trial_tokens, "--n-permutations")
 
 
 SPEC = StudySpec(

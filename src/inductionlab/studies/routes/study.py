@@ -71,6 +71,7 @@ class Plan:
     windows: torch.Tensor
     icl_positions: tuple[int, int]
     params: dict
+    lag_words: LagProbeConfig | None = None     # claim R2's multi-token arm (RoutesConfig.word_lag)
 
 
 @dataclass(kw_only=True)
@@ -108,6 +109,10 @@ def prepare(loaded: LoadedModel, cfg: RoutesConfig) -> Plan:
     lag, recall, copy = cfg.protocols()
     check_trial_ids(lag_probe.build_trials(loaded, replace(lag, n_permutations=2)), loaded, "lag probe")
     lag_probe.check_cues(loaded, lag)
+    lag_words = cfg.word_lag()
+    if lag_words is not None:                  # refuses a tokenizer without enough such words, before any forward
+        check_trial_ids(lag_probe.build_trials(loaded, replace(lag_words, n_permutations=2)), loaded, "lag probe")
+        lag_probe.check_cues(loaded, lag_words)
     check_trial_ids(serial_recall.build_trials(loaded, replace(recall, n_trials=1)), loaded, "serial recall")
     copy_trials = word_copy.build_trials(loaded, copy)
     check_trial_ids(copy_trials, loaded, "copy probe")
@@ -117,7 +122,8 @@ def prepare(loaded: LoadedModel, cfg: RoutesConfig) -> Plan:
     params = {"config": to_dict(cfg), "sizes": sizes, "rankings_from_file": from_file,
               **(RankingConfig(scores_file=sel.scores_file).params() if from_file else {}),
               "icl_positions": {"late": late, "early": early}, "copy_words": len(copy_trials.words)}
-    return Plan(loaded, cfg, sizes, file_tables, names, lag, recall, copy, copy_trials, windows, (late, early), params)
+    return Plan(loaded, cfg, sizes, file_tables, names, lag, recall, copy, copy_trials, windows, (late, early), params,
+                lag_words)
 
 
 def exclusive_heads(scores: np.ndarray, excluded: np.ndarray, k: int) -> list[tuple[int, int]]:
@@ -151,14 +157,16 @@ def ranking_tables(scores: HeadScores, plan: Plan) -> dict[str, np.ndarray]:
 
 
 def probes(plan: Plan) -> dict[str, Probe]:
-    """The four probes: lag, serial recall, the copy probe (its trials built by :func:`prepare`), the ICL score."""
+    """The four probes: lag, serial recall, the copy probe (its trials built by :func:`prepare`), the ICL score;
+    and ``lag_words``, claim R2's multi-token lag probe, when asked for."""
     late, early = plan.icl_positions
     icl = plan.cfg.icl
+    words = {"lag_words": lag_probe.probe(plan.lag_words)} if plan.lag_words is not None else {}
     return {"lag": lag_probe.probe(plan.lag), "recall": serial_recall.probe(plan.recall),
             "copy": replace(word_copy.probe(plan.copy), build_trials=lambda loaded: plan.copy_trials),
             "icl": Probe.of_trials("token-loss ICL score", Trials({"ids": plan.windows}),
                                    partial(icl_score.measure_at, positions=(early, late)), batch_size=icl.batch_size,
-                                   method=icl.method)}
+                                   method=icl.method)} | words
 
 
 def bare_forward(ctx: Context, plan: Plan, bound: dict[str, Probe], conditions) -> dict:
@@ -195,7 +203,8 @@ def phases(plan: Plan, ctx: Context) -> dict:
     tables = ranking_tables(scores, plan)
     conditions = conditions_for(tables, plan)
     bound = probes(plan)
-    runs = ctx.measure(*(Phase(k, bound[k], conditions) for k in PHASES))
+    keys = (*PHASES, "lag_words") if "lag_words" in bound else PHASES
+    runs = ctx.measure(*(Phase(k, bound[k], conditions) for k in keys))
     cost = ctx.piece("cost", lambda: bare_forward(ctx, plan, bound, conditions), timing="bare_forward")
     return {"scores": scores, "tables": tables, "conditions": conditions, "cost": cost, **runs}
 
@@ -207,6 +216,8 @@ class Values:
     def __init__(self, plan: Plan, pieces: dict):
         self.plan, self.pieces = plan, pieces
         self.lag = LagProbeResult.from_parts(pieces["lag"].arrays, pieces["conditions"], plan.lag, pieces["lag"].words)
+        self.words = (LagProbeResult.from_parts(pieces["lag_words"].arrays, pieces["conditions"], plan.lag_words,
+                                                pieces["lag_words"].words) if "lag_words" in pieces else None)
         self.cache: dict[str, dict] = {}
 
     def __call__(self, name: str) -> dict[str, np.ndarray]:
@@ -228,6 +239,14 @@ class Values:
             out.update({f"copy_{m}_{kind}": v for m, v in ms.items()})
         nll = p["icl"].arrays[name]["nll"]
         out["icl_benefit"] = (nll[:, 0] - nll[:, 1]).astype(np.float64)
+        if self.words is not None:                 # claim R2's multi-token arm
+            w = self.words
+            wp, wcp = w.cue_probs[name], np.asarray(w.cue_positions)
+            out["lag_word_plus1"] = w.whole_word(name, 1)
+            out["lag_word_logp_plus1"] = w.whole_word(name, 1, log=True)
+            out["lag_first_plus1"] = by_lag(wp, wcp)[1][:, plus1]
+            out["lag_first_enrichment"] = by_lag(wp, wcp, transform=cue_log_enrichment(
+                wp, w.list_ids, wcp, w.config.far_lag))[1][:, plus1]
         return out
 
 
