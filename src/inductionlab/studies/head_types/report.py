@@ -246,5 +246,6 @@ def summary(res) -> list[str]:
     for r in res.overlap[res.overlap.a.isin(["induction", "concept_copying"]) &
                          res.overlap.b.isin(["token_copying", "token_attention"])].itertuples():
         lines.insert(-1, f"Spearman {r.a} vs {r.b}: {r.spearman:+.2f} (P = {r.spearman_p:.3g})")
-    lines += [f"{v.claim} {v.status}: {v.evidence}" for v in res.verdicts]
+    lines += [f"{v.claim} {v.status}: {v.evidence}" + (f" [power: {v.power_line}]" if v.power else "")
+              for v in res.verdicts]
     return lines

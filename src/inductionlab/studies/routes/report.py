@@ -83,4 +83,5 @@ def write(out: Path, res) -> None:
 
 def summary(res) -> list[str]:
     """What the command prints when it is done: the verdicts."""
-    return [f"{v.claim} {v.status}: {v.evidence}" + (f" ({v.caveat})" if v.caveat else "") for v in res.verdicts]
+    return [f"{v.claim} {v.status}: {v.evidence}" + (f" ({v.caveat})" if v.caveat else "")
+            + (f" [power: {v.power_line}]" if v.power else "") for v in res.verdicts]

@@ -31,6 +31,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from ...measures.power import power_record
 from ...measures.stats import arm_values, ci, draws_by_k, paired_by_k
 from ...protocols.word_copy import KINDS
 from ..report import fmt_ci
@@ -46,7 +47,9 @@ MEASURES = {
     "temporal_factor": "lag probe temporal factor",
     "recall_accuracy": "serial recall, teacher-forced accuracy",
     **{f"copy_{m}_{k}": f"copy probe, {k} items: {text}" for k in KINDS for m, text in _COPY.items()},
-    "icl_benefit": "ICL benefit, loss(early) − loss(late) (nats)",
+    "icl_benefit": "ICL benefit, single token: loss(early) − loss(late) (nats)",
+    "icl_slope": "ICL benefit D, log-slope: nats per tenfold more context (early..late)",
+    "icl_band": "ICL benefit B, log-symmetric bands around early and late (nats)",
 }
 
 CLAIMS = {
@@ -98,11 +101,12 @@ def _floor(claim: str, im: float, ilo: float) -> tuple[bool, str]:
         return im >= 0.05, f"intact P(nonsense item) {im:.3f} < 0.05: nothing to lower"
     if claim == "R2":
         return ilo > 0, "the intact lag +1 log-enrichment's CI reaches 0: no contiguity above the word prior"
-    return ilo > 0, "the intact ICL benefit's CI reaches 0: no in-context gain to lower"
+    return ilo > 0, "the intact ICL benefit D's CI reaches 0: no in-context gain to lower"
 
 
-CLAIM_MEASURE = {"R1": "copy_p_first_nonsense", "R2": "lag_plus1", "R3": "icl_benefit"}
-FLOOR_MEASURE = {"R1": "copy_p_first_nonsense", "R2": "lag_enrichment", "R3": "icl_benefit"}
+CLAIM_MEASURE = {"R1": "copy_p_first_nonsense", "R2": "lag_plus1", "R3": "icl_slope"}
+FLOOR_MEASURE = {"R1": "copy_p_first_nonsense", "R2": "lag_enrichment", "R3": "icl_slope"}
+UNITS = {"R1": "lists", "R2": "lists", "R3": "windows"}
 
 
 def needed_rankings(claim: str, names: dict) -> list[str]:
@@ -110,9 +114,13 @@ def needed_rankings(claim: str, names: dict) -> list[str]:
     return {"R1": [names["token"]], "R2": [names["concept"], names["token"]], "R3": [names["cmr"]]}[claim]
 
 
-def decide(conditions, values: Callable[[str], dict[str, np.ndarray]], rankings, names: dict) -> list[Verdict]:
+def decide(conditions, values: Callable[[str], dict[str, np.ndarray]], rankings, names: dict, *,
+           icl_cost: dict | None = None) -> list[Verdict]:
     """The claims R1–R3 (module docstring), each a :class:`~inductionlab.studies.run.Verdict` with its numbers
-    (``per_k``: the difference at each k). ``rankings``: the run's; ``names``: role -> ranking."""
+    (``per_k``: the difference at each k). ``rankings``: the run's; ``names``: role -> ranking; ``icl_cost``: the
+    token-loss phase's ``seconds_per_trial_condition`` and ``conditions`` (R3's power line). An undecided verdict
+    (not testable, or a CI that straddles 0) carries a power record
+    (:func:`~inductionlab.measures.power.power_record`)."""
     out = []
     for claim, measure in CLAIM_MEASURE.items():
         a_name = {"R1": f"top-k {names['token']}", "R2": f"top-k {names['concept']}",
@@ -144,11 +152,15 @@ def decide(conditions, values: Callable[[str], dict[str, np.ndarray]], rankings,
         evidence = (f"difference {fmt_ci(m, lo, hi, 4)} over {len(d)} trials; intact {MEASURES[FLOOR_MEASURE[claim]]} "
                     f"{fmt_ci(im, ilo, ihi, 4)}")
         testable, why = _floor(claim, im, ilo)
+        cost = {k: v for k, v in (icl_cost or {}).items() if k in ("seconds_per_trial_condition", "conditions")} \
+            if claim == "R3" else {}
         if not testable:
-            out.append(Verdict(claim, "not testable", rule, evidence, CLAIMS[claim], caveat=why, per_k=per))
+            out.append(Verdict(claim, "not testable", rule, evidence, CLAIMS[claim], caveat=why, per_k=per,
+                               power=power_record(floor_v, unit=UNITS[claim], what="the intact gate", **cost)))
         else:
             out.append(Verdict(claim, "reproduced" if lo > 0 else "not reproduced", rule, evidence, CLAIMS[claim],
-                               per_k=per))
+                               per_k=per, power=power_record(d, unit=UNITS[claim], what="the paired difference", **cost)
+                               if lo <= 0 <= hi else None))
     return out
 
 
