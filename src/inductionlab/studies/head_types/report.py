@@ -11,6 +11,7 @@ import pandas as pd
 from ...runtime.runs import atomic_write_text
 from .. import plots
 from ..report import fmt_ci, model_line, verdict_lines
+from ..token_loss import report_lines as token_loss_lines
 from .verdicts import MEASURES
 
 ZS, FVEC, RVEC = "zero-shot", "function vector", "random heads' vector"     # the vectors of study._fv_check
@@ -147,6 +148,8 @@ def report(res) -> str:
              "and ablated with and without excluding the other ranking's top heads (Yin & Steinhardt 2025). "
              "Guide: docs/head_types.md.", ""]
     lines += verdict_lines(res.verdicts, "studies/head_types/verdicts.py")
+    if "token_loss" in res.record:
+        lines += [""] + token_loss_lines(res.record["token_loss"])
     lines += ["", "## FV heads", "",
               f"AIE = mean over {len(fv.tasks)} tasks × {fv.cie.shape[1]} prompts ({cfg.fv.shots} shots, labels "
               "deranged) of P(answer's first token) after setting the head's last-position output to its mean over "

@@ -10,6 +10,7 @@ import pandas as pd
 from ...runtime.runs import atomic_write_text
 from .. import plots
 from ..report import fmt_ci, model_line, verdict_lines
+from ..token_loss import report_lines as token_loss_lines
 from .verdicts import MEASURES
 
 #: the measures of the figure and of the report's main table
@@ -37,6 +38,8 @@ def report(res) -> str:
              "on the all-cue lag probe, serial recall, a word-list copy probe and the token-loss ICL score. "
              "Guide: docs/study-routes.md.", ""]
     lines += verdict_lines(res.verdicts, "studies/routes/verdicts.py")
+    if "token_loss" in res.record:
+        lines += [""] + token_loss_lines(res.record["token_loss"])
     lines += ["", "## Rankings", "",
               f"Rankings: {', '.join(sel.rankings)} (scores file: {sel.scores_file or 'none'}); claim roles: token = "
               f"{sel.token_ranking}, concept = {sel.concept_ranking}, CMR-like = {sel.cmr_ranking}. Top 5 heads:", ""]
