@@ -137,3 +137,16 @@ def test_power_record_without_cost_or_effect():
     assert p["n_needed"] == n_to_decide(0.1, 0.2)
     v = Verdict("D", "not reproduced", "r", "e", power=p)
     assert "[power: n = " in format_verdicts([v])[0]
+
+
+def test_a_capped_n_is_said_in_the_claims_verdict():
+    from inductionlab.studies.token_loss import with_cap_note
+    size = sample_size(2.0, 0.1, budget_minutes=10, seconds_per_trial_condition=0.5, conditions=12).to_dict()
+    run = SimpleNamespace(sizing={"sample_size": size})
+    vs = [Verdict("Y1", "reproduced", "r", "e"), Verdict("Y2", "not testable", "r", "e", caveat="gate")]
+    got = {v.claim: v for v in with_cap_note(vs, "Y2", run)}
+    assert got["Y1"].caveat is None
+    assert got["Y2"].caveat == "gate; n = 100 windows, capped by the budget: the target half-width 0.1 nats needs 1537 " \
+                               "at pilot σ = 2"
+    uncapped = SimpleNamespace(sizing={"sample_size": sample_size(2.0, 0.1).to_dict()})
+    assert with_cap_note(vs, "Y2", uncapped) == vs and with_cap_note(vs, "Y2", SimpleNamespace(sizing=None)) == vs

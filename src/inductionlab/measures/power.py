@@ -136,6 +136,21 @@ def power_record(values, *, unit: str = "windows", seconds_per_trial_condition: 
             "minutes": minutes, "what": what}
 
 
+def power_from_ci(mean: float, ci_low: float, ci_high: float, n: int, *, unit: str = "trials",
+                  what: str | None = None, seconds_per_trial_condition: float | None = None,
+                  conditions: int | None = None) -> dict:
+    """:func:`power_record` from a normal-approximation 95% CI over ``n`` trials instead of the values:
+    σ = (ci_high − ci_low) / (2 · 1.96) · √n."""
+    sigma = (ci_high - ci_low) / (2 * Z95) * math.sqrt(n) if n > 1 and np.isfinite(ci_high - ci_low) else math.nan
+    need = n_to_decide(sigma, mean)
+    need = None if not math.isfinite(need) else int(need)
+    minutes = None if need is None or not seconds_per_trial_condition else \
+        need * seconds_per_trial_condition * (conditions or 1) / 60
+    return {"n": int(n), "mean": float(mean), "sigma": float(sigma), "n_needed": need, "unit": unit,
+            "seconds_per_trial_condition": seconds_per_trial_condition, "conditions": conditions,
+            "minutes": minutes, "what": what}
+
+
 def power_line(p: dict) -> str:
     """The verdict's power line: ``n = N windows would decide it at σ = … (≈ T min on this machine at … s per
     window-condition)``; the time left out where no cost was measured."""
@@ -151,4 +166,5 @@ def power_line(p: dict) -> str:
     return s + f"; this run has {p['n']}"
 
 
-__all__ = ["SampleSize", "sample_size", "n_to_decide", "power_record", "power_line", "REASONS", "Z80"]
+__all__ = ["SampleSize", "sample_size", "n_to_decide", "power_record", "power_from_ci", "power_line", "REASONS",
+           "Z80"]

@@ -317,7 +317,7 @@ class TokenLossConfig:
                              "sink (ANCHORS-POWER 1.3)", flag="--icl-method")
     sensitivity: str | None = opt("resample", "A second ablation of the claim's conditions, reported beside the "
                                               "primary (study head-types).", none="no sensitivity arm",
-                                  choices=("sink", "resample", "mean", "zero"), flag="--icl-sensitivity")
+                                  choices=("resample", "sink", "mean", "zero", "none"), flag="--icl-sensitivity")
     batch_size: int = opt(2, "Windows per forward pass.", cli=False)
 
     @property

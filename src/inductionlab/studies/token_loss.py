@@ -122,6 +122,17 @@ def cost(run: TokenLossRun, timings: dict, n_conditions: int) -> dict:
     return {"seconds_per_trial_condition": per, "conditions": n_conditions, "unit": "windows", "source": "this session"}
 
 
+def with_cap_note(verdicts, claim: str, run: TokenLossRun) -> list:
+    """``verdicts`` with ``claim``'s caveat extended by the sizing's cap where a cap (budget, text) kept n below what
+    the target half-width needs: the verdict says its n was not the one the rule asked for."""
+    size = (run.sizing or {}).get("sample_size")
+    if not size or not size["capped"]:
+        return list(verdicts)
+    note = (f"n = {size['n']} windows, capped by the {size['reason']}: the target half-width {size['half_width']:g} "
+            f"nats needs {size['needed']} at pilot σ = {size['sigma']:.3g}")
+    return [v | {"caveat": f"{v.caveat}; {note}" if v.caveat else note} if v.claim == claim else v for v in verdicts]
+
+
 def record(tl: TokenLossPlan, run: TokenLossRun) -> dict:
     """results.json's ``token_loss`` entry: the measure, positions, windows, methods, the pilot and n, and the
     per-window SD of each measure on the intact model."""
@@ -170,4 +181,5 @@ def report_lines(rec: dict) -> list[str]:
     return lines
 
 
-__all__ = ["TokenLossPlan", "TokenLossRun", "DEFINITION", "plan", "measure", "cost", "record", "report_lines"]
+__all__ = ["TokenLossPlan", "TokenLossRun", "DEFINITION", "plan", "measure", "cost", "with_cap_note", "record",
+           "report_lines"]

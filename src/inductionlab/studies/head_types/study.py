@@ -370,6 +370,7 @@ def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
         from ...protocols.token_loss import window_table
         sens = window_table({"intact": icl_run.arrays["intact"], **icl_run.sensitivity})
     verd = decide(drops, probes, icl, lag, conditions, overlap, counts, icl_cost=pieces["icl_cost"], icl_sensitivity=sens)
+    verd = TLS.with_cap_note(verd, "Y2", icl_run)
     aie = fv.aie()
     table = fv.table()
     allrows = table[table.task == "all"].set_index(["layer", "head"])

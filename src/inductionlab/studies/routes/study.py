@@ -260,7 +260,8 @@ def result(plan: Plan, pieces: dict) -> RoutesStudy:
     hs, tables, conditions = pieces["scores"], pieces["tables"], pieces["conditions"]
     values = Values(plan, pieces)
     drops = drop_table(conditions, values)
-    verd = decide(conditions, values, plan.cfg.selection.rankings, plan.names, icl_cost=pieces["icl_cost"])
+    verd = TLS.with_cap_note(decide(conditions, values, plan.cfg.selection.rankings, plan.names,
+                                    icl_cost=pieces["icl_cost"]), "R3", pieces["icl"])
 
     def top(table, n=10):
         return [{"layer": l, "head": h, "score": float(table[l, h])} for l, h in top_k_heads(table, min(n, table.size))]
