@@ -180,7 +180,8 @@ def report(res) -> str:
               f"); exclusion of the other ranking's top {100 * cfg.selection.exclude_fraction:g}%; "
               f"{cfg.selection.n_draws} random draws per count over "
               f"{'all heads' if cfg.selection.random == 'all' else 'heads outside the top N by induction score'}. "
-              f"HITS@1: {cfg.probes.n_prompts} 10-shot prompts per task; ICL benefit: {cfg.icl.n_sequences} windows, "
+              f"HITS@1: {cfg.probes.n_prompts} 10-shot prompts per task; ICL benefit: "
+              f"{res.record['token_loss']['n_windows']} windows, "
               f"{cfg.icl.method} ablation; lag probe: {res.lag.config.n_permutations} lists, {res.lag.config.method} "
               "ablation. Drop = intact − ablated, paired over the same trials, 95% CI.", ""]
     for m, label in MEASURES.items():

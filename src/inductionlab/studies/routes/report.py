@@ -50,7 +50,7 @@ def report(res) -> str:
               f"Heads ablated: {', '.join(map(str, p['sizes']))}; {sel.method} ablation ({cfg.icl.method} for the ICL "
               f"score); {sel.n_draws} random draws of k heads of all heads per k (pooled per trial). Trials: "
               f"{cfg.lag.n_permutations} lag lists (cues {cfg.lag.cues}), {cfg.recall.n_trials} recall prompts, "
-              f"{cfg.copy.n_lists} copy lists per item kind, {cfg.icl.n_sequences} text windows. "
+              f"{cfg.copy.n_lists} copy lists per item kind, {res.record['token_loss']['n_windows']} text windows. "
               "Drop = intact − ablated, paired over the same trials, 95% CI.", ""]
     d = res.drops
     arms = _arm_order(d)
