@@ -87,6 +87,8 @@ def test_sample_size_caps_and_says_which_bound():
     s = sample_size(2.0, 0.1, budget_minutes=10, seconds_per_trial_condition=0.5, conditions=12, available=64)
     assert s.n == 64 and s.reason == "text"
     assert sample_size(0.01, 0.1).n == 2 and sample_size(0.01, 0.1).reason == "half-width"
+    g = sample_size(0.5, 0.1, gate_n=300)                     # the gate needs more than the half-width's 97
+    assert (g.n, g.needed, g.reason) == (300, 300, "gate") and sample_size(0.5, 0.1, gate_n=50).n == 97
     assert "budget caps it" in sample_size(2.0, 0.1, budget_minutes=1, seconds_per_trial_condition=1).sentence()
     with pytest.raises(InductionLabError, match="half-width"):
         sample_size(1.0, 0.0)
@@ -150,3 +152,24 @@ def test_a_capped_n_is_said_in_the_claims_verdict():
                                "at pilot σ = 2"
     uncapped = SimpleNamespace(sizing={"sample_size": sample_size(2.0, 0.1).to_dict()})
     assert with_cap_note(vs, "Y2", uncapped) == vs and with_cap_note(vs, "Y2", SimpleNamespace(sizing=None)) == vs
+
+
+def test_choose_n_reads_the_paired_sd_and_the_gate():
+    """A pilot of 4 windows: intact D 1, 2, 3, 2 (mean 2, SD 0.816), ablated − intact 0.1, −0.1, 0.3, −0.3 (SD 0.258);
+    8 s for 2 × 4 window-conditions. n = ⌈(1.96·0.258/0.1)²⌉ = 26 > the gate's ⌈(2.80·0.816/2)²⌉ = 2."""
+    from inductionlab.protocols.configs import TokenLossConfig
+    from inductionlab.protocols.token_loss import choose_n
+    intact = np.array([1.0, 2.0, 3.0, 2.0])
+    diff = np.array([0.1, -0.1, 0.3, -0.3])
+    nan = np.full(4, np.nan)
+    pilot = {"0_slope": intact, "1_slope": intact + diff, "0_band": nan, "1_band": nan, "0_single": intact,
+             "1_single": intact, "seconds": np.array([8.0])}
+    got = choose_n(pilot, TokenLossConfig(), conditions=10, available=1000)
+    sd = diff.std(ddof=1)
+    assert got["pilot"]["seconds_per_window_condition"] == 1.0 and got["pilot"]["sigma"]["paired_slope"] == pytest.approx(sd)
+    assert got["pilot"]["sigma"]["intact_band"] is None and got["pilot"]["mean"]["intact_slope"] == 2.0
+    size = got["sample_size"]
+    assert size["n"] == math.ceil((1.959963984540054 * sd / 0.1) ** 2) == 26 and size["reason"] == "half-width"
+    assert size["gate_n"] == 2 and size["minutes"] == pytest.approx(26 * 1.0 * 10 / 60)
+    capped = choose_n(pilot, TokenLossConfig(budget_minutes=2.0), conditions=10, available=1000)["sample_size"]
+    assert (capped["n"], capped["reason"], capped["capped"]) == (12, "budget", True)     # 120 s / (1 s × 10)

@@ -21,7 +21,7 @@ from ..errors import InductionLabError
 from .stats import Z95
 
 Z80 = 0.8416212335729143      # one-sided 80% quantile of the standard normal (power 0.8)
-REASONS = ("half-width", "budget", "text", "minimum")
+REASONS = ("half-width", "gate", "budget", "text", "minimum")
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,9 @@ class SampleSize:
 
     Attributes:
         n: trials to run (>= 2).
-        needed: ``⌈(z·σ/h)²⌉``, what the target half-width asks for.
-        reason: what bound n: ``"half-width"`` (n = needed), ``"budget"`` (the minutes), ``"text"`` (the trials
-            the material provides), ``"minimum"`` (2: a CI needs two).
+        needed: ``⌈(z·σ/h)²⌉``, what the target half-width asks for, or ``gate_n`` where that is larger.
+        reason: what bound n: ``"half-width"`` (n = needed), ``"gate"`` (n = the gate's ``gate_n``), ``"budget"``
+            (the minutes), ``"text"`` (the trials the material provides), ``"minimum"`` (2: a CI needs two).
         sigma, half_width: the σ and h used; budget_n / available: the caps (None: none given);
         seconds_per_trial_condition, conditions: the cost the budget cap used; minutes: n's estimated time."""
     n: int
@@ -45,6 +45,7 @@ class SampleSize:
     seconds_per_trial_condition: float | None = None
     conditions: int | None = None
     minutes: float | None = None
+    gate_n: int | None = None
 
     @property
     def capped(self) -> bool:
@@ -57,6 +58,8 @@ class SampleSize:
     def sentence(self, unit: str = "windows") -> str:
         """One line for a report: the n, σ, h and the bound."""
         why = {"half-width": f"the target 95% CI half-width {self.half_width:g} needs {self.needed}",
+               "gate": f"the gate needs {self.needed} (80% power at the pilot's intact mean; the half-width "
+                       f"{self.half_width:g} needs fewer)",
                "budget": f"the budget caps it (the half-width {self.half_width:g} needs {self.needed})",
                "text": f"the text provides no more (the half-width {self.half_width:g} needs {self.needed})",
                "minimum": "a CI needs two"}[self.reason]
@@ -70,7 +73,7 @@ def _needed(sigma: float, h: float, z: float = Z95) -> int:
 
 def sample_size(sigma: float, half_width: float, *, budget_minutes: float | None = None,
                 seconds_per_trial_condition: float | None = None, conditions: int = 1,
-                available: int | None = None) -> SampleSize:
+                available: int | None = None, gate_n: int | None = None) -> SampleSize:
     """Trials for a 95% CI of half-width ``half_width`` on a mean whose per-trial SD is ``sigma``.
 
     Args:
@@ -80,6 +83,8 @@ def sample_size(sigma: float, half_width: float, *, budget_minutes: float | None
         seconds_per_trial_condition: the measured cost of one trial under one condition (needed with a budget).
         conditions: conditions every trial runs under.
         available: trials the material provides (None: no cap).
+        gate_n: trials another condition of the claim needs (its testability gate, :func:`n_to_decide`); needed
+            is the larger of the two.
 
     Returns: :class:`SampleSize`; n = ``min(needed, budget cap, available)``, at least 2.
 
@@ -89,8 +94,10 @@ def sample_size(sigma: float, half_width: float, *, budget_minutes: float | None
         raise InductionLabError(f"the target half-width must be > 0, got {half_width}")
     if not (np.isfinite(sigma) and sigma >= 0):
         raise InductionLabError(f"the pilot's σ must be finite and >= 0, got {sigma}")
-    needed = _needed(sigma, half_width)
-    n, reason = needed, "half-width"
+    needed, reason = _needed(sigma, half_width), "half-width"
+    if gate_n is not None and gate_n > needed:
+        needed, reason = int(gate_n), "gate"
+    n = needed
     budget_n = None
     if budget_minutes is not None:
         if not seconds_per_trial_condition or seconds_per_trial_condition <= 0:
@@ -105,7 +112,7 @@ def sample_size(sigma: float, half_width: float, *, budget_minutes: float | None
     minutes = None if seconds_per_trial_condition is None else n * seconds_per_trial_condition * max(1, conditions) / 60
     return SampleSize(int(n), int(needed), reason, float(sigma), float(half_width), budget_n,
                       None if available is None else int(available), seconds_per_trial_condition,
-                      int(conditions), minutes)
+                      int(conditions), minutes, None if gate_n is None else int(gate_n))
 
 
 def n_to_decide(sigma: float, effect: float) -> float:

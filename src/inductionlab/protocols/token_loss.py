@@ -149,26 +149,32 @@ def _sd(x) -> float:
 
 
 def choose_n(pilot: dict, cfg: TokenLossConfig, conditions: int, available: int | None) -> dict:
-    """The n of the confirmatory run from the pilot (:func:`run_pilot`: intact = 0, the claim's ablation = 1):
-    σ = the larger of the per-window SD of D (intact; the gate) and of the paired difference of D (ablated −
-    intact; the claim's kind of statistic), n = :func:`~inductionlab.measures.power.sample_size` at
-    ``cfg.half_width``, capped by ``cfg.budget_minutes`` over ``conditions`` and by ``available`` windows.
+    """The n of the confirmatory run from the pilot (:func:`run_pilot`: intact = 0, the claim's ablation = 1): the
+    claim's statistic is a paired difference of D, so n = ⌈(1.96·σ/h)²⌉ with σ the pilot's SD of the paired
+    difference of D (ablated − intact) and h = ``cfg.half_width``; at least the windows the gate needs ("the intact
+    model gains from context": its D's CI above 0 with 80% power at the pilot's intact mean, where that mean is > 0;
+    :func:`~inductionlab.measures.power.n_to_decide`); capped by ``cfg.budget_minutes`` over ``conditions`` and by
+    ``available`` windows (:func:`~inductionlab.measures.power.sample_size`).
 
-    Returns: JSON-able ``{"sample_size": SampleSize.to_dict(), "sentence", "pilot": {"n", "seconds",
+    Returns: JSON-able ``{"sample_size": SampleSize.to_dict(), "sentence", "sigma_used", "pilot": {"n", "seconds",
     "seconds_per_window_condition", "sigma": {"intact_slope", "intact_band", "intact_single", "paired_slope",
     "paired_band", "paired_single"}, "mean": {...}}}``."""
+    from ..measures.power import n_to_decide
     p = len(pilot["0_slope"])
     per = float(pilot["seconds"][0]) / (2 * p)
     sig = {f"intact_{m}": _sd(pilot[f"0_{m}"]) for m in MEASURES}
     sig |= {f"paired_{m}": _sd(pilot[f"1_{m}"] - pilot[f"0_{m}"]) for m in MEASURES}
     mean = {f"intact_{m}": float(np.nanmean(pilot[f"0_{m}"])) if np.isfinite(pilot[f"0_{m}"]).any() else None
             for m in MEASURES}
-    sigma = max(sig["intact_slope"], sig["paired_slope"])
+    gate = n_to_decide(sig["intact_slope"], mean["intact_slope"]) if (mean["intact_slope"] or 0) > 0 else None
+    sigma = sig["paired_slope"] if np.isfinite(sig["paired_slope"]) else 0.0
     size = sample_size(sigma, cfg.half_width, budget_minutes=cfg.budget_minutes, seconds_per_trial_condition=per,
-                       conditions=conditions, available=available)
+                       conditions=conditions, available=available,
+                       gate_n=None if gate is None or not np.isfinite(gate) else int(gate))
     clean = {k: (None if not np.isfinite(v) else v) for k, v in sig.items()}
     return {"sample_size": size.to_dict(), "sentence": size.sentence(),
-            "sigma_used": "max(sigma of intact D, sigma of the paired difference of D)",
+            "sigma_used": "SD of the paired difference of D (ablated − intact); at least the gate's n (intact D's CI "
+                          "above 0 with 80% power at the pilot's intact mean, when that mean is > 0)",
             "pilot": {"n": p, "seconds": float(pilot["seconds"][0]), "seconds_per_window_condition": per,
                       "sigma": clean, "mean": mean}}
 
