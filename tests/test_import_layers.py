@@ -66,7 +66,7 @@ def test_no_import_cycle():
 LAYERS = (("face",), ("runtime", "measures"), ("data",), ("core",), ("protocols", "train"), ("studies",), ("cli",))
 FACE = {"__init__", "errors", "names", "checks", "config", "documents"}   # the top level: what every layer may use
 # Inside studies/: the shared skeleton (run, pieces, report, plots) never imports a study's folder.
-STUDY_SHARED = {"__init__", "run", "spec", "engine", "configs", "report", "plots"}
+STUDY_SHARED = {"__init__", "run", "spec", "engine", "configs", "report", "plots", "token_loss"}
 
 
 def folder(module: str) -> str:
@@ -83,6 +83,15 @@ def rank(module: str) -> int:
     raise AssertionError(f"{module}: folder {f!r} is in no layer; add it to LAYERS (and README's Where things go)")
 
 
+def _other_study_module(a: str, b: str) -> bool:
+    """``a`` in one study's folder imports a module of another study's folder other than its ``__init__``
+    (``studies.routes.study -> studies.head_types.study``): a study uses another only through its face."""
+    pa, pb = a.split("."), b.split(".")
+    study_a = pa[2] if len(pa) > 3 and pa[2] not in STUDY_SHARED else None
+    study_b = pb[2] if len(pb) > 2 and pb[2] not in STUDY_SHARED else None
+    return study_a is not None and study_b is not None and study_a != study_b and len(pb) > 3
+
+
 def upward_arrows(g: nx.DiGraph) -> list[str]:
     """Every arrow that breaks the layering, as ``a -> b (why)``."""
     bad = []
@@ -91,6 +100,8 @@ def upward_arrows(g: nx.DiGraph) -> list[str]:
         if fa == fb and fa != "face":
             if fa == "studies" and a.split(".")[2] in STUDY_SHARED and b.split(".")[2] not in STUDY_SHARED:
                 bad.append(f"{a} -> {b} (the studies' shared skeleton imports one study)")
+            elif fa == "studies" and _other_study_module(a, b):
+                bad.append(f"{a} -> {b} (a study imports another study's module, not its __init__)")
             continue
         if fa == "face" and fb == "face":
             continue
@@ -106,6 +117,16 @@ def test_no_import_from_a_lower_layer_to_a_higher_one():
     assert not bad, "arrows against the layers:\n" + "\n".join(bad)
 
 
+@pytest.mark.parametrize("edge", [
+    ("inductionlab.studies.routes.study", "inductionlab.studies.head_types"),     # another study's __init__
+    ("inductionlab.studies.routes.study", "inductionlab.studies.routes.config"),  # its own folder
+    ("inductionlab.studies.routes.study", "inductionlab.studies.token_loss"),     # the shared skeleton
+])
+def test_layer_check_allows_a_study_through_its_init(edge):
+    g = nx.DiGraph([edge])
+    assert upward_arrows(g) == []
+
+
 def test_top_level_holds_only_the_face():
     top = {p.stem for p in SRC.glob("*.py")}
     folders = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
@@ -118,6 +139,8 @@ def test_top_level_holds_only_the_face():
     (("inductionlab.train.trainer", "inductionlab.protocols.lag_probe"), "are one layer"),
     (("inductionlab.checks", "inductionlab.core.ablation"), "imports the higher layer core"),
     (("inductionlab.studies.report", "inductionlab.studies.temporal.report"), "shared skeleton imports one study"),
+    (("inductionlab.studies.routes.study", "inductionlab.studies.head_types.study"), "another study's module"),
+    (("inductionlab.studies.routes.config", "inductionlab.studies.head_types.config"), "another study's module"),
 ])
 def test_layer_check_catches_an_arrow_against_the_layers(edge, why):
     g = nx.DiGraph([("inductionlab.cli.main", "inductionlab.core.models"), ("inductionlab.core.models", "inductionlab.errors")])

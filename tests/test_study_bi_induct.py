@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from inductionlab.errors import InductionLabError
 from inductionlab.studies.bi_induct import ANTI_NEAR_ZERO, INDUCTION_EFFECT, seed_ci, run_bi_induct_study, decide, tiny
+from inductionlab.studies.run import format_verdicts
 from inductionlab.studies.spec import RunOptions
 from test_train_helpers import make_corpus
 
@@ -241,3 +242,17 @@ def test_rule_c_bi_induct_better_on_probes():
     assert _by(decide(t, 0.3))["C"] == "reproduced"
     t = _table(recall_accuracy=lambda v, s: 0.5 if v == "induction" else 0.04)     # natural-only at the floor
     assert _by(decide(t, 0.3))["C"] == "not testable"
+
+
+def test_rule_d_undecided_carries_a_power_line_in_seeds():
+    """Paired contrasts −0.01 and −0.04 (seeds 0, 1): mean −0.025, SD 0.0212, the t CI straddles 0 -> not reproduced
+    with the seeds that would decide it, ⌈((1.96 + 0.84)·SD/0.025)²⌉ = 6."""
+    t = _table(abs_icl_benefit_contrast=lambda v, s: (-0.05 - 0.03 * s) if v == "none" else -0.04)
+    d = next(x for x in decide(t, 0.3) if x.claim == "D")
+    sd = np.std([-0.01, -0.04], ddof=1)
+    want = int(np.ceil(((1.959963984540054 + 0.8416212335729143) * sd / 0.025) ** 2))
+    assert d.status == "not reproduced" and want == 6 and d.power["n_needed"] == want
+    assert d.power["unit"] == "seeds" and d.power["minutes"] is None
+    assert f"n = {want} seeds would decide it" in format_verdicts([d])[0]
+    t = _table(abs_icl_benefit_contrast=lambda v, s: -0.05 - 0.001 * s if v == "none" else -0.01 + 0.001 * s)
+    assert next(x for x in decide(t, 0.3) if x.claim == "D").power is None      # decided: no power line

@@ -249,3 +249,25 @@ def test_a_tokenizer_without_enough_long_words_is_refused_before_anything_is_wri
     with pytest.raises(InductionLabError, match=r"dual-route scores: .*--route-word-lengths 2,3,4.*--no-dual-route"):
         run_head_types(lm, cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_token_loss_record_windows_and_per_window_arrays(study):
+    """Issue 34: Y2 decides on D under sink, resample beside it; the windows' construction is recorded; every
+    condition's piece holds D, B and the single-token benefit per window, equal to the reductions of its losses."""
+    from inductionlab.measures.token_loss import benefits
+    res, out = study
+    rec = json.loads((out / "results.json").read_text())
+    tl = rec["token_loss"]
+    assert tl["method"] == "sink" and tl["sensitivity_method"] == "resample" and tl["n_windows"] == 3
+    assert tl["sizing"] == {"fixed": 3, "option": "--icl-sequences"} and "consecutive" in tl["windows"]
+    assert tl["window_tokens"] == 49 and tl["measured_tokens"] == [8, 48] and tl["band"] is None   # ⌊1.2·40⌋ = 48
+    y2 = next(v for v in rec["verdicts"] if v["claim"] == "Y2")
+    assert "log-slope" in y2["rule"] and "sensitivity arm" in y2.get("caveat", "")
+    piece = np.load(out / "checkpoints" / "icl" / "intact.npz")
+    got = benefits(piece["nll"].astype(np.float64), np.arange(8, 49), 10, 40)
+    for m in ("slope", "band", "single"):
+        assert np.allclose(piece[m], got[m], atol=1e-4), m          # nll stored as float32
+    rows = pd.read_csv(out / "icl_rows.csv")
+    assert {"slope", "band", "benefit"} <= set(rows.columns)
+    assert (out / "checkpoints" / "icl_sensitivity").is_dir()
+    assert "## Token-loss ICL score" in (out / "report.md").read_text()

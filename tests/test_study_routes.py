@@ -21,7 +21,7 @@ from inductionlab.protocols import word_copy
 from inductionlab.protocols.configs import LagProbeConfig, SerialRecallConfig, WordCopyConfig
 from inductionlab.protocols.word_copy import Template, copy_prompt, make_template
 from inductionlab.studies.configs import HeadScoreConfig
-from inductionlab.studies.head_types.config import TokenLossConfig
+from inductionlab.protocols.configs import TokenLossConfig
 from inductionlab.studies.routes.config import RoutesConfig, RoutesSelectionConfig
 from inductionlab.studies.spec import RunOptions
 
@@ -214,7 +214,8 @@ def small(tmp_path, piece_tokenizer, **sel) -> RoutesConfig:
                         lag=LagProbeConfig(list_length=16, cue_position=8, n_permutations=3, cues="all:4"),
                         recall=SerialRecallConfig(n_trials=2, list_length=4, n_shots=1, generate=False),
                         copy=WordCopyConfig(n_lists=2, n_items=4, lengths=(2, 3), word_pool=10_000),
-                        icl=TokenLossConfig(text=str(text), late=30, early=5, n_sequences=2, method="zero"))
+                        icl=TokenLossConfig(text=str(text), late=30, early=5, pilot=3, half_width=50.0, method="zero",
+                                            sensitivity=None))          # auto: n from a 3-window pilot
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +257,18 @@ def test_a_tiny_run_writes_the_tables_and_decides_each_claim(study):
     assert len(pd.read_csv(out / "copy_outputs.csv")) == 6 * 3 * 2              # conditions x kinds x lists
     cost = rec["cost"]
     assert set(cost["ratio_per_condition"]) == {"lag", "recall", "copy", "icl"}
+    tl = rec["token_loss"]                       # issue 34: the pilot sized the windows, recorded with its reason
+    size = tl["sizing"]["sample_size"]
+    assert tl["sizing"]["pilot"]["n"] == 3 and tl["sizing"]["pilot_condition"] == "induction-2"
+    pilot = tl["sizing"]["pilot"]
+    claim_n = max(2, math.ceil((1.959963984540054 * pilot["sigma"]["paired_slope"] / 50.0) ** 2))
+    m, s = pilot["mean"]["intact_slope"], pilot["sigma"]["intact_slope"]
+    gate_n = math.ceil(((1.959963984540054 + 0.8416212335729143) * s / m) ** 2) if m > 0 else 0
+    assert size["sigma"] == pilot["sigma"]["paired_slope"] and size["needed"] == max(claim_n, gate_n)
+    assert size["n"] == tl["n_windows"] == min(size["needed"], 480 // 36)
+    assert size["available"] == 480 // 36 and tl["window_tokens"] == 37 and tl["measured_tokens"] == [4, 36]
+    assert (out / "checkpoints" / "icl_pilot.npz").is_file() and (out / "checkpoints" / "icl_sample_size.json").is_file()
+    assert "Pilot: 3 windows" in (out / "report.md").read_text()
     assert all(v > 0 for v in cost["bare_forward_s"].values()) and all(v > 0 for v in cost["ratio_per_condition"].values())
 
 

@@ -256,3 +256,21 @@ def test_cli_bad_input_one_line_nothing_written(tiny_dir, tmp_path, extra, messa
     err = r.stderr.strip()
     assert err.startswith("error:") and message in err and "\n" not in err
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_an_undecided_b_or_d_carries_its_power_line():
+    """B not reproduced with random − induction 0.02 [−0.03, 0.07] over the 40 lists at the largest k: σ = 0.1 /
+    (2·1.96) · √40, and n = ⌈((1.96 + 0.84)·σ / 0.02)²⌉ lists would decide it; a decided verdict carries none."""
+    import math
+
+    import pandas as pd
+
+    from inductionlab.studies.run import format_verdicts
+    lag, rec, _ = _synthetic(collapse=True)
+    rows = [_row("lag_plus1", 2, 0.8, 0.78, 0.8, (-0.03, 0.07)), _row("recall_accuracy", 2, 0.8, 0.1, 0.8, (0.6, 0.8))]
+    v = {d.claim: d for d in decide(lag, rec, pd.DataFrame(rows), [2])}
+    sigma = 0.1 / (2 * 1.959963984540054) * math.sqrt(40)
+    want = math.ceil(((1.959963984540054 + 0.8416212335729143) * sigma / 0.02) ** 2)
+    assert v["B"].status == "not reproduced" and v["B"].power["n_needed"] == want and v["B"].power["n"] == 40
+    assert f"n = {want} lists would decide it" in format_verdicts([v["B"]])[0]
+    assert v["D"].status == "reproduced" and v["D"].power is None

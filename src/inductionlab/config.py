@@ -212,7 +212,8 @@ def _scalar(value: Any, t, where: str) -> Any:
 
 def coerce(value: Any, t: Any, where: str) -> Any:
     """``value`` (a flag's text, a file's scalar or list) as the annotation ``t``: ``bool``, ``int``
-    (``"1e6"`` → 1000000; 3.5 refused), ``float``, ``str``, ``X | None``, ``tuple[int, ...]`` /
+    (``"1e6"`` → 1000000; 3.5 refused), ``float``, ``str``, ``X | None`` (``none`` / ``null``, and ``auto`` for an
+    ``int | None``), ``tuple[int, ...]`` /
     ``list[int]`` / ``tuple[str, ...]`` (a list, or comma-separated text), ``tuple[int, int]``
     (``"LO,HI"``); other annotations (``dict``) are taken as they are.
 
@@ -220,7 +221,8 @@ def coerce(value: Any, t: Any, where: str) -> Any:
         InductionLabError: a value the annotation cannot hold, naming ``where`` (the key or flag) and what
             it takes."""
     inner, optional = _optional(t)
-    if value is None or optional and isinstance(value, str) and value.strip().lower() in ("none", "null"):
+    if value is None or optional and isinstance(value, str) and (value.strip().lower() in ("none", "null") or
+                                                                 inner is int and value.strip().lower() == "auto"):
         if optional:
             return None
         raise InductionLabError(f"{where} needs {wants(inner)}, got none")

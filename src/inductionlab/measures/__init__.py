@@ -7,6 +7,9 @@ in the style of psifr.
 * ``crp`` — lag-CRP of recall sequences (Kahana 1996).
 * ``serial_position`` — serial-position curves, temporal factor, lag enrichment.
 * ``load_bearing_eval`` — relative / absolute changes under ablation with paired CIs, score concentration.
+* ``token_loss`` — the token-loss ICL score's per-window reductions: log-slope benefit D, band benefit B,
+  single-token benefit (issue 34).
+* ``power`` — sample size from a pilot (n = ⌈(1.96·σ/h)²⌉ with its caps) and the power line of an undecided verdict.
 * ``overlap`` — how two head rankings overlap: top-set overlap against its hypergeometric expectation
   and tail, mean cross-percentiles, Spearman (Yin & Steinhardt 2025).
 

@@ -7,7 +7,8 @@
   lists in ``icl_tasks``), ``icl_score`` (ICL score, induction loss, associative recall),
   ``perplexity``, ``load_bearing`` (single-head map), ``lm_eval_tasks`` (the lm-eval bridge),
   ``lm_eval_model`` (the lm-eval model type ``inductionlab``: any lm-eval task on an ablated model) and ``word_copy``
-  (the word-list copy probe: words, nonsense, random ids).
+  (the word-list copy probe: words, nonsense, random ids), ``token_loss`` (the token-loss ICL score under ablation:
+  windows, every position's loss reduced to D, B and the single-token benefit, the pilot that sizes the windows).
 
 * ``configs`` — the protocols' configs (typed trees, no torch: the command line generates options from them).
 

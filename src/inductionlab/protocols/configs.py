@@ -1,5 +1,6 @@
 """The protocols' configs: :class:`LagProbeConfig` (SPEC §4), :class:`SerialRecallConfig` (SPEC §5) and
-:class:`FVScoreConfig` and :class:`DualRouteConfig` (SPEC §10),
+:class:`FVScoreConfig` and :class:`DualRouteConfig` (SPEC §10), :class:`TokenLossConfig` (the token-loss ICL
+score under ablation, issue 34),
 typed trees (:mod:`inductionlab.config`) whose leaves are the studies' command-line options.
 
 No torch here: the command line generates its options from these before anything heavy is loaded.
@@ -340,7 +341,63 @@ class DualRouteConfig:
             raise InductionLabError(f"--route-word-pool {self.word_pool} and rows {self.rows} must be >= 1")
 
 
-__all__ = ["LagProbeConfig", "SerialRecallConfig", "WordCopyConfig", "FVScoreConfig", "DualRouteConfig", "HeadTypeParams"]
+@dataclass
+class TokenLossConfig:
+    """The token-loss ICL score under ablation (Olsson et al. 2022; Yin & Steinhardt 2025's "token-loss
+    difference"), measured with every position's loss between the early and late tokens (issue 34,
+    :mod:`inductionlab.measures.token_loss`): the log-slope benefit D (primary), log-symmetric bands B and the
+    single-token benefit, per window; the number of windows from a pilot (:mod:`inductionlab.measures.power`)."""
+    text: str = opt("demo", "Natural text: 'demo' (the demo corpus: make corpus) or a .txt file.", flag="--icl-text")
+    late: int = opt(500, "Late token.", source="Olsson et al. 2022", flag="--icl-late")
+    early: int = opt(50, "Early token.", source="Olsson et al. 2022", flag="--icl-early")
+    n_sequences: int | None = opt(None, "Text windows (every condition runs the same ones).", flag="--icl-sequences",
+                                  none="auto: n = ceil((1.96 sigma / h)^2) from a pilot, capped by --budget-minutes "
+                                       "and the text")
+    half_width: float = opt(0.1, "Target 95% CI half-width (nats) of the claims' paired difference of D, for the "
+                                 "pilot's n.", source="ANCHORS-POWER 1.4", flag="--icl-half-width")
+    pilot: int = opt(16, "Pilot windows (intact + the claim's ablation) that estimate sigma (with auto windows).",
+                     flag="--icl-pilot")
+    budget_minutes: float | None = opt(None, "Minutes the token-loss phase may take over all its conditions; caps "
+                                             "the pilot's n.", none="no cap", flag="--budget-minutes")
+    bands: bool = opt(True, "Windows end at the late token (the flag sets bands false; the band benefit B, which "
+                            "needs 1.2 x late tokens, is then absent).", flag="--no-icl-bands")
+    method: str = opt("sink", "Ablation of the heads for this measure.", choices=("sink", "resample", "mean", "zero"),
+                      source="Yin & Steinhardt 2025's hook, as their code runs it, writes v(BOS) at every position: "
+                             "sink (ANCHORS-POWER 1.3)", flag="--icl-method")
+    sensitivity: str | None = opt("resample", "A second ablation of the claim's conditions, reported beside the "
+                                              "primary (study head-types).", none="no sensitivity arm",
+                                  choices=("resample", "sink", "mean", "zero", "none"), flag="--icl-sensitivity")
+    batch_size: int = opt(2, "Windows per forward pass.", cli=False)
+
+    @property
+    def auto(self) -> bool:
+        """Whether the number of windows comes from a pilot."""
+        return self.n_sequences is None
+
+    def validate(self) -> None:
+        """Raises InductionLabError: positions out of order, fewer than 2 windows (a CI needs two), a half-width
+        or budget <= 0, an unknown method, a sensitivity arm equal to the primary method."""
+        check_fields(self)
+        check_method(self.method)
+        if not 1 <= self.early < self.late:
+            raise InductionLabError(f"--icl-early {self.early} and --icl-late {self.late}: need 1 <= early < late")
+        if self.n_sequences is not None and self.n_sequences < 2 or self.batch_size < 1:
+            raise InductionLabError(f"--icl-sequences {self.n_sequences} must be >= 2 (a CI needs two) or auto")
+        if self.pilot < 2:
+            raise InductionLabError(f"--icl-pilot {self.pilot} must be >= 2 (a pilot sigma needs two windows)")
+        if not self.half_width > 0:
+            raise InductionLabError(f"--icl-half-width {self.half_width} must be > 0 nats (e.g. 0.1)")
+        if self.budget_minutes is not None and not self.budget_minutes > 0:
+            raise InductionLabError(f"--budget-minutes {self.budget_minutes} must be > 0 (or none)")
+        if self.sensitivity is not None:
+            check_method(self.sensitivity)
+            if self.sensitivity == self.method:
+                raise InductionLabError(f"--icl-sensitivity {self.sensitivity} is the primary --icl-method; give "
+                                        "another method or none")
+
+
+__all__ = ["LagProbeConfig", "SerialRecallConfig", "WordCopyConfig", "FVScoreConfig", "DualRouteConfig", "HeadTypeParams",
+           "TokenLossConfig"]
 
 
 @dataclass

@@ -10,6 +10,8 @@ engine runs.
 * ``run`` — :class:`~inductionlab.studies.run.StudyRun` (the run directory) and :class:`~inductionlab.studies.run.Verdict`.
 * ``configs`` — the configs several studies nest (head scores, ablation conditions) and their shared checks.
 * ``report`` / ``plots`` — the shared formatting pieces and every figure.
+* ``token_loss`` — the token-loss ICL phase shared by head types (Y2) and routes (R3): the pilot that sizes the
+  windows, the confirmatory and sensitivity phases, their record and report section (issue 34).
 
 A new study is a new folder ``studies/<name>/`` (``studies/analyze/`` is the smallest complete one):
 

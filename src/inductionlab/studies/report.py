@@ -188,9 +188,9 @@ def write_cue_outputs(tables: Path, figs: Path, lag, name: str, shown: list[str]
 
 def verdict_lines(verdicts, rules: str) -> list[str]:
     """The "## Verdicts" section of a study with pre-registered claims: one table row per
-    :class:`~inductionlab.studies.run.Verdict` (claim, status, evidence; caveat appended); ``rules``: the module
+    :class:`~inductionlab.studies.run.Verdict` (claim, status, evidence; caveat and power line appended); ``rules``: the module
     that fixes them (``"studies/routes/verdicts.py"``)."""
     lines = ["## Verdicts", "", f"Rules fixed in code before the first run (`{rules}`).", "",
              "| claim | status | evidence |", "|---|---|---|"]
-    return lines + [f"| **{v.claim}** {v.text} | {v.status} | {v.evidence}{'; ' + v.caveat if v.caveat else ''} |"
-                    for v in verdicts]
+    return lines + [f"| **{v.claim}** {v.text} | {v.status} | {v.evidence}{'; ' + v.caveat if v.caveat else ''}"
+                    f"{'; power: ' + v.power_line if v.power else ''} |" for v in verdicts]

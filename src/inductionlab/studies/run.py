@@ -91,6 +91,9 @@ class Verdict:
         variant: the variant the claim is decided for, where it is decided per variant.
         caveat: what a reader must know beside the status.
         per_k: per-k numbers, for a rule decided over several k (``study temporal``).
+        power: for a verdict left undecided ("not testable", or a CI that straddles 0): what n would decide it
+            (:func:`~inductionlab.measures.power.power_record`: ``n``, ``sigma``, ``n_needed``, ``unit``,
+            ``minutes``, ...); :attr:`power_line` prints it.
 
     Raises:
         ValueError: ``status`` not one of :data:`STATUSES`, or an empty ``claim``.
@@ -103,6 +106,7 @@ class Verdict:
     variant: str | None = None
     caveat: str | None = None
     per_k: Mapping | None = None
+    power: Mapping | None = None
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -115,20 +119,30 @@ class Verdict:
         """A copy with ``fields`` replaced, like a dict union: ``v | {"variant": "anti"}``."""
         return replace(self, **fields)
 
+    @property
+    def power_line(self) -> str | None:
+        """The power line of an undecided verdict (:func:`~inductionlab.measures.power.power_line`), or None."""
+        from ..measures.power import power_line
+        return None if self.power is None else power_line(dict(self.power))
+
     def to_dict(self) -> dict:
         """The results.json entry: ``claim, text, verdict`` (the status), ``rule, evidence``, then
-        ``variant``, ``caveat``, ``per_k`` where set."""
+        ``variant``, ``caveat``, ``per_k``, ``power`` (with its ``line``) where set."""
         d = asdict(self)
         out = {"claim": d.pop("claim"), "text": d.pop("text"), "verdict": d.pop("status"), "rule": d.pop("rule"),
                "evidence": d.pop("evidence")}
+        if d.get("power") is not None:
+            d["power"] = {**d["power"], "line": self.power_line}
         return out | {k: v for k, v in d.items() if v is not None}
 
 
 def format_verdicts(verdicts: Iterable[Verdict]) -> list[str]:
     """One line per verdict, as the CLI prints them: ``(A/induction) reproduced: <text> — <evidence>``
-    (``/variant`` where set; ``[caveat]`` at the end where set)."""
+    (``/variant`` where set; ``[caveat]`` at the end where set; ``[power: …]`` for an undecided verdict with a
+    power record)."""
     return [f"({v.claim}{'/' + v.variant if v.variant else ''}) {v.status}: {v.text} — {v.evidence}"
-            + (f" [{v.caveat}]" if v.caveat else "") for v in verdicts]
+            + (f" [{v.caveat}]" if v.caveat else "") + (f" [power: {v.power_line}]" if v.power else "")
+            for v in verdicts]
 
 
 __all__ = ["StudyRun", "Verdict", "STATUSES", "format_verdicts"]

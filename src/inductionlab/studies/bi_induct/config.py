@@ -22,8 +22,8 @@ from ...config import nested, opt, to_dict
 from ...data.curriculum import VARIANTS, CurriculumConfig
 from ...errors import InductionLabError
 from ...train.config import TrainConfig
-from ..evaluate.config import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LoadBearingConfig,
-                               PerplexityConfig, ProbeConfig, RecallConfig)
+from ..evaluate import (EvaluateConfig, ICLScoreConfig, InductionLossConfig, LoadBearingConfig, PerplexityConfig,
+                        ProbeConfig, RecallConfig)
 from ..configs import HeadScoreConfig
 from ..spec import StudySpec
 

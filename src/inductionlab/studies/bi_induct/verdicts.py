@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from ...measures.power import power_record
 from ..run import Verdict
 from .config import BI_INDUCT, VARIANTS
 
@@ -209,11 +210,17 @@ def verdict_d(t: pd.DataFrame) -> Verdict:
     ev = " ◆ ".join(parts)      # not "|": the evidence sits in a markdown table cell
     ben = _by_seed(t, "none", "icl_benefit")
     if _n_seeds(t, ("none", "induction")) < MIN_SEEDS_FOR_CI or not (ben > ICL_FLOOR).all():
-        why = "fewer than 2 seeds" if _n_seeds(t, ("none", "induction")) < MIN_SEEDS_FOR_CI else \
-            f"natural-only has no ICL benefit to lose (<= {ICL_FLOOR} nats)"
-        return _verdict("D", "not testable", f"{why}; {ev}")
-    _, m = _paired(t, "none", "induction", col)
-    return _verdict("D", "reproduced" if m is not None and m[2] < 0 else "not reproduced", ev)
+        few = _n_seeds(t, ("none", "induction")) < MIN_SEEDS_FOR_CI
+        why = "fewer than 2 seeds" if few else f"natural-only has no ICL benefit to lose (<= {ICL_FLOOR} nats)"
+        out = _verdict("D", "not testable", f"{why}; {ev}")
+        return out if few else out | {"power": power_record(ben.to_numpy(), unit="seeds", what="natural-only's intact "
+                                                            "ICL benefit (the floor); no training cost measured")}
+    d, m = _paired(t, "none", "induction", col)
+    out = _verdict("D", "reproduced" if m is not None and m[2] < 0 else "not reproduced", ev)
+    if m is not None and m[1] <= 0 <= m[2]:          # the CI straddles 0: how many seeds would decide it
+        out = out | {"power": power_record(d, unit="seeds", what="the paired (by seed) contrast; normal approximation, "
+                                                                 "no training cost measured")}
+    return out
 
 
 def verdict_e(t: pd.DataFrame) -> Verdict:

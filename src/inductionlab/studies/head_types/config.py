@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from ...checks import check_draws, check_fields, check_method, check_seed, check_type
 from ...config import nested, opt
 from ...errors import InductionLabError
-from ...protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig
+from ...protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig, TokenLossConfig
 from ..configs import HeadScoreConfig, check_lag_headline, check_trials_fit
 from ..spec import StudySpec
 
@@ -64,28 +64,6 @@ class ProbesConfig:
 
 
 @dataclass
-class TokenLossConfig:
-    """The token-loss ICL score (Olsson et al. 2022; Yin's "token-loss difference"): loss at token ``late``
-    minus at token ``early`` of natural text, under a ``resample`` (Yin) or ``mean`` ablation of the heads."""
-    text: str = opt("demo", "Natural text: 'demo' (the demo corpus: make corpus) or a .txt file.", flag="--icl-text")
-    late: int = opt(500, "Late token.", source="Olsson et al. 2022", flag="--icl-late")
-    early: int = opt(50, "Early token.", source="Olsson et al. 2022", flag="--icl-early")
-    n_sequences: int = opt(16, "Text windows.", flag="--icl-sequences")
-    method: str = opt("resample", "Ablation of the heads for this measure.", choices=("resample", "mean", "zero"),
-                      source="Yin & Steinhardt 2025: resample", flag="--icl-method")
-    batch_size: int = opt(2, "Windows per forward pass.", cli=False)
-
-    def validate(self) -> None:
-        check_fields(self)
-        check_method(self.method)
-        if not 1 <= self.early < self.late:
-            raise InductionLabError(f"--icl-early {self.early} and --icl-late {self.late}: need 1 <= early < late")
-        if self.n_sequences < 2 or self.batch_size < 1:
-            raise InductionLabError(f"--icl-sequences {self.n_sequences} must be >= 2 (a CI needs two)")
-        check_trials_fit(self.n_sequences, self.late + 1, "--icl-sequences")
-
-
-@dataclass
 class CMRConfig:
     """Per-head attention CRP on the head scores' ``[BOS] S S`` sequences and its CMR fit (Ji-An, Zhou, Benna &
     Mattar 2024; SPEC §10): ``cmr_distance`` and ``cmr_like`` (= 1 / (1 + distance), higher = more CMR-like) join
@@ -120,7 +98,8 @@ class HeadTypesConfig:
                                                      "2025): columns of head_scores.csv, rankings for ablation.")
     selection: SelectionConfig = nested(SelectionConfig, "Exclusive ablation (Yin & Steinhardt 2025).")
     probes: ProbesConfig = nested(ProbesConfig, "Few-shot HITS@1 under ablation.")
-    icl: TokenLossConfig = nested(TokenLossConfig, "Token-loss ICL score under ablation.")
+    icl: TokenLossConfig = nested(TokenLossConfig, "Token-loss ICL score under ablation (claim Y2): D, B and the "
+                                                   "single-token benefit; windows sized by a pilot.")
     lag: LagProbeConfig = nested(lambda: LagProbeConfig(n_permutations=16, cues="all:10"),
                                  "The lag probe under ablation (seed T's p(+1) and temporal factor).")
     lag_method: str = opt("zero", "Ablation of the heads for the lag probe.", source="seed protocol",
@@ -153,6 +132,7 @@ class HeadTypesConfig:
         lag.validate()
         check_lag_headline(lag)
         check_trials_fit(lag.n_permutations, lag.trial_tokens, "--n-permutations")
+        check_trials_fit(self.icl.n_sequences or self.icl.pilot, self.icl.late * 6 // 5 + 1, "--icl-sequences")
         if self.cmr.enabled and self.cmr.max_lag > self.scores.seq_len - 1:
             raise InductionLabError(f"--crp-max-lag {self.cmr.max_lag} does not fit --score-seq-len "
                                     f"{self.scores.seq_len}; give at most {self.scores.seq_len - 1}")

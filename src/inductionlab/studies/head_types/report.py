@@ -11,6 +11,7 @@ import pandas as pd
 from ...runtime.runs import atomic_write_text
 from .. import plots
 from ..report import fmt_ci, model_line, verdict_lines
+from ..token_loss import report_lines as token_loss_lines
 from .verdicts import MEASURES
 
 ZS, FVEC, RVEC = "zero-shot", "function vector", "random heads' vector"     # the vectors of study._fv_check
@@ -147,6 +148,8 @@ def report(res) -> str:
              "and ablated with and without excluding the other ranking's top heads (Yin & Steinhardt 2025). "
              "Guide: docs/head_types.md.", ""]
     lines += verdict_lines(res.verdicts, "studies/head_types/verdicts.py")
+    if "token_loss" in res.record:
+        lines += [""] + token_loss_lines(res.record["token_loss"])
     lines += ["", "## FV heads", "",
               f"AIE = mean over {len(fv.tasks)} tasks × {fv.cie.shape[1]} prompts ({cfg.fv.shots} shots, labels "
               "deranged) of P(answer's first token) after setting the head's last-position output to its mean over "
@@ -177,7 +180,8 @@ def report(res) -> str:
               f"); exclusion of the other ranking's top {100 * cfg.selection.exclude_fraction:g}%; "
               f"{cfg.selection.n_draws} random draws per count over "
               f"{'all heads' if cfg.selection.random == 'all' else 'heads outside the top N by induction score'}. "
-              f"HITS@1: {cfg.probes.n_prompts} 10-shot prompts per task; ICL benefit: {cfg.icl.n_sequences} windows, "
+              f"HITS@1: {cfg.probes.n_prompts} 10-shot prompts per task; ICL benefit: "
+              f"{res.record['token_loss']['n_windows']} windows, "
               f"{cfg.icl.method} ablation; lag probe: {res.lag.config.n_permutations} lists, {res.lag.config.method} "
               "ablation. Drop = intact − ablated, paired over the same trials, 95% CI.", ""]
     for m, label in MEASURES.items():
@@ -246,5 +250,6 @@ def summary(res) -> list[str]:
     for r in res.overlap[res.overlap.a.isin(["induction", "concept_copying"]) &
                          res.overlap.b.isin(["token_copying", "token_attention"])].itertuples():
         lines.insert(-1, f"Spearman {r.a} vs {r.b}: {r.spearman:+.2f} (P = {r.spearman_p:.3g})")
-    lines += [f"{v.claim} {v.status}: {v.evidence}" for v in res.verdicts]
+    lines += [f"{v.claim} {v.status}: {v.evidence}" + (f" [power: {v.power_line}]" if v.power else "")
+              for v in res.verdicts]
     return lines

@@ -17,7 +17,9 @@ Pieces (each checkpointed in ``<out>/checkpoints/``; a re-run with the same ``--
    (:func:`~inductionlab.core.ablation.selection_conditions`); under each: 10-shot HITS@1 of the function
    probes with the heads' last-position output set to its mean over the FV scoring prompts and to zero (all
    conditions at once per prompt, as the ablation edits the last position only: ``probes/<task>.npz``), the
-   token-loss ICL score (``icl/<condition>``) and the lag probe (``lag/<condition>``).
+   token-loss ICL score (:mod:`inductionlab.studies.token_loss`: a pilot ``icl_pilot`` sizing the windows
+   ``icl_sample_size``, then ``icl/<condition>`` and the sensitivity arm ``icl_sensitivity/<condition>``; the
+   log-slope benefit D decides Y2) and the lag probe (``lag/<condition>``).
 
 Then ``results.json``, tables, figures and ``report.md``, with the verdicts Y1–Y4 of
 :mod:`inductionlab.studies.head_types.verdicts` (rules fixed in code before the first real run).
@@ -26,7 +28,6 @@ Then ``results.json``, tables, figures and ``report.md``, with the verdicts Y1�
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -41,12 +42,12 @@ from ...core.stimuli import seed_for
 from ...errors import InductionLabError
 from ...measures import cmr as C
 from ...measures.overlap import head_overlap
-from ...protocols import dual_route as DR, function_probes, function_vectors as F, icl_score, lag_probe
+from ...protocols import dual_route as DR, function_probes, function_vectors as F, lag_probe
 from ...protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig
 from ...protocols.icl_tasks import Prompt, build_tasks, make_prompts
 from ...protocols.lag_probe import LagProbeResult
-from ...protocols.runner import Probe, Trials
 from ..configs import check_trial_ids
+from .. import token_loss as TLS
 from ..engine import Context, Phase, StudyResult, run_study
 from ..spec import RunOptions
 from .config import SPEC, HeadTypesConfig
@@ -66,8 +67,7 @@ class Plan:
     fv_prompts: dict[str, F.TaskPrompts]
     probe_prompts: list[Prompt]
     zero_shot: list[Prompt]
-    windows: torch.Tensor
-    icl_positions: tuple[int, int]
+    icl: TLS.TokenLossPlan
     lag: LagProbeConfig
     params: dict
     route: DualRouteConfig | None = None
@@ -84,7 +84,7 @@ class HeadTypesStudy(StudyResult):
     fv_check: dict
     conditions: list[Condition]
     probes: pd.DataFrame              # per prompt, condition and method: hits1, rank, p_target
-    icl: pd.DataFrame                 # per window and condition: loss_early, loss_late, benefit
+    icl: pd.DataFrame                 # per window and condition: loss_early, loss_late, benefit, slope (D), band (B)
     lag: LagProbeResult
     drops: pd.DataFrame               # per condition and measure: value, CI, drop vs intact (verdicts.drop_table)
     overlap: pd.DataFrame             # one row per pair of rankings
@@ -106,41 +106,6 @@ def kept_fractions(fractions, n_total: int) -> tuple[list[float], list[float]]:
         (dropped if n in seen else kept).append(f)
         seen.add(n)
     return kept, dropped
-
-
-def text_windows(loaded: LoadedModel, cfg: HeadTypesConfig, length: int) -> torch.Tensor:
-    """``[n_sequences, length]`` windows of natural text for the token-loss ICL score: from the demo corpus
-    (one window per work, works and character offsets drawn with the study's seed) or a text file (consecutive
-    windows from the start, the first ``n_sequences``). A BOS is prepended when the tokenizer has one.
-
-    Raises:
-        InductionLabError: the demo corpus is not installed (the message gives the command), the file is
-            missing or too short for the windows."""
-    tok, icl = loaded.tokenizer, cfg.icl
-    bos = tok.bos_token_id
-    if icl.text == "demo":
-        from ...data.corpus import demo_texts
-        works = [t for _, t in demo_texts()]
-        rng = np.random.default_rng(seed_for(cfg.seed, 11))
-        rows = []
-        for i in rng.choice(len(works), size=icl.n_sequences, replace=icl.n_sequences > len(works)):
-            text = works[int(i)]
-            start = int(rng.integers(len(text) // 10, max(len(text) // 10 + 1, len(text) - 20 * length)))
-            ids = tok.encode(text[start:start + 12 * length], add_special_tokens=False)[1:]   # [1:]: a cut word
-            body = length - (bos is not None)
-            if len(ids) < body:
-                raise InductionLabError(f"demo work {int(i)} is shorter than one window of {length} tokens")
-            rows.append(([bos] if bos is not None else []) + ids[:body])
-        return torch.tensor(rows, dtype=torch.long)
-    from ...data.corpus import read_text
-    path = Path(icl.text)
-    if not path.is_file():
-        raise InductionLabError(f"--icl-text {icl.text}: no such file; give a .txt file or 'demo' (make corpus)")
-    w = icl_score.text_windows(tok, read_text(path), length, bos_id=bos)
-    if len(w) < icl.n_sequences:
-        raise InductionLabError(f"--icl-text {icl.text} gives {len(w)} windows of {length} tokens, fewer than "
-                                f"--icl-sequences {icl.n_sequences}; give a longer text or fewer sequences")
-    return w[:icl.n_sequences]
 
 
 def prepare(loaded: LoadedModel, cfg: HeadTypesConfig) -> Plan:
@@ -169,9 +134,7 @@ def prepare(loaded: LoadedModel, cfg: HeadTypesConfig) -> Plan:
     zero_shot = [p for t in tasks.values() for p in make_prompts(
         t, loaded.tokenizer, shots=(0,), n_prompts=fv.zero_shot_prompts, seed=seed_for(cfg.seed, 2), permuted=False,
         bos_id=bos)]
-    ctx = icl_score.model_context(loaded.model)
-    late, early = icl_score.icl_positions(min(cfg.icl.late + 1, ctx or cfg.icl.late + 1), cfg.icl.late, cfg.icl.early)
-    windows = text_windows(loaded, cfg, late + 1)
+    icl = TLS.plan(loaded, cfg.icl, cfg.seed)
     check_trial_ids(lag_probe.build_trials(loaded, replace(lag, n_permutations=2)), loaded, "lag probe")
     lag_probe.check_cues(loaded, lag)
     route, route_prompts = cfg.route_config(), None
@@ -185,9 +148,9 @@ def prepare(loaded: LoadedModel, cfg: HeadTypesConfig) -> Plan:
                                     "fewer --route-prompts, or --no-dual-route)") from None
     params = {"config": to_dict(cfg), "fractions": kept, "fractions_dropped": dropped,
               "counts": {f"{f:g}": max(1, int(f * n_total)) for f in kept}, "fv_layer": fv_layer,
-              "fv_tasks": list(fv_prompts), "icl_positions": {"late": late, "early": early},
+              "fv_tasks": list(fv_prompts), **icl.params(),
               "probe_prompts_seed": "seed_for(seed, 1)", "zero_shot_prompts_seed": "seed_for(seed, 2)"}
-    return Plan(loaded, cfg, kept, fv, fv_layer, fv_prompts, probe_prompts, zero_shot, windows, (late, early), lag,
+    return Plan(loaded, cfg, kept, fv, fv_layer, fv_prompts, probe_prompts, zero_shot, icl, lag,
                 params, route if route.enabled else None, route_prompts)
 
 
@@ -314,12 +277,15 @@ def _probes(plan: Plan, ctx: Context, conditions: list[Condition], fv: F.FVScore
     return df
 
 
-def _icl_probe(plan: Plan) -> Probe:
-    """The token-loss ICL score's probe: next-token losses at the early and late tokens only."""
-    late, early = plan.icl_positions
-    return Probe.of_trials("token-loss ICL score", Trials({"ids": plan.windows}),
-                           partial(icl_score.measure_at, positions=(early, late)), batch_size=plan.cfg.icl.batch_size,
-                           method=plan.cfg.icl.method)
+def _pilot_condition(conditions: list[Condition]) -> Condition:
+    """The pilot's ablation for Y2: induction-exclusive at the largest fraction (the claim's own kind of condition)."""
+    excl = [c for c in conditions if c.kind == "induction-excl-fv"]
+    return max(excl, key=lambda c: c.k) if excl else next(c for c in conditions if c.kind != "intact")
+
+
+def _y2_conditions(conditions: list[Condition]) -> list[Condition]:
+    """The conditions Y2 reads (the two exclusive selections at each fraction): the sensitivity arm's."""
+    return [c for c in conditions if c.kind in ("induction-excl-fv", "fv-excl-induction")]
 
 
 def conditions_for(induction: np.ndarray, fv_table: np.ndarray, plan: Plan) -> list[Condition]:
@@ -364,19 +330,10 @@ def phases(plan: Plan, ctx: Context) -> dict:
     route = _route_scores(plan, ctx)
     conditions = conditions_for(scores["induction"], fv_ranking_scores(fv, cfg.selection.fv_ranking), plan)
     probes = _probes(plan, ctx, conditions, fv)
-    runs = ctx.measure(Phase("icl", _icl_probe(plan), conditions), Phase("lag", lag_probe.probe(plan.lag), conditions))
+    icl = TLS.measure(ctx, plan.icl, conditions, _pilot_condition(conditions), _y2_conditions(conditions))
+    runs = ctx.measure(Phase("lag", lag_probe.probe(plan.lag), conditions))
     return {"scores": scores, "cmr": cmr, "fv": fv, "fv_check": fv_check, "route": route, "conditions": conditions,
-            "probes": probes, **runs}
-
-
-def _icl_rows(plan: Plan, pieces: dict) -> pd.DataFrame:
-    """Per window and condition: loss at the early and late tokens (nats) and the benefit early − late."""
-    out = []
-    for name, arrays in pieces["icl"].arrays.items():
-        nll = arrays["nll"]
-        out.append(pd.DataFrame({"condition": name, "sequence": np.arange(len(nll)), "loss_early": nll[:, 0],
-                                 "loss_late": nll[:, 1], "benefit": nll[:, 0] - nll[:, 1]}))
-    return pd.concat(out, ignore_index=True)
+            "probes": probes, "icl": icl, "icl_cost": TLS.cost(icl, ctx.run.timings, len(conditions)), **runs}
 
 
 def overlap_table(induction: np.ndarray, fv: F.FVScores, other: dict[str, np.ndarray],
@@ -402,12 +359,18 @@ def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
     hs, fv, conditions = pieces["scores"], pieces["fv"], pieces["conditions"]
     lag = LagProbeResult.from_parts(pieces["lag"].arrays, conditions, plan.lag, pieces["lag"].words)
     probes = pieces["probes"]
-    icl = _icl_rows(plan, pieces)
+    icl_run = pieces["icl"]
+    icl = icl_run.table
     counts = {max(1, int(f * hs["induction"].size)): f for f in plan.fractions}
     drops = drop_table(conditions, probes, icl, lag, counts)
     route = pieces.get("route")
     overlap = overlap_table(hs["induction"], fv, hs.scores, route)
-    verd = decide(drops, probes, icl, lag, conditions, overlap, counts)
+    sens = None
+    if icl_run.sensitivity is not None:
+        from ...protocols.token_loss import window_table
+        sens = window_table({"intact": icl_run.arrays["intact"], **icl_run.sensitivity})
+    verd = decide(drops, probes, icl, lag, conditions, overlap, counts, icl_cost=pieces["icl_cost"], icl_sensitivity=sens)
+    verd = TLS.with_cap_note(verd, "Y2", icl_run)
     aie = fv.aie()
     table = fv.table()
     allrows = table[table.task == "all"].set_index(["layer", "head"])
@@ -420,7 +383,8 @@ def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
         "seeds": {"study": plan.cfg.seed, "fv_prompts": "icl_tasks.make_prompts(seed)",
                   "probe_prompts": "seed_for(seed, 1)", "zero_shot_prompts": "seed_for(seed, 2)",
                   "fv_random_heads": "seed_for(seed, 3)", "random_draws": "permutation seed_for(seed, count, draw)",
-                  "text_windows": "seed_for(seed, 11)"},
+                  "text_windows": "seed_for(seed, 11)", "pilot_windows": "seed_for(seed, 12)"},
+        "token_loss": TLS.record(plan.icl, icl_run) | {"cost": pieces["icl_cost"]},
         "head_scores": {**{k: v.tolist() for k, v in hs.scores.items()}, "fv": aie.tolist(), "params": hs.params},
         "fv": {"params": fv.params, "tasks": fv.tasks, "p_clean": fv.p_clean.mean(1).tolist(),
                "p_corrupted": fv.p_base.mean(1).tolist()},
@@ -470,4 +434,4 @@ def run_head_types(loaded: LoadedModel, cfg: HeadTypesConfig, out: str | Path,
 
 
 __all__ = ["HeadTypesStudy", "Plan", "prepare", "phases", "result", "run_head_types", "kept_fractions",
-           "text_windows", "fv_ranking_scores", "conditions_for", "overlap_table"]
+           "fv_ranking_scores", "conditions_for", "overlap_table"]

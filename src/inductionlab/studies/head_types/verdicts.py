@@ -14,8 +14,12 @@ removing the other ranking's top 2%. For Y1–Y3 the per-trial difference of the
 each fraction f (same prompts / windows / lists in every condition, so the difference is paired) is averaged
 over the fractions, per trial, and the claim is **reproduced** when the 95% CI of that mean over trials lies
 above 0 in the claim's direction, **not reproduced** otherwise; **not testable** when the intact model has
-nothing to lower: 10-shot HITS@1 below 0.05 (Y1), an ICL benefit (loss early − loss late) whose CI reaches 0
-(Y2), a temporal factor whose CI reaches 0.5, chance (Y3). Y4 is reproduced when the hypergeometric tail
+nothing to lower: 10-shot HITS@1 below 0.05 (Y1), an intact log-slope ICL benefit D whose CI reaches 0 (Y2), a
+temporal factor whose CI reaches 0.5, chance (Y3). Y2 decides on D (issue 34: every token between early and late,
+:mod:`inductionlab.measures.token_loss`), gate and claim alike; the single-token benefit is reported beside it.
+A verdict left undecided (not testable, or a CI that straddles 0) carries a power record: the n that would
+decide it at the measured σ (:func:`~inductionlab.measures.power.power_record`), with its time where the cost per
+trial-condition was measured (Y2). Y4 is reproduced when the hypergeometric tail
 P(X ≥ overlap) < 0.05 (FV ranked by signed AIE), not testable when the top-5% sets hold a single head.
 """
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ...measures.power import power_record
 from ...measures.serial_position import lag_rank
 from ...measures.stats import ci
 from ...protocols.lag_probe import LagProbeResult
@@ -33,7 +38,9 @@ from ..run import Verdict
 #: measure -> (description, higher is better)
 MEASURES = {"hits1_mean": "10-shot HITS@1, heads' last-position output ← mean",
             "hits1_zero": "10-shot HITS@1, heads' last-position output ← 0",
-            "icl_benefit": "ICL benefit, loss(early) − loss(late) (nats)",
+            "icl_benefit": "ICL benefit, single token: loss(early) − loss(late) (nats)",
+            "icl_slope": "ICL benefit D, log-slope: nats per tenfold more context (early..late)",
+            "icl_band": "ICL benefit B, log-symmetric bands around early and late (nats)",
             "lag_plus1": "lag probe p(lag +1)",
             "temporal_factor": "lag probe temporal factor"}
 
@@ -51,7 +58,11 @@ def per_trial(name: str, probes: pd.DataFrame, icl: pd.DataFrame, lag: LagProbeR
     for method in probes["method"].unique():
         p = probes[(probes.condition == name) & (probes.method == method)]
         out[f"hits1_{method}"] = p.sort_values(["task", "index"]).hits1.to_numpy(np.float64)
-    out["icl_benefit"] = icl[icl.condition == name].sort_values("sequence").benefit.to_numpy(np.float64)
+    rows = icl[icl.condition == name].sort_values("sequence")
+    out["icl_benefit"] = rows.benefit.to_numpy(np.float64)
+    for col in ("slope", "band"):
+        if col in rows:
+            out[f"icl_{col}"] = rows[col].to_numpy(np.float64)
     out["lag_plus1"] = lag.probs[name][:, lag.config.cue_position].astype(np.float64)
     out["temporal_factor"] = np.nanmean(lag_rank(lag.cue_probs[name], lag.cue_positions), axis=1) \
         if lag.cue_positions is not None else np.full(len(out["lag_plus1"]), np.nan)
@@ -110,11 +121,17 @@ def _exclusive_difference(conditions, probes, icl, lag, measure: str, sign: int,
     return np.mean(diffs, axis=0), per
 
 
-def _paired_claim(claim: str, conditions, probes, icl, lag, measure: str, sign: int, fractions, floor) -> Verdict:
+UNITS = {"hits1_mean": "prompts", "icl_benefit": "windows", "icl_slope": "windows", "temporal_factor": "lists"}
+
+
+def _paired_claim(claim: str, conditions, probes, icl, lag, measure: str, sign: int, fractions, floor,
+                  cost: dict | None = None) -> Verdict:
     intact = per_trial("intact", probes, icl, lag)[measure]
     im, ilo, ihi = ci(intact)
     d, per = _exclusive_difference(conditions, probes, icl, lag, measure, sign, fractions)
     m, lo, hi = ci(d)
+    cost = {k: v for k, v in (cost or {}).items() if k in ("seconds_per_trial_condition", "conditions")}
+    unit = UNITS.get(measure, "trials")
     who = "induction-exclusive − FV-exclusive" if sign > 0 else "FV-exclusive − induction-exclusive"
     rule = (f"per trial, the mean over fractions of ({who}) {MEASURES[measure]}, i.e. how much more the "
             f"{'FV' if sign > 0 else 'induction'}-exclusive ablation lowers it; reproduced iff its 95% CI over trials "
@@ -122,19 +139,39 @@ def _paired_claim(claim: str, conditions, probes, icl, lag, measure: str, sign: 
     evidence = f"difference {fmt_ci(m, lo, hi)} over {len(d)} trials; intact {fmt_ci(im, ilo, ihi)}"
     testable, why = floor(im, ilo, ihi)
     if not testable:
-        return Verdict(claim, "not testable", rule, evidence, CLAIMS[claim], caveat=why, per_k=per)
-    return Verdict(claim, "reproduced" if lo > 0 else "not reproduced", rule, evidence, CLAIMS[claim], per_k=per)
+        return Verdict(claim, "not testable", rule, evidence, CLAIMS[claim], caveat=why, per_k=per,
+                       power=power_record(intact, unit=unit, what="the intact gate", **cost))
+    straddles = lo <= 0 <= hi
+    return Verdict(claim, "reproduced" if lo > 0 else "not reproduced", rule, evidence, CLAIMS[claim], per_k=per,
+                   power=power_record(d, unit=unit, what="the paired difference", **cost) if straddles else None)
+
+
+def y2_measure(icl: pd.DataFrame) -> str:
+    """The measure Y2 decides on: ``icl_slope`` (D) where the table has it, else the single-token ``icl_benefit``."""
+    return "icl_slope" if "slope" in icl else "icl_benefit"
 
 
 def decide(drops: pd.DataFrame, probes: pd.DataFrame, icl: pd.DataFrame, lag: LagProbeResult, conditions,
-           overlap: pd.DataFrame, counts: dict[int, float]) -> list[Verdict]:
+           overlap: pd.DataFrame, counts: dict[int, float], *, icl_cost: dict | None = None,
+           icl_sensitivity: pd.DataFrame | None = None) -> list[Verdict]:
     """The claims Y1–Y4 (module docstring), each a :class:`~inductionlab.studies.run.Verdict` with its numbers
-    (``counts``: head count -> the fraction that gave it, for the per-fraction numbers)."""
+    (``counts``: head count -> the fraction that gave it, for the per-fraction numbers; ``icl_cost``: the
+    token-loss phase's ``seconds_per_trial_condition`` and ``conditions``, for Y2's power line;
+    ``icl_sensitivity``: the per-window table under the sensitivity method, Y2's difference under it goes to the
+    verdict's caveat)."""
+    y2 = y2_measure(icl)
+    v2 = _paired_claim("Y2", conditions, probes, icl, lag, y2, -1, counts,
+                       lambda m, lo, hi: (lo > 0, "the intact ICL benefit D's CI reaches 0: no in-context gain to lower"),
+                       icl_cost)
+    if icl_sensitivity is not None:
+        conds = [c for c in conditions if c.name in set(icl_sensitivity.condition)]
+        d, _ = _exclusive_difference(conds, probes, icl_sensitivity, lag, y2_measure(icl_sensitivity), -1, counts)
+        note = f"sensitivity arm: the same difference under the second ablation method {fmt_ci(*ci(d))}"
+        v2 = v2 | {"caveat": f"{v2.caveat}; {note}" if v2.caveat else note}
     out = [
         _paired_claim("Y1", conditions, probes, icl, lag, "hits1_mean", +1, counts,
                       lambda m, lo, hi: (m >= 0.05, f"intact 10-shot HITS@1 {m:.3f} < 0.05: nothing to lower")),
-        _paired_claim("Y2", conditions, probes, icl, lag, "icl_benefit", -1, counts,
-                      lambda m, lo, hi: (lo > 0, "the intact ICL benefit's CI reaches 0: no in-context gain to lower")),
+        v2,
         _paired_claim("Y3", conditions, probes, icl, lag, "temporal_factor", -1, counts,
                       lambda m, lo, hi: (lo > 0.5, "the intact temporal factor's CI reaches 0.5 (chance)")),
     ]
@@ -149,4 +186,4 @@ def decide(drops: pd.DataFrame, probes: pd.DataFrame, icl: pd.DataFrame, lag: La
     return out
 
 
-__all__ = ["MEASURES", "CLAIMS", "per_trial", "drop_table", "decide"]
+__all__ = ["MEASURES", "CLAIMS", "per_trial", "drop_table", "decide", "y2_measure"]

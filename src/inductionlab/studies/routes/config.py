@@ -11,9 +11,8 @@ from ...checks import check_draws, check_fields, check_method, check_seed, check
 from ...config import nested, opt
 from ...errors import InductionLabError
 from ...names import SCORE_NAMES
-from ...protocols.configs import LagProbeConfig, SerialRecallConfig, WordCopyConfig
+from ...protocols.configs import LagProbeConfig, SerialRecallConfig, TokenLossConfig, WordCopyConfig
 from ..configs import HeadScoreConfig, check_lag_headline, check_trials_fit, score_file_columns
-from ..head_types.config import TokenLossConfig
 from ..spec import StudySpec
 
 DEFAULT_RANKINGS = ("induction", "concept_copying", "cmr_like", "fv")
@@ -93,7 +92,8 @@ class RoutesConfig:
     recall: SerialRecallConfig = nested(lambda: SerialRecallConfig(n_trials=32, generate=False),
                                         "Few-shot serial recall (SPEC §5).")
     copy: WordCopyConfig = nested(WordCopyConfig, "The word-list copy probe.")
-    icl: TokenLossConfig = nested(TokenLossConfig, "Token-loss ICL score under ablation.")
+    icl: TokenLossConfig = nested(lambda: TokenLossConfig(sensitivity=None), "Token-loss ICL score under ablation "
+                                  "(claim R3): D, B and the single-token benefit; windows sized by a pilot.")
     r2_word_tokens: str = opt("none", "Claim R2's multi-token arm (R2w): the lag probe again, same lists and cues, on "
                                       "words of these many tokens (e.g. 2-4; whole next word's p(+1) and its first "
                                       "token's) under every condition; none skips it.", source="issue 34",
@@ -136,6 +136,10 @@ class RoutesConfig:
                 raise InductionLabError(f"--r2-word-tokens {self.r2_word_tokens}: the multi-token arm needs words of "
                                         "2 or more tokens (e.g. 2-4); none skips it")
             check_trials_fit(words.n_permutations, words.trial_tokens, "--n-permutations")
+        check_trials_fit(self.icl.n_sequences or self.icl.pilot, self.icl.late * 6 // 5 + 1, "--icl-sequences")
+        if self.icl.sensitivity is not None:
+            raise InductionLabError(f"--icl-sensitivity {self.icl.sensitivity}: study routes runs no sensitivity arm; "
+                                    "give none (study head-types runs one for Y2)")
 
 
 SPEC = StudySpec(

@@ -10,6 +10,7 @@ import pandas as pd
 from ...runtime.runs import atomic_write_text
 from .. import plots
 from ..report import fmt_ci, model_line, verdict_lines
+from ..token_loss import report_lines as token_loss_lines
 from .verdicts import MEASURES
 
 #: the measures of the figure and of the report's main table
@@ -37,6 +38,8 @@ def report(res) -> str:
              "on the all-cue lag probe, serial recall, a word-list copy probe and the token-loss ICL score. "
              "Guide: docs/study-routes.md.", ""]
     lines += verdict_lines(res.verdicts, "studies/routes/verdicts.py")
+    if "token_loss" in res.record:
+        lines += [""] + token_loss_lines(res.record["token_loss"])
     lines += ["", "## Rankings", "",
               f"Rankings: {', '.join(sel.rankings)} (scores file: {sel.scores_file or 'none'}); claim roles: token = "
               f"{sel.token_ranking}, concept = {sel.concept_ranking}, CMR-like = {sel.cmr_ranking}. Top 5 heads:", ""]
@@ -47,7 +50,7 @@ def report(res) -> str:
               f"Heads ablated: {', '.join(map(str, p['sizes']))}; {sel.method} ablation ({cfg.icl.method} for the ICL "
               f"score); {sel.n_draws} random draws of k heads of all heads per k (pooled per trial). Trials: "
               f"{cfg.lag.n_permutations} lag lists (cues {cfg.lag.cues}), {cfg.recall.n_trials} recall prompts, "
-              f"{cfg.copy.n_lists} copy lists per item kind, {cfg.icl.n_sequences} text windows. "
+              f"{cfg.copy.n_lists} copy lists per item kind, {res.record['token_loss']['n_windows']} text windows. "
               "Drop = intact − ablated, paired over the same trials, 95% CI.", ""]
     d = res.drops
     arms = _arm_order(d)
@@ -83,4 +86,5 @@ def write(out: Path, res) -> None:
 
 def summary(res) -> list[str]:
     """What the command prints when it is done: the verdicts."""
-    return [f"{v.claim} {v.status}: {v.evidence}" + (f" ({v.caveat})" if v.caveat else "") for v in res.verdicts]
+    return [f"{v.claim} {v.status}: {v.evidence}" + (f" ({v.caveat})" if v.caveat else "")
+            + (f" [power: {v.power_line}]" if v.power else "") for v in res.verdicts]

@@ -11,7 +11,9 @@ Pieces (each checkpointed in ``<out>/checkpoints/``; a re-run with the same ``--
    two disjoint sets); ``random-all-k-d<d>`` (k heads of all heads, seeded ``seed_for(seed, k, d)``);
 3. under each condition (one phase each, every condition on the same trials, sharded over torchrun's ranks):
    the all-cue lag probe (``lag/<condition>``), few-shot serial recall (``recall/…``), the word-list copy probe
-   (:mod:`inductionlab.protocols.word_copy`, ``copy/…``) and the token-loss ICL score (``icl/…``);
+   (:mod:`inductionlab.protocols.word_copy`, ``copy/…``) and the token-loss ICL score
+   (:mod:`inductionlab.studies.token_loss`: a pilot ``icl_pilot`` sizes the windows ``icl_sample_size``, then
+   ``icl/…``; the log-slope benefit D decides R3);
 4. the cost: one bare forward pass (no instrumentation, last-position logits) over each probe's trials
    → ``cost.json``, and the phases' seconds of this session as a ratio to it per condition.
 
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -39,14 +40,15 @@ from ...core.scores import HeadScores
 from ...errors import InductionLabError
 from ...measures.serial_position import by_lag, cue_log_enrichment, lag_rank, lags_of
 from ...names import SCORE_NAMES
-from ...protocols import icl_score, lag_probe, serial_recall, word_copy
+from ...protocols import lag_probe, serial_recall, word_copy
+from ...protocols import token_loss as TLP
 from ...protocols.configs import LagProbeConfig, SerialRecallConfig, WordCopyConfig
 from ...protocols.lag_probe import LagProbeResult
 from ...protocols.runner import Probe, Trials, auto_batch_size, forward_logits, model_inputs, trim_padding
 from ...runtime import distributed as D
+from .. import token_loss as TLS
 from ..configs import RankingConfig, check_trial_ids, read_score_file
 from ..engine import Context, Phase, StudyResult, run_study
-from ..head_types.study import text_windows
 from ..spec import RunOptions
 from .config import SPEC, RoutesConfig
 from .report import summary, write  # noqa: F401  (the engine reads write and summary here)
@@ -68,8 +70,7 @@ class Plan:
     recall: SerialRecallConfig
     copy: WordCopyConfig
     copy_trials: Trials
-    windows: torch.Tensor
-    icl_positions: tuple[int, int]
+    icl: TLS.TokenLossPlan
     params: dict
     lag_words: LagProbeConfig | None = None     # claim R2's multi-token arm (RoutesConfig.word_lag)
 
@@ -116,14 +117,11 @@ def prepare(loaded: LoadedModel, cfg: RoutesConfig) -> Plan:
     check_trial_ids(serial_recall.build_trials(loaded, replace(recall, n_trials=1)), loaded, "serial recall")
     copy_trials = word_copy.build_trials(loaded, copy)
     check_trial_ids(copy_trials, loaded, "copy probe")
-    ctx = icl_score.model_context(loaded.model)
-    late, early = icl_score.icl_positions(min(cfg.icl.late + 1, ctx or cfg.icl.late + 1), cfg.icl.late, cfg.icl.early)
-    windows = text_windows(loaded, cfg, late + 1)
+    icl = TLS.plan(loaded, cfg.icl, cfg.seed)
     params = {"config": to_dict(cfg), "sizes": sizes, "rankings_from_file": from_file,
               **(RankingConfig(scores_file=sel.scores_file).params() if from_file else {}),
-              "icl_positions": {"late": late, "early": early}, "copy_words": len(copy_trials.words)}
-    return Plan(loaded, cfg, sizes, file_tables, names, lag, recall, copy, copy_trials, windows, (late, early), params,
-                lag_words)
+              **icl.params(), "copy_words": len(copy_trials.words)}
+    return Plan(loaded, cfg, sizes, file_tables, names, lag, recall, copy, copy_trials, icl, params, lag_words)
 
 
 def exclusive_heads(scores: np.ndarray, excluded: np.ndarray, k: int) -> list[tuple[int, int]]:
@@ -157,16 +155,18 @@ def ranking_tables(scores: HeadScores, plan: Plan) -> dict[str, np.ndarray]:
 
 
 def probes(plan: Plan) -> dict[str, Probe]:
-    """The four probes: lag, serial recall, the copy probe (its trials built by :func:`prepare`), the ICL score;
-    and ``lag_words``, claim R2's multi-token lag probe, when asked for."""
-    late, early = plan.icl_positions
-    icl = plan.cfg.icl
+    """Three probes: lag, serial recall, the copy probe (its trials built by :func:`prepare`); and ``lag_words``,
+    claim R2's multi-token lag probe, when asked for. The token-loss score's probe is built once its windows are
+    sized (:func:`~inductionlab.studies.token_loss.measure`)."""
     words = {"lag_words": lag_probe.probe(plan.lag_words)} if plan.lag_words is not None else {}
     return {"lag": lag_probe.probe(plan.lag), "recall": serial_recall.probe(plan.recall),
-            "copy": replace(word_copy.probe(plan.copy), build_trials=lambda loaded: plan.copy_trials),
-            "icl": Probe.of_trials("token-loss ICL score", Trials({"ids": plan.windows}),
-                                   partial(icl_score.measure_at, positions=(early, late)), batch_size=icl.batch_size,
-                                   method=icl.method)} | words
+            "copy": replace(word_copy.probe(plan.copy), build_trials=lambda loaded: plan.copy_trials)} | words
+
+
+def pilot_condition(conditions, plan: Plan) -> Condition:
+    """The pilot's ablation for R3: the CMR ranking's top k at the largest k (else the first ablated condition)."""
+    cmr = [c for c in conditions if c.kind == plan.names["cmr"]]
+    return max(cmr, key=lambda c: c.k) if cmr else next(c for c in conditions if c.kind != "intact")
 
 
 def bare_forward(ctx: Context, plan: Plan, bound: dict[str, Probe], conditions) -> dict:
@@ -203,10 +203,13 @@ def phases(plan: Plan, ctx: Context) -> dict:
     tables = ranking_tables(scores, plan)
     conditions = conditions_for(tables, plan)
     bound = probes(plan)
-    keys = (*PHASES, "lag_words") if "lag_words" in bound else PHASES
+    keys = [k for k in (*PHASES, "lag_words") if k in bound]
     runs = ctx.measure(*(Phase(k, bound[k], conditions) for k in keys))
+    icl = TLS.measure(ctx, plan.icl, conditions, pilot_condition(conditions, plan))
+    bound["icl"] = TLP.probe(icl.windows, plan.cfg.icl, plan.icl.early, plan.icl.late)
     cost = ctx.piece("cost", lambda: bare_forward(ctx, plan, bound, conditions), timing="bare_forward")
-    return {"scores": scores, "tables": tables, "conditions": conditions, "cost": cost, **runs}
+    return {"scores": scores, "tables": tables, "conditions": conditions, "cost": cost, "icl": icl,
+            "icl_cost": TLS.cost(icl, ctx.run.timings, len(conditions)), **runs}
 
 
 class Values:
@@ -237,8 +240,11 @@ class Values:
                "recall_accuracy": p["recall"].arrays[name]["correct"].mean(1).astype(np.float64)}
         for kind, ms in word_copy.kind_measures(p["copy"].arrays[name], self.plan.loaded.tokenizer).items():
             out.update({f"copy_{m}_{kind}": v for m, v in ms.items()})
-        nll = p["icl"].arrays[name]["nll"]
-        out["icl_benefit"] = (nll[:, 0] - nll[:, 1]).astype(np.float64)
+        icl = p["icl"].arrays[name]
+        out["icl_benefit"] = icl["single"].astype(np.float64)
+        out["icl_slope"] = icl["slope"].astype(np.float64)
+        if np.isfinite(icl["band"]).any():
+            out["icl_band"] = icl["band"].astype(np.float64)
         if self.words is not None:                 # claim R2's multi-token arm
             w = self.words
             wp, wcp = w.cue_probs[name], np.asarray(w.cue_positions)
@@ -272,14 +278,17 @@ def result(plan: Plan, pieces: dict) -> RoutesStudy:
     hs, tables, conditions = pieces["scores"], pieces["tables"], pieces["conditions"]
     values = Values(plan, pieces)
     drops = drop_table(conditions, values)
-    verd = decide(conditions, values, plan.cfg.selection.rankings, plan.names)
+    verd = TLS.with_cap_note(decide(conditions, values, plan.cfg.selection.rankings, plan.names,
+                                    icl_cost=pieces["icl_cost"]), "R3", pieces["icl"])
 
     def top(table, n=10):
         return [{"layer": l, "head": h, "score": float(table[l, h])} for l, h in top_k_heads(table, min(n, table.size))]
     record = {
         "seeds": {"study": plan.cfg.seed, "random_draws": "random_heads over all heads, seed_for(seed, k, draw)",
                   "lag_lists": "seed_for(seed, list)", "recall_lists": "seed_for(seed, 7, trial)",
-                  "copy_lists": "seed_for(seed, 13, list)", "text_windows": "seed_for(seed, 11)"},
+                  "copy_lists": "seed_for(seed, 13, list)", "text_windows": "seed_for(seed, 11)",
+                  "pilot_windows": "seed_for(seed, 12)"},
+        "token_loss": TLS.record(plan.icl, pieces["icl"]) | {"cost": pieces["icl_cost"]},
         "head_scores": {k: v.tolist() for k, v in hs.scores.items()} | {"params": hs.params},
         "rankings": {r: {"top": top(t), "source": "computed" if r in hs.scores else plan.cfg.selection.scores_file}
                      for r, t in tables.items()},
@@ -309,4 +318,4 @@ def run_routes(loaded: LoadedModel, cfg: RoutesConfig, out: str | Path, opts: Ru
 
 
 __all__ = ["RoutesStudy", "Plan", "prepare", "phases", "result", "run_routes", "conditions_for", "exclusive_heads",
-           "ranking_tables", "bare_forward", "Values"]
+           "ranking_tables", "bare_forward", "Values", "pilot_condition"]

@@ -36,6 +36,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from ...measures.power import power_record
 from ...measures.stats import arm_values, ci, draws_by_k, paired_by_k
 from ...protocols.word_copy import KINDS
 from ..report import fmt_ci
@@ -51,7 +52,9 @@ MEASURES = {
     "temporal_factor": "lag probe temporal factor",
     "recall_accuracy": "serial recall, teacher-forced accuracy",
     **{f"copy_{m}_{k}": f"copy probe, {k} items: {text}" for k in KINDS for m, text in _COPY.items()},
-    "icl_benefit": "ICL benefit, loss(early) − loss(late) (nats)",
+    "icl_benefit": "ICL benefit, single token: loss(early) − loss(late) (nats)",
+    "icl_slope": "ICL benefit D, log-slope: nats per tenfold more context (early..late)",
+    "icl_band": "ICL benefit B, log-symmetric bands around early and late (nats)",
     "lag_word_plus1": "multi-token lag probe: whole next word's p(+1), all cues pooled",
     "lag_word_logp_plus1": "multi-token lag probe: whole next word's log p(+1) (nats), all cues pooled",
     "lag_first_plus1": "multi-token lag probe: next word's first-token p(+1), all cues pooled",
@@ -112,12 +115,13 @@ def _floor(claim: str, im: float, ilo: float) -> tuple[bool, str]:
     if claim == "R2w":
         return ilo > 0, ("the intact first-token lag +1 log-enrichment of the multi-token list reaches 0: no "
                          "contiguity above the word prior")
-    return ilo > 0, "the intact ICL benefit's CI reaches 0: no in-context gain to lower"
+    return ilo > 0, "the intact ICL benefit D's CI reaches 0: no in-context gain to lower"
 
 
-CLAIM_MEASURE = {"R1": "copy_p_first_nonsense", "R2": "lag_plus1", "R2w": "lag_word_plus1", "R3": "icl_benefit"}
+CLAIM_MEASURE = {"R1": "copy_p_first_nonsense", "R2": "lag_plus1", "R2w": "lag_word_plus1", "R3": "icl_slope"}
 FLOOR_MEASURE = {"R1": "copy_p_first_nonsense", "R2": "lag_enrichment", "R2w": "lag_first_enrichment",
-                 "R3": "icl_benefit"}
+                 "R3": "icl_slope"}
+UNITS = {"R1": "lists", "R2": "lists", "R2w": "lists", "R3": "windows"}
 
 
 def needed_rankings(claim: str, names: dict) -> list[str]:
@@ -126,10 +130,13 @@ def needed_rankings(claim: str, names: dict) -> list[str]:
             "R3": [names["cmr"]]}[claim]
 
 
-def decide(conditions, values: Callable[[str], dict[str, np.ndarray]], rankings, names: dict) -> list[Verdict]:
+def decide(conditions, values: Callable[[str], dict[str, np.ndarray]], rankings, names: dict, *,
+           icl_cost: dict | None = None) -> list[Verdict]:
     """The claims R1–R3 (module docstring), each a :class:`~inductionlab.studies.run.Verdict` with its numbers
-    (``per_k``: the difference at each k). ``rankings``: the run's; ``names``: role -> ranking. R2w only where its
-    measure was run (``values`` has ``lag_word_plus1``)."""
+    (``per_k``: the difference at each k). ``rankings``: the run's; ``names``: role -> ranking; ``icl_cost``: the
+    token-loss phase's ``seconds_per_trial_condition`` and ``conditions`` (R3's power line). An undecided verdict
+    (not testable, or a CI that straddles 0) carries a power record
+    (:func:`~inductionlab.measures.power.power_record`)."""
     out = []
     measured = set(values("intact"))
     for claim, measure in CLAIM_MEASURE.items():
@@ -165,11 +172,15 @@ def decide(conditions, values: Callable[[str], dict[str, np.ndarray]], rankings,
         evidence = (f"difference {fmt_ci(m, lo, hi, 4)} over {len(d)} trials; intact {MEASURES[FLOOR_MEASURE[claim]]} "
                     f"{fmt_ci(im, ilo, ihi, 4)}")
         testable, why = _floor(claim, im, ilo)
+        cost = {k: v for k, v in (icl_cost or {}).items() if k in ("seconds_per_trial_condition", "conditions")} \
+            if claim == "R3" else {}
         if not testable:
-            out.append(Verdict(claim, "not testable", rule, evidence, CLAIMS[claim], caveat=why, per_k=per))
+            out.append(Verdict(claim, "not testable", rule, evidence, CLAIMS[claim], caveat=why, per_k=per,
+                               power=power_record(floor_v, unit=UNITS[claim], what="the intact gate", **cost)))
         else:
             out.append(Verdict(claim, "reproduced" if lo > 0 else "not reproduced", rule, evidence, CLAIMS[claim],
-                               per_k=per))
+                               per_k=per, power=power_record(d, unit=UNITS[claim], what="the paired difference", **cost)
+                               if lo <= 0 <= hi else None))
     return out
 
 

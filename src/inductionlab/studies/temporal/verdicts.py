@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ...measures.power import power_from_ci
 from ...measures.stats import ci, ranked_kind
 from ...protocols.lag_probe import LagProbeResult
 from ...protocols.serial_recall import SerialRecallResult
@@ -84,14 +85,28 @@ def decide(lag: LagProbeResult, recall: SerialRecallResult, head: pd.DataFrame, 
     lp = {int(r.k): r for r in head[head.measure == "lag_plus1"].itertuples()}
     ra = {int(r.k): r for r in head[head.measure == "recall_accuracy"].itertuples()}
     out = [_claim_a(lag), *_claims_b_c(lp, ks), _claim_d(ra, ks)]
+    n_lag = len(lag.probs["intact"])
+    n_rec = len(next(iter(recall.data["intact"].values()))) if recall.data.get("intact") else 0
+    out = [_with_power(v, n_lag if v.claim == "B" else n_rec, "lists" if v.claim == "B" else "recall trials", ks)
+           if v.claim in ("B", "D") else v for v in out]
     return out if arm == "induction" else [_relabel(v, arm) for v in out]
+
+
+def _with_power(v: Verdict, n: int, unit: str, ks: list[int]) -> Verdict:
+    """A B or D verdict not reproduced whose random − induction CI at the largest k straddles 0, with the n that would
+    decide it there (σ from that CI: :func:`~inductionlab.measures.power.power_from_ci`; no cost measured)."""
+    m, lo, hi = v.per_k[ks[-1]]["random_minus_induction"]
+    if v.status == "reproduced" or not lo <= 0 <= hi or n < 2:
+        return v
+    return v | {"power": power_from_ci(m, lo, hi, n, unit=unit, what=f"random − induction at k = {ks[-1]}")}
 
 
 def _relabel(v: Verdict, arm: str) -> Verdict:
     """A claim decided on another ranking's arm, with that ranking's label in place of "induction"."""
     swap = lambda t: t.replace("induction", arm)  # noqa: E731
     return Verdict(v.claim, text=swap(v.text), status=v.status, rule=swap(v.rule), evidence=swap(v.evidence),
-                   per_k=None if v.per_k is None else {k: {swap(n): x for n, x in d.items()} for k, d in v.per_k.items()})
+                   per_k=None if v.per_k is None else {k: {swap(n): x for n, x in d.items()} for k, d in v.per_k.items()},
+                   power=None if v.power is None else {**v.power, "what": swap(str(v.power.get("what")))})
 
 
 def _majority(per_k: dict, ks: list[int]) -> bool:

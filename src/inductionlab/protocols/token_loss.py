@@ -1,0 +1,197 @@
+"""The token-loss ICL score under ablation (issue 34), the protocol shared by ``study head-types`` (claim Y2) and
+``study routes`` (claim R3): natural-text windows, a probe that keeps every position's loss from ``⌈0.8·early⌉``
+to ``⌊1.2·late⌋`` (where the window holds it) and reduces each window to the log-slope benefit D, the band
+benefit B and Olsson's single-token benefit (:mod:`inductionlab.measures.token_loss`), and the pilot that sizes
+the number of windows (:mod:`inductionlab.measures.power`).
+
+**Windows** (:func:`text_windows`; recorded as :func:`window_construction`): from the demo corpus, one window per
+draw at a random character offset inside one work (the first partial word dropped; a BOS prepended): windows start
+mid-document and hold no document boundary; from a ``.txt`` file, consecutive non-overlapping windows from its
+start. Neither is Yin & Steinhardt's construction (Pile rows concatenated with EOS and cut every 1,023 tokens, so
+rows start mid-document and may cross a boundary) nor Ji-An et al.'s (the first tokens of C4 documents of at least
+512 tokens); :func:`~inductionlab.protocols.icl_score.heldout_windows` gives Ji-An's document starts.
+
+**Ablation**: Yin's ``head_ablation_hook`` as their code runs it writes the random run's position-0 (BOS) value
+at every position, which equals the ``sink`` cut on a BOS-prefixed window (tests/test_yin_port.py); so ``sink`` is
+the default, ``resample`` (a random-token output per position) a sensitivity arm.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..errors import InductionLabError
+from ..measures import token_loss as TL
+from ..measures.power import sample_size
+from . import icl_score
+from .configs import TokenLossConfig
+from .runner import Probe, Trials
+
+MEASURES = ("slope", "band", "single")
+
+
+def positions(model, cfg: TokenLossConfig) -> tuple[int, int, int]:
+    """``(length, late, early)``: the window's tokens and the (scaled) token indices for ``model``: ``late``
+    and ``early`` as :func:`~inductionlab.protocols.icl_score.icl_positions` (scaled down where the model's
+    context is shorter than ``late + 1``); ``length = ⌊1.2·late⌋ + 1`` with ``cfg.bands`` (capped by the
+    context), else ``late + 1``."""
+    ctx = icl_score.model_context(model)
+    late, early = icl_score.icl_positions(min(cfg.late + 1, ctx or cfg.late + 1), cfg.late, cfg.early)
+    length = TL.band(late)[1] + 1 if cfg.bands else late + 1
+    return (min(length, ctx) if ctx else length), late, early
+
+
+def window_construction(cfg: TokenLossConfig) -> str:
+    """The windows' construction in words, for results.json (module docstring)."""
+    if cfg.text == "demo":
+        return ("demo corpus: one window per draw at a random character offset inside one work (seed_for(seed, 11)), "
+                "first partial word dropped, BOS prepended: mid-document starts, no document boundary inside a window "
+                "(neither Yin's concatenated Pile rows nor Ji-An's document-start C4 windows)")
+    return (f"{cfg.text}: consecutive non-overlapping windows from the file's start, BOS prepended (one document; "
+            "only the first window starts at its beginning; neither Yin's concatenated rows nor Ji-An's document "
+            "starts)")
+
+
+def _demo_works() -> list[str]:
+    from ..data.corpus import demo_texts
+    return [t for _, t in demo_texts()]
+
+
+def text_windows(loaded, cfg: TokenLossConfig, length: int, n: int, seed: int) -> torch.Tensor:
+    """``[n, length]`` windows of natural text: from the demo corpus (one window per work, works and character
+    offsets drawn with ``seed``) or a text file (consecutive windows from the start, the first ``n``). A BOS is
+    prepended when the tokenizer has one.
+
+    Raises:
+        InductionLabError: the demo corpus is not installed (the message gives the command), the file is
+            missing or too short for the windows."""
+    tok = loaded.tokenizer
+    bos = tok.bos_token_id
+    if cfg.text == "demo":
+        works = _demo_works()
+        rng = np.random.default_rng(seed)
+        rows = []
+        for i in rng.choice(len(works), size=n, replace=n > len(works)):
+            text = works[int(i)]
+            start = int(rng.integers(len(text) // 10, max(len(text) // 10 + 1, len(text) - 20 * length)))
+            ids = tok.encode(text[start:start + 12 * length], add_special_tokens=False)[1:]   # [1:]: a cut word
+            body = length - (bos is not None)
+            if len(ids) < body:
+                raise InductionLabError(f"demo work {int(i)} is shorter than one window of {length} tokens")
+            rows.append(([bos] if bos is not None else []) + ids[:body])
+        return torch.tensor(rows, dtype=torch.long)
+    w = _file_windows(loaded, cfg, length)
+    if len(w) < n:
+        raise InductionLabError(f"--icl-text {cfg.text} gives {len(w)} windows of {length} tokens, fewer than "
+                                f"--icl-sequences {n}; give a longer text or fewer sequences")
+    return w[:n]
+
+
+def _file_windows(loaded, cfg: TokenLossConfig, length: int) -> torch.Tensor:
+    from ..data.corpus import read_text
+    path = Path(cfg.text)
+    if not path.is_file():
+        raise InductionLabError(f"--icl-text {cfg.text}: no such file; give a .txt file or 'demo' (make corpus)")
+    return icl_score.text_windows(loaded.tokenizer, read_text(path), length, bos_id=loaded.tokenizer.bos_token_id)
+
+
+def available_windows(loaded, cfg: TokenLossConfig, length: int) -> int:
+    """Windows of ``length`` tokens the text provides without overlap: a file's count exactly; the demo corpus's
+    estimated as Σ over works of (0.9 × its characters) / (characters per token × length), characters per token
+    measured on the first work's first 20,000 characters."""
+    if cfg.text != "demo":
+        return len(_file_windows(loaded, cfg, length))
+    works = _demo_works()
+    sample = works[0][:20000]
+    cpt = len(sample) / max(1, len(loaded.tokenizer.encode(sample, add_special_tokens=False)))
+    return int(sum(max(1, int(0.9 * len(w) / (cpt * length))) for w in works))
+
+
+def measure(model, batch: dict[str, torch.Tensor], positions, early: int, late: int) -> dict[str, torch.Tensor]:
+    """One batch of windows ``ids`` ``[b, T]``: ``nll`` float32 ``[b, P]`` at token indices ``positions`` (nats;
+    the LM head run there only, :func:`~inductionlab.protocols.icl_score.measure_at`) and per window ``slope`` (D),
+    ``band`` (B, NaN where the window stops before ``⌊1.2·late⌋``) and ``single`` (``ℓ_early − ℓ_late``), float64
+    ``[b]``, with ``loss_early`` and ``loss_late``."""
+    nll = icl_score.measure_at(model, batch, positions)["nll"]
+    got = TL.benefits(nll.cpu().numpy(), positions, early, late)
+    return {"nll": nll.float(), **{m: torch.as_tensor(got[m]) for m in (*MEASURES, "loss_early", "loss_late")}}
+
+
+def probe(windows: torch.Tensor, cfg: TokenLossConfig, early: int, late: int, method: str | None = None) -> Probe:
+    """The token-loss probe over ``windows`` ``[n, T]`` (:func:`measure` from ``⌈0.8·early⌉`` to ``⌊1.2·late⌋`` or
+    ``late``), under ``method`` (default ``cfg.method``)."""
+    first, last = TL.measured_range(early, late, windows.shape[1])
+    return Probe.of_trials("token-loss ICL score", Trials({"ids": windows}),
+                           partial(measure, positions=tuple(range(first, last + 1)), early=early, late=late),
+                           batch_size=cfg.batch_size, method=method or cfg.method)
+
+
+def run_pilot(loaded, pr: Probe, conditions) -> dict[str, np.ndarray]:
+    """The pilot: ``pr`` under ``conditions`` (intact, then the claim's ablation), timed. Returns
+    ``{"<condition index>_<measure>": [P]}`` for slope, band, single, and ``seconds`` ``[1]`` (wall seconds of the
+    pilot, all conditions)."""
+    t0 = time.perf_counter()
+    got = pr.run(loaded, conditions)
+    out = {f"{i}_{m}": got[c.name][m] for i, c in enumerate(conditions) for m in MEASURES}
+    return out | {"seconds": np.array([time.perf_counter() - t0])}
+
+
+def _sd(x) -> float:
+    x = np.asarray(x, np.float64)
+    x = x[np.isfinite(x)]
+    return float(x.std(ddof=1)) if len(x) > 1 else float("nan")
+
+
+def choose_n(pilot: dict, cfg: TokenLossConfig, conditions: int, available: int | None) -> dict:
+    """The n of the confirmatory run from the pilot (:func:`run_pilot`: intact = 0, the claim's ablation = 1): the
+    claim's statistic is a paired difference of D, so n = ⌈(1.96·σ/h)²⌉ with σ the pilot's SD of the paired
+    difference of D (ablated − intact) and h = ``cfg.half_width``; at least the windows the gate needs ("the intact
+    model gains from context": its D's CI above 0 with 80% power at the pilot's intact mean, where that mean is > 0;
+    :func:`~inductionlab.measures.power.n_to_decide`); capped by ``cfg.budget_minutes`` over ``conditions`` and by
+    ``available`` windows (:func:`~inductionlab.measures.power.sample_size`).
+
+    Returns: JSON-able ``{"sample_size": SampleSize.to_dict(), "sentence", "sigma_used", "pilot": {"n", "seconds",
+    "seconds_per_window_condition", "sigma": {"intact_slope", "intact_band", "intact_single", "paired_slope",
+    "paired_band", "paired_single"}, "mean": {...}}}``."""
+    from ..measures.power import n_to_decide
+    p = len(pilot["0_slope"])
+    per = float(pilot["seconds"][0]) / (2 * p)
+    sig = {f"intact_{m}": _sd(pilot[f"0_{m}"]) for m in MEASURES}
+    sig |= {f"paired_{m}": _sd(pilot[f"1_{m}"] - pilot[f"0_{m}"]) for m in MEASURES}
+    mean = {f"intact_{m}": float(np.nanmean(pilot[f"0_{m}"])) if np.isfinite(pilot[f"0_{m}"]).any() else None
+            for m in MEASURES}
+    gate = n_to_decide(sig["intact_slope"], mean["intact_slope"]) if (mean["intact_slope"] or 0) > 0 else None
+    sigma = sig["paired_slope"] if np.isfinite(sig["paired_slope"]) else 0.0
+    size = sample_size(sigma, cfg.half_width, budget_minutes=cfg.budget_minutes, seconds_per_trial_condition=per,
+                       conditions=conditions, available=available,
+                       gate_n=None if gate is None or not np.isfinite(gate) else int(gate))
+    clean = {k: (None if not np.isfinite(v) else v) for k, v in sig.items()}
+    return {"sample_size": size.to_dict(), "sentence": size.sentence(),
+            "sigma_used": "SD of the paired difference of D (ablated − intact); at least the gate's n (intact D's CI "
+                          "above 0 with 80% power at the pilot's intact mean, when that mean is > 0)",
+            "pilot": {"n": p, "seconds": float(pilot["seconds"][0]), "seconds_per_window_condition": per,
+                      "sigma": clean, "mean": mean}}
+
+
+def window_table(arrays: dict[str, dict[str, np.ndarray]]) -> pd.DataFrame:
+    """Per window and condition: ``loss_early``, ``loss_late`` (nats), ``benefit`` (single-token, early − late),
+    ``slope`` (D), ``band`` (B). ``arrays``: condition -> the probe's arrays (:func:`measure`)."""
+    out = []
+    for name, a in arrays.items():
+        n = len(a["slope"])
+        out.append(pd.DataFrame({"condition": name, "sequence": np.arange(n),
+                                 "loss_early": a["loss_early"].astype(np.float64),
+                                 "loss_late": a["loss_late"].astype(np.float64),
+                                 "benefit": a["single"].astype(np.float64), "slope": a["slope"].astype(np.float64),
+                                 "band": a["band"].astype(np.float64)}))
+    return pd.concat(out, ignore_index=True)
+
+
+__all__ = ["TokenLossConfig", "MEASURES", "positions", "window_construction", "text_windows", "available_windows",
+           "measure", "probe", "run_pilot", "choose_n", "window_table"]
