@@ -295,7 +295,7 @@ SPEC = StudySpec(
          "top-2% vs random ablation) and decide each claim of the paper by rules stated before the data. Each run "
          "is resumable; an existing study with the same options in --out is resumed (finished runs reused). "
          "Guide: docs/study-bi-induct.md.",
-    model=None, out="runs/{kind}-{cfg.preset}-{time}", inputs=("shards",), estimate=True)
+    model=None, out="runs/{kind}-{cfg.preset}-{time}", inputs=("shards",), estimate=True, reads_out="partial")
 
 
 __all__ = ["VARIANTS", "BI_INDUCT", "PRESETS", "PRESET_NAMES", "MAX_SEEDS", "BiInductStudyConfig", "train_config",
