@@ -6,7 +6,7 @@ with the top-k induction heads ablated and with k random heads ablated (outside 
 draws) for each k (SPEC §4) → tables, plots, report. Run by :func:`inductionlab.studies.engine.run_study`:
 the head scores, the patterns and each condition's lag probe are pieces of the run directory, so an
 interrupted run continues where it stopped. The smallest complete study: copy its shape (``config.py``
-with the spec, this module with ``prepare`` / ``phases`` / ``result``, ``report.py`` with ``write``).
+with the spec, this module with ``prepare`` / ``phases`` / ``result`` and ``STUDY``, ``report.py`` with ``write``).
 """
 
 from __future__ import annotations
