@@ -296,3 +296,20 @@ def test_pieces_resume_after_an_interruption_computing_only_the_rest(tmp_path, m
     CALLS.clear()
     again = run_study(COUNT, None, CountConfig(), tmp_path / "c", QUIET)      # everything loaded
     assert CALLS == [] and again.record["sums"] == res.record["sums"] and again.record["docs"] == res.record["docs"]
+
+
+def test_studies_go_through_the_context():
+    """No study module imports tqdm or reads the run directory (``ctx.run``, the engine's caches): every loop,
+    bar, timing and piece goes through Context; no study.py re-exports for the engine (``# noqa: F401``)."""
+    from pathlib import Path
+
+    import inductionlab.studies as S
+
+    root = Path(S.__file__).parent
+    folders = [p for p in root.iterdir() if (p / "config.py").is_file()]
+    assert len(folders) >= 6
+    for f in folders:
+        for py in f.glob("*.py"):
+            text = py.read_text()
+            assert "tqdm" not in text and "ctx.run" not in text and "ctx._" not in text, py
+        assert "noqa: F401" not in (f / "study.py").read_text(), f

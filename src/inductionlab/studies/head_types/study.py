@@ -41,6 +41,7 @@ from ...core.stimuli import seed_for
 from ...errors import InductionLabError
 from ...measures import cmr as C
 from ...measures.overlap import head_overlap
+from ...measures.stats import drop_table
 from ...protocols import dual_route as DR, function_probes, function_vectors as F, icl_score, lag_probe
 from ...protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig
 from ...protocols.icl_tasks import Prompt, build_tasks, make_prompts
@@ -51,7 +52,7 @@ from ..engine import Context, Phase, StudyResult, run_study
 from ..spec import RunOptions, Study, StudyPlan
 from .config import SPEC, HeadTypesConfig
 from .report import FVEC, RVEC, ZS, summary, write
-from .verdicts import decide, drop_table
+from .verdicts import decide, per_trial
 
 
 @dataclass(kw_only=True)
@@ -85,7 +86,7 @@ class HeadTypesStudy(StudyResult):
     probes: pd.DataFrame              # per prompt, condition and method: hits1, rank, p_target
     icl: pd.DataFrame                 # per window and condition: loss_early, loss_late, benefit
     lag: LagProbeResult
-    drops: pd.DataFrame               # per condition and measure: value, CI, drop vs intact (verdicts.drop_table)
+    drops: pd.DataFrame               # per condition and measure: value, CI, drop vs intact (stats.drop_table)
     overlap: pd.DataFrame             # one row per pair of rankings
     route: DR.RouteScores | None = None   # concept / token induction scores (None: --no-dual-route)
     cmr: dict | None = None           # --cmr: profile [L, H, 2m+1], lags, the fit's arrays, the grid's params
@@ -392,7 +393,7 @@ def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
     probes = pieces["probes"]
     icl = _icl_rows(plan, pieces)
     counts = {max(1, int(f * hs["induction"].size)): f for f in plan.fractions}
-    drops = drop_table(conditions, probes, icl, lag, counts)
+    drops = drop_table(conditions, lambda name: per_trial(name, probes, icl, lag), counts)
     route = pieces.get("route")
     overlap = overlap_table(hs["induction"], fv, hs.scores, route)
     verd = decide(drops, probes, icl, lag, conditions, overlap, counts)

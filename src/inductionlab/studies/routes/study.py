@@ -50,7 +50,8 @@ from ..head_types.study import text_windows
 from ..spec import RunOptions, Study, StudyPlan
 from .config import SPEC, RoutesConfig
 from .report import summary, write
-from .verdicts import decide, drop_table, exclusive_kind, needed_rankings
+from ...measures.stats import drop_table
+from .verdicts import decide, exclusive_kind, needed_rankings
 
 PHASES = ("lag", "recall", "copy", "icl")
 
@@ -80,7 +81,7 @@ class RoutesStudy(StudyResult):
     scores: HeadScores
     rankings: dict[str, np.ndarray]     # ranking -> [n_layers, n_heads]
     conditions: list[Condition]
-    drops: pd.DataFrame                 # per arm and measure: value, CI, drop vs intact (verdicts.drop_table)
+    drops: pd.DataFrame                 # per arm and measure: value, CI, drop vs intact (stats.drop_table)
     copy_outputs: pd.DataFrame          # per condition and copy trial: kind, item, greedy continuation, outcome
     cost: dict
 
