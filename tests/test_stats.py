@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from inductionlab.core.ablation import Condition
-from inductionlab.measures.stats import (Z95, arm_values, ci, draws_by_k, mean_ci, paired_by_k, paired_diff, pooled,
-                                        pooled_arms, put_ci)
+from inductionlab.measures.stats import (Z95, arm_values, ci, draws_by_k, drop_table, mean_ci, paired_by_k,
+                                        paired_diff, pooled, pooled_arms, put_ci)
 
 
 def test_mean_ci_hand_worked():
@@ -72,3 +72,27 @@ def test_arm_values_and_paired_by_k():
     assert sorted(calls) == sorted(table)                                             # each condition computed once
     (k, ind, rnd), = paired_by_k(conds, table)                                        # only k = 5 has both arms
     assert k == 5 and ind.tolist() == [1.0, 1.0] and rnd.tolist() == [1.0, 4.0]
+
+
+def test_drop_table_pools_the_draws_and_pairs_each_arm_with_intact():
+    """Three trials; intact x = [1, 2, 3]; induction-1 x = [0, 0, 3] (drop per trial [1, 2, 0]: mean 1, sd 1);
+    the two random draws of 1 head [1, 2, 2] and [1, 1, 3] pool to [1, 1.5, 2.5] (drop [0, 0.5, 0.5]). The measure
+    y is not measured (NaN) under the random draws: their row is left out."""
+    conds = [Condition("intact", "intact"), Condition("induction-1", "induction", 1, heads=[(0, 0)]),
+             Condition("random-all-1-d0", "random", 1, 0, heads=[(0, 1)]),
+             Condition("random-all-1-d1", "random", 1, 1, heads=[(0, 2)])]
+    nan = np.full(3, np.nan)
+    vals = {"intact": {"x": np.array([1.0, 2, 3]), "y": np.array([1.0, 1, 1])},
+            "induction-1": {"x": np.array([0.0, 0, 3]), "y": np.array([0.5, 0.5, 0.5])},
+            "random-all-1-d0": {"x": np.array([1.0, 2, 2]), "y": nan}, "random-all-1-d1": {"x": np.array([1.0, 1, 3]), "y": nan}}
+    t = drop_table(conds, vals.__getitem__, {1: 0.25})
+    assert [(r.arm, r.kind, r.k, r.fraction, r.measure) for r in t.itertuples()] == [
+        ("induction-1", "induction", 1, 0.25, "x"), ("induction-1", "induction", 1, 0.25, "y"),
+        ("random-all-1", "random", 1, 0.25, "x")]
+    ind = t.iloc[0]
+    assert ind.value == 1.0 and ind.intact == 2.0 and ind.relative_drop == 0.5
+    assert ind["drop"] == 1.0 and ind.drop_ci_high - 1.0 == pytest.approx(Z95 / math.sqrt(3))      # sd of [1, 2, 0]: 1
+    rnd = t.iloc[2]
+    assert rnd.value == pytest.approx(5 / 3) and rnd["drop"] == pytest.approx(1 / 3)
+    assert rnd.drop_ci_low == pytest.approx(1 / 3 - Z95 * math.sqrt(1 / 12) / math.sqrt(3))   # sd of [0, .5, .5]
+    assert "fraction" not in drop_table(conds, vals.__getitem__).columns

@@ -1,8 +1,10 @@
 """The study engine: one results header for every study, batch sizes decided by the probe alone, studies
-found by their spec, and a study written as a spec and three functions (a toy, defined in this module)."""
+found by their spec, and a study written as a spec and one Study value (a toy, defined in this module), resumable
+pieces from the engine (Context.pieces)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass, replace
 
@@ -19,7 +21,7 @@ from inductionlab.protocols.serial_recall import SerialRecallConfig
 from inductionlab.studies.configs import AblationConfig, HeadScoreConfig
 from inductionlab.studies.engine import HEADER, Phase, StudyResult, run_study
 from inductionlab.studies.run import Verdict
-from inductionlab.studies.spec import RunOptions, StudySpec, specs
+from inductionlab.studies.spec import RunOptions, Study, StudyPlan, StudySpec, specs
 
 QUIET = RunOptions(progress=False)
 LAG = LagProbeConfig(n_permutations=3, list_length=24, cue_position=12, cues="all:6")
@@ -38,7 +40,24 @@ def test_every_study_is_found_by_its_spec():
                                                "study-head-types"}       # and any study added since
     for s in found.values():                       # the folder is the command's last word, snake case
         assert s.config.__module__ == f"inductionlab.studies.{s.command.split()[-1].replace('-', '_')}.config"
-        assert all(hasattr(s.impl, f) for f in ("prepare", "phases", "result", "write"))
+
+
+def test_every_spec_names_a_study_with_its_functions():
+    """Each spec's Study loads (its study.py's STUDY), holds the four functions the engine calls, and has an
+    ``estimate`` exactly when the spec gives the command ``--estimate``; a name that holds no Study is refused."""
+    import inspect
+
+    for s in specs():
+        study = s.load()
+        assert isinstance(study, Study), s.kind
+        assert study is importlib.import_module(s.config.__module__.rpartition(".")[0] + ".study").STUDY
+        for name, n_args in (("prepare", 2), ("phases", 2), ("result", 2), ("write", 2)):
+            f = getattr(study, name)
+            assert callable(f) and len(inspect.signature(f).parameters) >= n_args, (s.kind, name)
+        assert (study.estimate is not None) == s.estimate, s.kind
+        assert study.summary is None or callable(study.summary)
+    with pytest.raises(TypeError, match="not a Study"):
+        replace(TOY, study=f"{__name__}:ToyConfig").load()
 
 
 def test_the_four_results_headers_have_one_shape(tiny, tmp_path):
@@ -98,7 +117,7 @@ def test_analyze_and_temporal_size_an_all_cue_lag_batch_the_same_way(tiny, tmp_p
     assert from_analyze and set(from_analyze) == set(asked) == {(25 + 5, 5)}
 
 
-# ---- a toy study: a spec and three functions (no command-line code) -------------------------------
+# ---- a toy study: a spec and a Study value (no command-line code) ----------------------------------
 
 @dataclass
 class ToyConfig:
@@ -110,7 +129,7 @@ class ToyConfig:
 
 
 TOY = StudySpec("study toy", ToyConfig, "A toy: lag +1 intact and with the top-k induction heads ablated.",
-                module=__name__)
+                study=f"{__name__}:STUDY")
 
 
 @dataclass(kw_only=True)
@@ -118,8 +137,13 @@ class ToyResult(StudyResult):
     drop: float
 
 
-def prepare(loaded, cfg: ToyConfig):
-    return type("Plan", (), {"params": {"k": cfg.k, "seed": cfg.seed}, "cfg": cfg})()
+@dataclass(kw_only=True)
+class ToyPlan(StudyPlan):
+    cfg: ToyConfig
+
+
+def prepare(loaded, cfg: ToyConfig) -> ToyPlan:
+    return ToyPlan(cfg=cfg, params={"k": cfg.k, "seed": cfg.seed})
 
 
 def phases(plan, ctx):
@@ -141,7 +165,10 @@ def write(out, res) -> None:
     (out / "report.md").write_text(f"drop {res.drop:+.4f}\n")
 
 
-def test_a_toy_study_is_a_spec_and_three_functions(tiny, tmp_path):
+STUDY = Study(prepare, phases, result, write)
+
+
+def test_a_toy_study_is_a_spec_and_a_study_value(tiny, tmp_path):
     res = run_study(TOY, tiny, ToyConfig(), tmp_path / "toy", QUIET)
     rec = json.loads((tmp_path / "toy" / "results.json").read_text())
     assert list(rec)[:len(HEADER)] == list(HEADER) and rec["kind"] == "study-toy"
@@ -169,7 +196,7 @@ def test_a_phase_logs_its_estimated_time_after_the_first_batch(tiny, tmp_path):
 
     lines: list[str] = []
     cfg = ToyConfig()
-    spec = StudySpec("study toy", ToyConfig, "toy", module=__name__)
+    spec = StudySpec("study toy", ToyConfig, "toy", study=f"{__name__}:STUDY")
     global LAG
     saved, LAG = LAG, replace(LAG, batch_size=2)
     try:
@@ -183,3 +210,106 @@ def test_a_phase_logs_its_estimated_time_after_the_first_batch(tiny, tmp_path):
         assert not [ln for ln in lines if "estimated" in ln]
     finally:
         LAG = saved
+
+
+# ---- Context.pieces: one resumable piece per item, one bar, one timing --------------------------------
+
+@dataclass
+class CountConfig:
+    n: int = opt(4, "Items.")
+
+    def validate(self) -> None:
+        pass
+
+
+CALLS: list[str] = []
+
+
+def _count_phases(plan, ctx):
+    """Item ``i<j>`` is ``x = [0, 0.5, ..., j / 2]`` (j + 1 units on the bar) and the JSON ``{"item", "square": j²}``."""
+    items = [f"i{j}" for j in range(plan.params["n"])]
+
+    def compute(item, progress):
+        CALLS.append(item)
+        j = int(item[1:])
+        progress(j + 1)
+        return {"x": np.arange(j + 1, dtype=np.float64) / 2}
+    arrays = ctx.pieces("items", items, compute, desc="items", unit="unit", total=lambda i: int(i[1:]) + 1)
+    docs = ctx.pieces("docs", items, lambda item, _: {"item": item, "square": int(item[1:]) ** 2}, json=True)
+    return arrays, docs
+
+
+def _count_result(plan, pieces) -> StudyResult:
+    arrays, docs = pieces
+    return StudyResult(record={"sums": {k: float(v["x"].sum()) for k, v in arrays.items()}, "docs": docs})
+
+
+COUNT_STUDY = Study(lambda loaded, cfg: StudyPlan(params={"n": cfg.n}), _count_phases, _count_result,
+                    lambda out, res: None)
+COUNT = StudySpec("study count", CountConfig, "count", model=None, study=f"{__name__}:COUNT_STUDY")
+
+
+def test_pieces_resume_after_an_interruption_computing_only_the_rest(tmp_path, monkeypatch):
+    """Killed after the second item's piece: the rerun loads items 0-1 (never computed again), computes 2-3, its
+    bar counts only their units (3 + 4), and each step has one timing; the values are those of the definition."""
+    from inductionlab.studies import engine
+
+    bars = []
+
+    class Bar:                                       # tqdm's part the engine uses, recording total and updates
+        def __init__(self, total, desc, unit, disable):
+            self.total, self.desc, self.done = total, desc, 0
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n):
+            self.done += n
+    monkeypatch.setattr(engine, "tqdm", Bar)
+
+    class Killed(Exception):
+        pass
+
+    def kill(key):
+        if key == "items/i1":
+            raise Killed
+    CALLS.clear()
+    with pytest.raises(Killed):
+        run_study(COUNT, None, CountConfig(), tmp_path / "c", RunOptions(progress=False, on_checkpoint=kill))
+    assert CALLS == ["i0", "i1"]
+    assert sorted(p.name for p in (tmp_path / "c" / "checkpoints" / "items").iterdir()) == ["i0.npz", "i1.npz"]
+    assert bars[0].desc == "items" and bars[0].total == 1 + 2 + 3 + 4
+    CALLS.clear()
+    bars.clear()
+    res = run_study(COUNT, None, CountConfig(), tmp_path / "c", QUIET)
+    assert CALLS == ["i2", "i3"] and res.record["resumed"]
+    assert res.record["sums"] == {"i0": 0.0, "i1": 0.5, "i2": 1.5, "i3": 3.0}
+    assert res.record["docs"] == {f"i{j}": {"item": f"i{j}", "square": j * j} for j in range(4)}
+    items_bar = next(b for b in bars if b.desc == "items")
+    assert items_bar.total == items_bar.done == 3 + 4
+    assert next(b for b in bars if b.desc == "").total == 4          # JSON pieces: one unit per item, no label
+    assert [k for k in res.timings if k not in ("write_s", "total_s")] == ["items_s", "docs_s"]
+    CALLS.clear()
+    again = run_study(COUNT, None, CountConfig(), tmp_path / "c", QUIET)      # everything loaded
+    assert CALLS == [] and again.record["sums"] == res.record["sums"] and again.record["docs"] == res.record["docs"]
+
+
+def test_studies_go_through_the_context():
+    """No study module imports tqdm or reads the run directory (``ctx.run``, the engine's caches): every loop,
+    bar, timing and piece goes through Context; no study.py re-exports for the engine (``# noqa: F401``)."""
+    from pathlib import Path
+
+    import inductionlab.studies as S
+
+    root = Path(S.__file__).parent
+    folders = [p for p in root.iterdir() if (p / "config.py").is_file()]
+    assert len(folders) >= 6
+    for f in folders:
+        for py in f.glob("*.py"):
+            text = py.read_text()
+            assert "tqdm" not in text and "ctx.run" not in text and "ctx._" not in text, py
+        assert "noqa: F401" not in (f / "study.py").read_text(), f

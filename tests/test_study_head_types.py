@@ -196,7 +196,8 @@ def _fake(values: dict[str, dict[str, np.ndarray]]):
 
 
 def test_y1_and_y2_follow_the_paired_difference_of_the_exclusive_ablations():
-    from inductionlab.studies.head_types.verdicts import decide, drop_table
+    from inductionlab.measures.stats import drop_table
+    from inductionlab.studies.head_types.verdicts import decide, per_trial
     n = 40
     rng = np.random.default_rng(0)
     hits = lambda p: (rng.random(n) < p).astype(float)  # noqa: E731
@@ -210,7 +211,7 @@ def test_y1_and_y2_follow_the_paired_difference_of_the_exclusive_ablations():
              Condition("fv-excl-induction-10pct", "fv-excl-induction", 3, 0, [(0, 2)])]
     overlap = pd.DataFrame([{"a": "induction", "b": "fv", "n_top": 5, "overlap": 4, "expected": 0.1,
                              "p_value": 1e-6, "spearman": 0.3}])
-    verd = {v.claim: v for v in decide(drop_table(conds, probes, icl, lag), probes, icl, lag, conds, overlap, {3: 0.1})}
+    verd = {v.claim: v for v in decide(drop_table(conds, lambda c: per_trial(c, probes, icl, lag)), probes, icl, lag, conds, overlap, {3: 0.1})}
     assert verd["Y1"].status == "reproduced" and verd["Y2"].status == "reproduced"
     assert verd["Y3"].status == "not testable"                          # no cues: no temporal factor
     assert verd["Y4"].status == "reproduced"
@@ -219,7 +220,7 @@ def test_y1_and_y2_follow_the_paired_difference_of_the_exclusive_ablations():
     vals["induction-excl-fv-10pct"]["hits1_mean"], vals["fv-excl-induction-10pct"]["hits1_mean"] = \
         vals["fv-excl-induction-10pct"]["hits1_mean"], np.ones(n)
     probes, icl, lag = _fake(vals)
-    verd = {v.claim: v for v in decide(drop_table(conds, probes, icl, lag), probes, icl, lag, conds, overlap, {3: 0.1})}
+    verd = {v.claim: v for v in decide(drop_table(conds, lambda c: per_trial(c, probes, icl, lag)), probes, icl, lag, conds, overlap, {3: 0.1})}
     assert verd["Y1"].status == "not reproduced"
 
 

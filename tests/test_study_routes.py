@@ -249,7 +249,7 @@ def test_a_tiny_run_writes_the_tables_and_decides_each_claim(study):
     assert "cmr_like" in verd["R3"]["caveat"]
     drops = pd.read_csv(out / "drops.csv")
     assert set(drops.arm) == {"induction-2", "concept_copying-2", "fv-2", "induction-excl-concept_copying-2",
-                              "random-2"}
+                              "random-all-2"}                          # the random draws pooled, named as they are
     assert {"lag_plus1", "lag_enrichment", "temporal_factor", "recall_accuracy", "copy_p_first_nonsense",
             "copy_paraphrase_word", "icl_benefit"} <= set(drops.measure)
     one = drops[(drops.arm == "induction-2") & (drops.measure == "copy_p_first_word")].iloc[0]

@@ -35,17 +35,22 @@ def test_timed_blocks_accumulate_per_name(tmp_path, monkeypatch):
 
 def test_piece_is_timed_and_loaded_on_rerun(tmp_path):
     out = tmp_path / "run"
+    from inductionlab.studies.engine import Context
+    from inductionlab.studies.spec import RunOptions
+
     run = StudyRun(out, "study-test", {"seed": 0})
     assert run.open() is False
     calls = []
-    value = run.piece("icl/intact", lambda: calls.append(1) or {"x": [1, 2]}, timing="icl")
+    value = Context(run, None, RunOptions()).piece("icl/intact", lambda: calls.append(1) or {"x": [1, 2]}, timing="icl")
     assert value == {"x": [1, 2]} and calls == [1]
     assert json.loads((out / "checkpoints" / "icl" / "intact.json").read_text())["value"] == {"x": [1, 2]}
     assert set(run.timings) == {"icl_s"} and run.timings["icl_s"] >= 0
     again = StudyRun(out, "study-test", {"seed": 0})
     assert again.open() is True
-    assert again.piece("icl/intact", lambda: calls.append(2)) == {"x": [1, 2]} and calls == [1]   # not recomputed
+    ctx = Context(again, None, RunOptions())
+    assert ctx.piece("icl/intact", lambda: calls.append(2)) == {"x": [1, 2]} and calls == [1]   # not recomputed
     assert set(again.timings) == {"icl_intact_s"}                                  # default name: the key
+    assert ctx.timing("icl_intact") == again.timings["icl_intact_s"] and ctx.timing("icl") is None
 
 
 def test_finish_writes_record_and_timing_last(tmp_path, monkeypatch):
@@ -78,8 +83,11 @@ def test_failing_piece_or_write_leaves_no_results(tmp_path):
 
     def broken():
         raise RuntimeError("piece failed")
+    from inductionlab.studies.engine import Context
+    from inductionlab.studies.spec import RunOptions
+
     with pytest.raises(RuntimeError, match="piece failed"):
-        run.piece("scores", broken)
+        Context(run, None, RunOptions()).piece("scores", broken)
     assert not (out / "checkpoints" / "scores.json").exists() and "scores_s" in run.timings
 
     def broken_write():

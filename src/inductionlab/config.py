@@ -12,7 +12,8 @@ alone, and nowhere else:
   scalar become the same ``int`` / ``float`` / ``bool`` / tuple.
 
 Ranges stay in each config's ``validate()`` (the API and the CLI both call it), which starts with
-:func:`inductionlab.checks.check_fields` (numbers that fit; messages name the field's flag).
+:func:`inductionlab.checks.check_fields` (numbers that fit; messages name the field's flag) and checks its
+sub-configs with :func:`validate_tree` (each of its type, each validated once).
 
 No torch import here, nor in a config module: ``inductionlab X --help`` builds its options from the
 configs without loading torch.
@@ -153,6 +154,35 @@ def leaves(cfg: Any, path: tuple[str, ...] = (), *, cli_only: bool = False) -> I
             yield from leaves(v, path + (f.name,), cli_only=cli_only)
         else:
             yield Leaf(path + (f.name,), f, h[f.name], v)
+
+
+def validate_tree(cfg: Any, runs: Callable[[], dict[str, Any]] | None = None, *, validate: bool = True) -> None:
+    """Check every sub-config of the tree ``cfg`` once, in field order: first that each is an instance of its
+    field's dataclass, then each one's own ``validate()`` (which checks its sub-configs in turn). A config's
+    ``validate()`` calls this for its sub-configs, then checks what ties them together.
+
+    Args:
+        cfg: a config instance.
+        runs: returns field name -> the sub-config the study runs in that field's place (the protocol's config
+            with the study's seed and ablation method), validated instead of the field's own; called after the
+            type checks.
+        validate: False: the type checks only (sub-configs a study validates its own way).
+
+    Raises:
+        TypeError: a sub-config of another type (a dict, another config), naming ``Config.field``.
+        InductionLabError: what a sub-config's ``validate()`` refuses."""
+    from .checks import check_type
+
+    h = hints(type(cfg))
+    subs = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if is_nested(f)}
+    for name, value in subs.items():
+        check_type(value, h[name], f"{type(cfg).__name__}.{name}")
+    if not validate:
+        return
+    subs |= runs() if runs is not None else {}
+    for value in subs.values():
+        if hasattr(value, "validate"):
+            value.validate()
 
 
 def get(cfg: Any, path: tuple[str, ...]) -> Any:
@@ -368,5 +398,5 @@ def to_dict(cfg: Any) -> dict:
     return plain(cfg)
 
 
-__all__ = ["opt", "nested", "default", "Leaf", "leaves", "get", "with_leaf", "coerce", "from_dict", "read_mapping", "load",
+__all__ = ["opt", "nested", "default", "Leaf", "leaves", "validate_tree", "get", "with_leaf", "coerce", "from_dict", "read_mapping", "load",
            "to_dict", "wants", "flag_of", "is_nested", "is_sequence", "hints"]

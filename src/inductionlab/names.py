@@ -22,6 +22,11 @@ DEFAULT_METHOD = "zero"
 ABLATION_METHOD_NEEDS: dict[str, str | None] = {"zero": None, "mean": "value", "sink": None, "resample": "random",
                                                 "patch": "source", "knockout": "edges"}
 
+#: The random-head controls of a selection, the default first: k heads outside the top N of the ranking (SPEC §4,
+#: the temporal study's) or k heads of all heads (SPEC §10, Yin & Steinhardt 2025).
+#: (:data:`inductionlab.core.ablation.RANDOM_CONTROLS` holds the same names.)
+RANDOM_CONTROLS: tuple[str, ...] = ("outside-top-n", "all")
+
 #: The function-style ICL probe tasks (:mod:`inductionlab.protocols.icl_tasks` checks its table against this).
 TASK_NAMES: tuple[str, ...] = ("capitalize", "uppercase", "first_letter", "last_letter", "next_letter", "prev_letter",
                                "next_number", "digit_to_word", "word_to_digit", "plural", "copy", "list_first",
@@ -37,7 +42,8 @@ SCORE_NAMES: tuple[str, ...] = ("induction", "anti_induction", "previous_token",
 
 def ablation_method_names(*, with_edges: bool = False) -> tuple[str, ...]:
     """Ablation methods every protocol can run from a head list alone (``zero``, ``mean``, ``sink``,
-    ``resample``); ``with_edges=True`` adds those that need knockout edges or a protocol's own source run."""
+    ``resample``): the choices of every ``--method`` option; ``with_edges=True`` adds those that need knockout
+    edges or a protocol's own source run."""
     return tuple(n for n, need in ABLATION_METHOD_NEEDS.items() if with_edges or need not in ("edges", "source"))
 
 

@@ -235,6 +235,15 @@ def with_options(options: list[click.Option]) -> Callable:
     return apply
 
 
+def _reads_out(spec, cfg) -> tuple[str, bool]:
+    """``(flag, set)`` of the spec's ``reads_out`` leaf (Bi-Induct's ``--partial``); ``("", False)`` without one."""
+    if spec.reads_out is None:
+        return "", False
+    path = tuple(spec.reads_out.split("."))
+    leaf = next(leaf for leaf in C.leaves(cfg) if leaf.path == path)
+    return leaf.flag, bool(leaf.value)
+
+
 def _run(spec, kw: dict) -> None:
     from ..runtime.distributed import shutdown
     from ..runtime.runs import ResumableRun, timestamp
@@ -251,15 +260,15 @@ def _run(spec, kw: dict) -> None:
             kw["model"] = arg
     cfg = build_config(spec.config, kw, kw.pop("config_file"))
     out, overwrite, quiet = kw.pop("out"), kw.pop("overwrite"), kw.pop("quiet")
-    partial = getattr(cfg, "partial", False)             # study bi-induct: report the runs finished in --out
+    reads_out = _reads_out(spec, cfg)                    # (flag, set): a leaf that takes what --out holds
     if kw.pop("estimate", False):
-        refuse_conflicts(("--overwrite", "--estimate", overwrite), ("--partial", "--estimate", partial))
+        refuse_conflicts(("--overwrite", "--estimate", overwrite), (reads_out[0], "--estimate", reads_out[1]))
         cfg.validate()
-        click.echo(spec.impl.estimate(cfg))
+        click.echo(spec.load().estimate(cfg))
         return
-    if overwrite and partial:
-        raise InductionLabError("--partial and --overwrite conflict: --partial reports the runs finished in --out, "
-                                "--overwrite deletes them first; drop one of them")
+    if overwrite and reads_out[1]:
+        raise InductionLabError(f"{reads_out[0]} and --overwrite conflict: {reads_out[0]} takes what --out holds, "
+                                "--overwrite deletes it first; drop one of them")
     cfg.validate()                                      # fail before the slow part
     model = kw.get("model", "")
     out = Path(out or spec.out.format(kind=spec.kind, time=timestamp(), model=_model_label(model), cfg=cfg))
@@ -277,7 +286,8 @@ def _run(spec, kw: dict) -> None:
     if dist is None or dist.is_main:
         from ..studies.run import format_verdicts
 
-        lines = spec.impl.summary(res) if hasattr(spec.impl, "summary") else format_verdicts(res.verdicts)
+        summary = spec.load().summary
+        lines = summary(res) if summary is not None else format_verdicts(res.verdicts)
         if lines:
             click.echo("")
             click.echo("\n".join(lines))

@@ -526,7 +526,7 @@ def attention_crp(model, *, tokenizer=None, vocab_size: int | None = None, exclu
     the queries that have a first-copy key at that lag (T − |lag| of them), then over sequences. Each lag is one
     target reduction inside the attention call (:mod:`inductionlab.core.attention`; the fused kernel's
     log-sum-exp on CPU, query-head indexed, so GQA-safe); no ``[Q, K]`` pattern is kept. (The authors' stored
-    profiles are pre-softmax attention scores, not probabilities: see docs/head_types.md.)
+    profiles are pre-softmax attention scores, not probabilities: see docs/study-head-types.md.)
 
     Args: as :func:`compute_head_scores` (``sequences``: explicit S ``[N, T]``), and
         max_lag: lags kept, at most ``seq_len − 1`` (default 8).

@@ -315,10 +315,6 @@ class BiInductStream:
         s = self._synthetic.reshape(self.num_batches, self.batch_size).sum(axis=1)
         return s / self.tokens_per_batch
 
-    def natural_offset(self, row: int) -> int:
-        """Position in the (unwrapped) natural stream where window ``row`` starts reading."""
-        return int(self._offsets[row])
-
     # -- batches -------------------------------------------------------------------------------
     def _spans(self, rows: np.ndarray, slots: np.ndarray, lens: np.ndarray) -> np.ndarray:
         """S for each snippet: int64 [n, hi], the first ``lens[i]`` entries valid."""

@@ -201,7 +201,7 @@ def compute_grid(n_exps: int = 100, seed: int = 0, n_s0: int = N_S0, progress=No
     Closed forms at (β_rec, γ_ft) = (0, 0) and (1, 0); the rest simulated, ``n_exps`` runs per start position
     and ``n_s0`` start positions, vectorised per β_enc; runs drawn from ``np.random.default_rng([seed, i])``
     for the i-th β_enc. Cost ∝ ``n_exps``: about 10 CPU seconds per β_enc at ``n_exps = 10`` (so about 3–4
-    CPU minutes for the grid; docs/head_types.md).
+    CPU minutes for the grid; docs/study-head-types.md).
     """
     be, br, gf = grid_axes()
     out = np.zeros((len(be), len(br), len(gf), 2 * MAX_LAG + 1))

@@ -1,5 +1,6 @@
 """Statistics shared by every protocol and study: 95% CIs over trials, the column convention
-for them, pooling of random draws, paired contrasts.
+for them, pooling of random draws, paired contrasts, the drop of every measure under every ablation arm
+(:func:`drop_table`).
 
 Convention (SPEC §4): a CI is the normal approximation over trials, mean ± 1.96·sd/√n (sd with
 ddof = 1). Every condition of a protocol sees the same trials in the same order, so a
@@ -140,3 +141,49 @@ def paired_by_k(conditions: Iterable, values, kind: str | None = None) -> list[t
     kind = ranked_kind(conditions) if kind is None else kind
     return [(k, get(ind[0]), pooled({n: get(n) for n in random[k]}, random[k]))
             for k, ind in draws_by_k(conditions, kind).items() if k in random]
+
+
+def pooled_label(names: list[str]) -> str:
+    """The arm of random draws pooled: their condition name without the draw (``random-all-5-d0``,
+    ``random-all-5-d1`` -> ``random-all-5``; ``random-5-d0`` -> ``random-5``), so the label says which random
+    control the draws come from."""
+    return names[0].rsplit("-d", 1)[0]
+
+
+def drop_table(conditions: Iterable, values: Callable[[str], Mapping[str, np.ndarray]],
+               fractions: Mapping[int, float] | None = None) -> "pd.DataFrame":
+    """Every measure under every ablation arm against intact, paired over the same trials: one row per (arm,
+    measure), arms in run order (each ablated condition, then each k's random draws pooled per trial as the mean
+    over draws, labelled by :func:`pooled_label`), measures in the order ``values`` gives them; a measure whose
+    values are all NaN under an arm (not measured) is left out.
+
+    Args:
+        conditions: objects with ``name``, ``kind``, ``k`` (``intact`` among them; random draws of kind
+            ``random``).
+        values: condition name -> measure -> ``[n_trials]`` (the same trials in every condition).
+        fractions: head count -> the fraction of all heads that gave it; given, a ``fraction`` column follows ``k``.
+
+    Returns:
+        columns arm, kind, k, (fraction,) measure, value, ci_low, ci_high (the arm's mean and 95% CI over trials),
+        intact (the intact mean), drop, drop_ci_low, drop_ci_high (``intact − arm``, paired CI), relative_drop
+        (drop / intact; NaN where intact is 0)."""
+    import pandas as pd
+
+    conditions = list(conditions)
+    intact = values("intact")
+    arms = [(c.name, c.kind, c.k, [c.name]) for c in conditions if c.kind not in ("random", "intact")]
+    arms += [(pooled_label(names), "random", k, names) for k, names in draws_by_k(conditions).items()]
+    rows = []
+    for arm, kind, k, names in arms:
+        vals = [values(n) for n in names]
+        for m, base_v in intact.items():
+            v = np.mean([x[m] for x in vals], axis=0)
+            if np.isnan(v).all():
+                continue
+            mean, lo, hi = ci(v)
+            d, dlo, dhi = ci(base_v - v)
+            base = float(np.mean(base_v))
+            rows.append({"arm": arm, "kind": kind, "k": k, **({} if fractions is None else {"fraction": fractions.get(k)}),
+                         "measure": m, "value": mean, "ci_low": lo, "ci_high": hi, "intact": base, "drop": d,
+                         "drop_ci_low": dlo, "drop_ci_high": dhi, "relative_drop": d / base if base else np.nan})
+    return pd.DataFrame(rows)

@@ -14,9 +14,7 @@ from typing import Sequence
 from ..checks import ABLATION_POSITIONS, check_ablation_positions, check_draws, check_fields, check_method
 from ..config import opt
 from ..errors import InductionLabError
-from ..names import DEFAULT_METHOD, SCORE_NAMES, ablation_method_names
-
-RANDOM_CONTROLS = ("outside-top-n", "all")   # the random draws of AblationConfig (core.ablation.RANKED_RANDOM)
+from ..names import DEFAULT_METHOD, RANDOM_CONTROLS, SCORE_NAMES, ablation_method_names
 
 
 PAPER_KS = (10, 20, 50, 100)   # SPEC §4: the seed protocol's k list (models of ~1,000 heads)

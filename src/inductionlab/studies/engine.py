@@ -1,24 +1,28 @@
 """The one engine every study runs on: :func:`run_study`, and the :class:`Context` a study's phases work
 through.
 
-A study's ``phases(plan, ctx)`` reads as the study's script; each call on ``ctx`` is one checkpointed step::
+A study is one :class:`~inductionlab.studies.spec.Study` value (``STUDY`` at the end of its ``study.py``).
+Its ``phases(plan, ctx)`` reads as the study's script; each call on ``ctx`` is one checkpointed step::
 
     def phases(plan, ctx):
         scores = ctx.head_scores(plan.cfg.scores, seed=plan.cfg.seed)          # piece "scores"
         conditions = ablation_conditions(scores["induction"], plan.ks, ...)
         runs = ctx.measure(Phase("lag", lag_probe.probe(plan.lag), conditions, plan.lag.n_permutations))
+        fv = ctx.pieces("fv", tasks, score_task, desc="FV scores")             # pieces "fv/<task>"
         return {"scores": scores, "conditions": conditions, "lag": runs["lag"]}   # -> result(plan, pieces)
 
 The engine owns everything around the science, once for every study:
 
 1. the opening: the config's type and ``validate()``, the model's type, ``--out`` checked, the ranks'
-   dtype agreed (torchrun), every weight finite (:mod:`~inductionlab.core.finite`), ``prepare(loaded, cfg)`` (model-dependent checks: nothing is written
-   before they pass), the run directory opened or resumed (:class:`~inductionlab.studies.run.StudyRun`:
-   a run with other ``params`` is refused), the dtype line logged;
+   dtype agreed (torchrun), every weight finite (:mod:`~inductionlab.core.finite`), ``prepare(loaded, cfg)``
+   (model-dependent checks: nothing is written before they pass; a
+   :class:`~inductionlab.studies.spec.StudyPlan`), the run directory opened or resumed
+   (:class:`~inductionlab.studies.run.StudyRun`: a run with other ``params`` is refused), the dtype line logged;
 2. each step: timed (``timings["<name>_s"]``), checkpointed as a piece (a resumed run loads it), sharded
    over torchrun's ranks where it runs the model — :meth:`Context.head_scores`, :meth:`Context.measure`
    (probe phases over conditions: :class:`Phase`, one progress bar, a probe's trials and residual cache
-   shared by its phases), :meth:`Context.piece` (any JSON-able computation); a forward pass whose logits
+   shared by its phases), :meth:`Context.pieces` (one piece per item under one bar and one timing),
+   :meth:`Context.piece` / :meth:`Context.arrays` (one JSON / arrays computation); a forward pass whose logits
    hold a NaN or an inf stops the run with one line naming the module where they first appear;
 3. the closing: ``result(plan, pieces)``, the **one results header** (:data:`HEADER`: kind, model, params,
    versions, distributed, resumed, timings) before the study's own record, ``write(out, result)``
@@ -31,7 +35,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -47,7 +51,7 @@ from ..runtime.distributed import Dist
 from ..runtime.runs import timed, versions
 from .configs import HeadScoreConfig
 from .run import StudyRun, Verdict
-from .spec import RunOptions, StudySpec
+from .spec import RunOptions, StudyPlan, StudySpec
 
 #: The keys every results.json opens with, in this order; the study's own record follows.
 HEADER = ("kind", "model", "params", "versions", "distributed", "resumed", "timings")
@@ -70,19 +74,39 @@ class StudyResult:
     verdicts: list[Verdict] = field(default_factory=list)
 
 
-@dataclass
 class Context:
-    """What a step sees: the run directory, the model, the options; trials and residual caches shared
-    by the phases of one probe."""
-    run: StudyRun
-    loaded: Any
-    opts: RunOptions
-    trials: dict[int, Trials] = field(default_factory=dict)
-    caches: dict[int, Any] = field(default_factory=dict)
+    """What a study's ``phases(plan, ctx)`` works through: the run directory's pieces, the model, the options,
+    the progress bars and the timings. Every loop of a study, its bar, its timing and its checkpoints go through
+    these methods; a study never reads the run directory itself.
+
+    Args:
+        run: the run directory (:class:`~inductionlab.studies.run.StudyRun`; the engine's, not the study's).
+        loaded: the model (None for a study that loads none).
+        opts: :class:`~inductionlab.studies.spec.RunOptions`.
+
+    Attributes:
+        loaded, opts: as given.
+    """
+
+    def __init__(self, run: StudyRun, loaded: Any, opts: RunOptions):
+        self.run, self.loaded, self.opts = run, loaded, opts
+        self._trials: dict[int, Trials] = {}       # a probe's trials, built once, shared by its phases
+        self._caches: dict[int, Any] = {}          # a probe's residual cache (core.reuse)
 
     @property
     def out(self) -> Path:
+        """The run directory."""
         return self.run.out
+
+    @property
+    def dist(self) -> Dist | None:
+        """The torchrun process group the work is sharded over (None: one process)."""
+        return self.run.dist
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process is rank 0 (the one that writes ``out``; True without torchrun)."""
+        return self.run.is_main
 
     @property
     def bar(self) -> bool:
@@ -94,6 +118,28 @@ class Context:
         if self.opts.log is not None and self.run.is_main:
             self.opts.log(line)
 
+    def timed(self, name: str):
+        """Context manager: the block's wall seconds added to the timing ``name`` (``timings["<name>_s"]``)."""
+        return self.run.timed(name)
+
+    def timing(self, name: str) -> float | None:
+        """The wall seconds of ``name`` in this session so far (``timings["<name>_s"]``); None: never timed
+        (0.0 for a phase loaded from its checkpoints)."""
+        return self.run.timings.get(f"{name}_s")
+
+    @contextlib.contextmanager
+    def progress(self, total: int, desc: str, unit: str = "item", show: bool = True) -> Iterator[Callable[[int], None]]:
+        """A progress bar of ``total`` units (shown where :attr:`bar` and ``show``): yields ``update(n)``, which
+        advances it by ``n``."""
+        with tqdm(total=total, desc=desc, unit=unit, disable=not (self.bar and show)) as bar:
+            yield bar.update
+
+    def trials(self, probe: Probe) -> Trials:
+        """``probe``'s trials, built on first need (:meth:`Probe.build_trials`) and shared by every phase of it."""
+        if id(probe) not in self._trials:
+            self._trials[id(probe)] = probe.build_trials(self.loaded)
+        return self._trials[id(probe)]
+
     def head_scores(self, cfg: HeadScoreConfig, seed: int, pool=None) -> HeadScores:
         """The head scores (SPEC §3) of ``cfg`` as the piece ``scores``: computed once, then loaded; sharded
         over the ranks; timed as ``head_scores``. ``pool``: ids the random tokens are drawn from (None: the
@@ -101,10 +147,10 @@ class Context:
         run, model = self.run, self.loaded
 
         def compute():
-            with tqdm(total=cfg.batch_size * cfg.n_batches, desc="head scores", unit="seq", disable=not self.bar) as bar:
+            with self.progress(cfg.batch_size * cfg.n_batches, "head scores", "seq") as update:
                 hs = compute_head_scores(model.model, tokenizer=model.tokenizer, seq_len=cfg.seq_len,
                                          batch_size=cfg.batch_size, n_batches=cfg.n_batches, seed=seed,
-                                         progress=bar.update, dist=run.dist, pool=pool)
+                                         progress=update, dist=run.dist, pool=pool)
             return {"scores": hs.scores, "induction_loss": hs.induction_loss, "params": hs.params}
         def scores(raw) -> HeadScores:               # a piece of another shape raises here: recomputed
             table = {k: np.asarray(v, dtype=float) for k, v in raw["scores"].items()}
@@ -133,6 +179,43 @@ class Context:
         Timed as ``timing`` (default: the key with ``/`` as ``_``)."""
         with self.run.timed(timing or key.replace("/", "_")):
             return self.run.arrays(key, compute)
+
+    def pieces(self, key: str, items: Iterable[str], compute: Callable[[str, Callable[[int], None]], Any], *,
+               desc: str | None = None, unit: str = "item", timing: str | None = None,
+               total: Callable[[str], int] | None = None, json: bool = False) -> dict[str, Any]:
+        """One resumable piece per item, ``<key>/<item>``, under one progress bar and one timing: a finished
+        item is loaded, the others computed, in order, each written as soon as it is done (an interrupted run
+        resumes at the first unfinished item).
+
+        Args:
+            key: the pieces' folder (``"fv"`` -> ``fv/<item>.npz``).
+            items: the item names, in order (task names, run names).
+            compute: ``(item, progress) -> value``: a dict of numpy arrays (``.npz``), or with ``json`` a JSON-able
+                value (``.json``); ``progress(n)`` advances the bar by ``n`` units.
+            desc, unit: the bar's label and unit; ``desc`` None: no bar.
+            timing: the name of the one timing of every item (default: ``key``), loads included.
+            total: item -> its units on the bar (the bar's total is the sum over the unfinished items); None: one
+                unit per item, advanced when it finishes (``progress`` then does nothing).
+            json: the pieces are JSON (``.json``) rather than arrays.
+
+        Returns:
+            item -> its value (loaded or computed; a JSON piece as a reload returns it), in the order of ``items``.
+        """
+        run, items = self.run, list(items)
+        ext = "json" if json else "npz"
+        pending = [i for i in items if not run.done(f"{key}/{i}", ext)]
+        size = (lambda i: 1) if total is None else total
+        out: dict[str, Any] = {}
+        with self.timed(timing or key), self.progress(sum(size(i) for i in pending), desc or "", unit,
+                                                      show=desc is not None and bool(pending)) as update:
+            for item in items:
+                def make(item=item):
+                    value = compute(item, update if total is not None else lambda n: None)
+                    if total is None:
+                        update(1)
+                    return value
+                out[item] = run.json(f"{key}/{item}", make) if json else run.arrays(f"{key}/{item}", make)
+        return out
 
 
 # ---- phases -------------------------------------------------------------------------------------
@@ -176,19 +259,18 @@ def run_phases(ctx: Context, phases: Sequence[Phase]) -> dict[str, PhaseRun]:
     run, loaded = ctx.run, ctx.loaded
     todo = [(ph, c) for ph in phases for c in ph.conditions]
     pending = [(ph, c) for ph, c in todo if not run.done(f"{ph.key}/{c.name}")]
+    caches = ctx._caches
     for probe in {id(ph.probe): ph.probe for ph in phases if ph.probe.reuse}.values():
         conds = [c for ph in phases if ph.probe is probe for c in ph.conditions]
-        if id(probe) not in ctx.caches:
-            ctx.caches[id(probe)] = residual_cache(loaded.model, conds)
-        elif ctx.caches[id(probe)] is not None:
-            ctx.caches[id(probe)].add_levels(conds)
+        if id(probe) not in caches:
+            caches[id(probe)] = residual_cache(loaded.model, conds)
+        elif caches[id(probe)] is not None:
+            caches[id(probe)].add_levels(conds)
     arrays: dict[str, dict[str, dict]] = {ph.key: {} for ph in phases}
     words: dict[str, list[str]] = {}
 
     def trials(ph: Phase) -> Trials:
-        if id(ph.probe) not in ctx.trials:
-            ctx.trials[id(ph.probe)] = ph.probe.build_trials(loaded)
-        tr = ctx.trials[id(ph.probe)]
+        tr = ctx.trials(ph.probe)
         return tr if ph.n_trials is None else tr.head(ph.n_trials)
 
     for ph in phases:                                  # a resumed phase's time is 0 s, not missing
@@ -205,7 +287,7 @@ def run_phases(ctx: Context, phases: Sequence[Phase]) -> dict[str, PhaseRun]:
                     tr = trials(ph)
                     progress.start()
                     out = ph.probe.run(loaded, [c], tr, progress=progress, dist=run.dist,
-                                       reuse=ctx.caches.get(id(ph.probe)) or False)[c.name]
+                                       reuse=caches.get(id(ph.probe)) or False)[c.name]
                 return {**out, "words": np.asarray(tr.words)}
 
             got = dict(run.arrays(key, compute, check=_phase_piece))
@@ -264,7 +346,8 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
     """Run (or resume) the study ``spec`` on ``loaded`` with ``cfg`` and write the run directory ``out``.
 
     Args:
-        spec: the study (``studies/<name>/config.py``'s ``SPEC``).
+        spec: the study (``studies/<name>/config.py``'s ``SPEC``; its :class:`~inductionlab.studies.spec.Study`
+            is imported here).
         loaded: the model (:func:`inductionlab.core.models.load_model`); None for a study that loads none
             (``spec.model is None``: Bi-Induct trains its own).
         cfg: a ``spec.config`` (validated here, before anything else).
@@ -280,10 +363,11 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
         TypeError: ``loaded`` not a loaded model, ``cfg`` not a ``spec.config`` (a dict included).
         InductionLabError: a bad config, a bad ``out`` (a file, holding another run, inside an input), what
             the study's ``prepare`` refuses for this model — all before anything is written.
+        TypeError: (a bug in the study) ``spec`` names no Study, ``prepare`` returns no StudyPlan.
     """
     t0 = time.perf_counter()
     opts = RunOptions() if opts is None else opts
-    impl = spec.impl
+    study = spec.load()
     if spec.model is not None:
         check_loaded(loaded, spec.kind)
         check_weights_present(loaded.model)       # weights on the meta device, nothing to load them
@@ -295,28 +379,29 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
     if loaded is not None:
         agree_dtype(loaded, opts.dist)               # torchrun: every rank in rank 0's dtype
         check_finite_weights(loaded.model, f"model {loaded.identity.get('spec') or loaded.identity.get('name')}")
-    plan = impl.prepare(loaded, cfg)                 # model-dependent checks: nothing written yet
+    plan = study.prepare(loaded, cfg)                # model-dependent checks: nothing written yet
+    check_type(plan, StudyPlan, f"{spec.kind}: the plan of prepare()")
     params = dict(plan.params) | {"random_draws": RANDOM_DRAWS}
     if loaded is not None:
         params["model"] = params_identity(ran_identity(loaded))   # a resume never mixes two models (nor dtypes)
     run = StudyRun(out, spec.kind, params, overwrite=opts.overwrite, on_checkpoint=opts.on_checkpoint,
-                   inputs=inputs, dist=opts.dist, started=t0, owned=getattr(plan, "owned", ()))
+                   inputs=inputs, dist=opts.dist, started=t0, owned=plan.owned)
     run.open()
     if loaded is not None:                           # the first line a user sees: the dtype and why
         announce_dtype(ran_identity(loaded), opts.log, run.is_main)
     if run.resumed and opts.log is not None and run.is_main:
         opts.log(f"resuming {out}: finished pieces are loaded, the rest computed")
     with finite_outputs(loaded.model) if loaded is not None else contextlib.nullcontext():
-        pieces = impl.phases(plan, Context(run, loaded, opts))   # a NaN logit: one line naming where it starts
-    res = impl.result(plan, pieces)
+        pieces = study.phases(plan, Context(run, loaded, opts))   # a NaN logit: one line naming where it starts
+    res = study.result(plan, pieces)
     if res.verdicts and "verdicts" not in res.record:
         res.record["verdicts"] = [v.to_dict() for v in res.verdicts]
-    model = ran_identity(loaded) if loaded is not None else getattr(plan, "model", None)
+    model = ran_identity(loaded) if loaded is not None else plan.model
     res.record = {"kind": spec.kind, "model": model, "params": run.params, "versions": versions(),
                   "distributed": (opts.dist or Dist()).record(), "resumed": run.resumed, "timings": run.timings,
                   **res.record}
     res.timings = run.timings
-    run.finish(res.record, lambda: impl.write(out, res))
+    run.finish(res.record, lambda: study.write(out, res))
     return res
 
 

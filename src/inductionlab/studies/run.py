@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Mapping
 
 from ..runtime.outputs import inside
 from ..runtime.runs import ResumableRun, atomic_write_json, timed
@@ -29,7 +29,7 @@ class StudyRun(ResumableRun):
             origin of ``timings["total_s"]``.
 
     Attributes:
-        timings: ``<part>_s`` -> wall seconds of this call (:meth:`timed`, :meth:`piece`,
+        timings: ``<part>_s`` -> wall seconds of this call (:meth:`timed`,
             :meth:`finish`); the same dict all along, so a result or record holding it sees the
             final values.
     """
@@ -42,12 +42,6 @@ class StudyRun(ResumableRun):
     def timed(self, name: str):
         """Context manager: the block's wall seconds added to ``timings[f"{name}_s"]``."""
         return timed(self.timings, name)
-
-    def piece(self, key: str, compute: Callable[[], Any], *, timing: str | None = None) -> Any:
-        """The JSON piece ``key`` (:meth:`~inductionlab.runtime.runs.ResumableRun.json`: loaded if finished,
-        else computed and written), its time added to ``timings[f"{timing or key}_s"]``."""
-        with self.timed(timing or key.replace("/", "_")):
-            return self.json(key, compute)
 
     def elapsed(self) -> float:
         """Wall seconds since ``started``."""

@@ -111,13 +111,14 @@ def measure(ctx: Context, tl: TokenLossPlan, conditions, pilot_condition, sensit
     return TokenLossRun(arrays, s, sizing, n, P.window_table(arrays), windows)
 
 
-def cost(run: TokenLossRun, timings: dict, n_conditions: int) -> dict:
+def cost(run: TokenLossRun, icl_seconds: float | None, n_conditions: int) -> dict:
     """Seconds per window-condition: the pilot's where one ran (measured on windows of the same length), else this
-    session's ``icl_s`` over its windows × conditions (None when the phase was loaded from checkpoints)."""
+    session's ``icl_seconds`` (``Context.timing("icl")``) over its windows × conditions (None when the phase was
+    loaded from checkpoints)."""
     if run.sizing is not None:
         return {"seconds_per_trial_condition": run.sizing["pilot"]["seconds_per_window_condition"],
                 "conditions": n_conditions, "unit": "windows", "source": "pilot"}
-    spent = timings.get("icl_s") or 0.0
+    spent = icl_seconds or 0.0
     per = spent / (run.n * n_conditions) if spent > 0 else None
     return {"seconds_per_trial_condition": per, "conditions": n_conditions, "unit": "windows", "source": "this session"}
 

@@ -13,7 +13,6 @@ lm-evaluation-harness.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -270,7 +269,3 @@ def load_config(path: str | Path, base: TrainConfig | None = None) -> TrainConfi
         InductionLabError: missing or unparsable file, unknown key, wrong value type.
     """
     return config_from_dict(C.read_mapping(path), base)
-
-
-def dumps_config(cfg: TrainConfig) -> str:
-    return json.dumps(cfg.to_dict(), indent=2, sort_keys=True)

@@ -1,6 +1,6 @@
 """``inductionlab analyze``: head scores, the lag probe and ablation vs k on one model (the main job).
 
-``config`` (:class:`AnalyzeConfig`, ``SPEC``), ``study`` (``prepare`` / ``phases`` / ``result``, :func:`analyze`),
+``config`` (:class:`AnalyzeConfig`, ``SPEC``), ``study`` (``prepare`` / ``phases`` / ``result``, ``STUDY``, :func:`analyze`),
 ``report`` (``write``, ``summary``). Names are imported on first use: importing ``config`` loads no torch.
 """
 

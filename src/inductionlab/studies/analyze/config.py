@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...checks import check_fields, check_seed, check_type
-from ...config import nested, opt
+from ...checks import check_fields, check_seed
+from ...config import nested, opt, validate_tree
 from ...errors import InductionLabError
 from ...protocols.configs import LagProbeConfig
 from ..configs import AblationConfig, HeadScoreConfig, check_lag_headline, check_trials_fit
@@ -51,13 +51,9 @@ class AnalyzeConfig:
         """
         check_fields(self)
         check_seed(self.seed, "--seed")
-        for name, kind in (("scores", HeadScoreConfig), ("ablation", AblationConfig), ("lag", LagProbeConfig)):
-            check_type(getattr(self, name), kind, f"AnalyzeConfig.{name}")
-        self.scores.validate()
-        self.ablation.validate()
         if self.top < 1:
             raise InductionLabError(f"--top {self.top} must be >= 1")
-        self.protocol().validate()
+        validate_tree(self, lambda: {"lag": self.protocol()})
         check_lag_headline(self.lag)
         check_trials_fit(self.lag.n_permutations, self.lag.trial_tokens, "--n-permutations")
 

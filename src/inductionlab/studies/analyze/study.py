@@ -6,7 +6,7 @@ with the top-k induction heads ablated and with k random heads ablated (outside 
 draws) for each k (SPEC §4) → tables, plots, report. Run by :func:`inductionlab.studies.engine.run_study`:
 the head scores, the patterns and each condition's lag probe are pieces of the run directory, so an
 interrupted run continues where it stopped. The smallest complete study: copy its shape (``config.py``
-with the spec, this module with ``prepare`` / ``phases`` / ``result``, ``report.py`` with ``write``).
+with the spec, this module with ``prepare`` / ``phases`` / ``result`` and ``STUDY``, ``report.py`` with ``write``).
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from ...protocols import lag_probe
 from ...protocols.lag_probe import LagProbeConfig, LagProbeResult
 from ..configs import check_trial_ids, default_ks
 from ..engine import Context, Phase, StudyResult, run_study
-from ..spec import RunOptions
+from ..spec import RunOptions, Study, StudyPlan
 from .config import SPEC, AnalyzeConfig
-from .report import summary, write  # noqa: F401  (the engine reads write and summary here)
+from .report import summary, write
 
 
-@dataclass
-class Plan:
+@dataclass(kw_only=True)
+class Plan(StudyPlan):
     """What :func:`prepare` settles for this model: the ks, the exclusion N, the lag probe's config with the
     job's seed and method, the scores file's columns the selection names, and the run's ``params``."""
     loaded: LoadedModel
@@ -43,7 +43,6 @@ class Plan:
     ks: list[int]
     exclude_top_n: int
     lag: LagProbeConfig
-    params: dict
     file_scores: dict = field(default_factory=dict)
 
 
@@ -84,8 +83,8 @@ def prepare(loaded: LoadedModel, cfg: AnalyzeConfig) -> Plan:
     lag = cfg.protocol()
     check_trial_ids(lag_probe.build_trials(loaded, replace(lag, n_permutations=2)), loaded, "lag probe")
     lag_probe.check_cues(loaded, lag)
-    return Plan(loaded, cfg, ks, N, lag, {"config": to_dict(cfg), "ks": ks, "exclude_top_n": N, **ab.params()},
-                file_scores)
+    return Plan(loaded=loaded, cfg=cfg, ks=ks, exclude_top_n=N, lag=lag, file_scores=file_scores,
+                params={"config": to_dict(cfg), "ks": ks, "exclude_top_n": N, **ab.params()})
 
 
 def phases(plan: Plan, ctx: Context) -> dict:
@@ -168,4 +167,6 @@ def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, opts: RunO
     return run_study(SPEC, loaded, cfg, out, opts)
 
 
-__all__ = ["AnalyzeResult", "Plan", "prepare", "phases", "result", "analyze"]
+STUDY: Study[AnalyzeConfig, Plan, AnalyzeResult] = Study(prepare, phases, result, write, summary)
+
+__all__ = ["AnalyzeResult", "Plan", "prepare", "phases", "result", "analyze", "STUDY"]

@@ -4,7 +4,7 @@ training, with telemetry, evaluation and verdicts decided by rules stated before
 Modules: ``config`` (the config, the presets as functions returning typed configs, the training config of
 one run, the plan, ``SPEC``), ``jobs`` (the training subprocesses and the run reader), ``evaluation`` (the
 bridge to ``studies/evaluate``), ``tables`` and ``verdicts`` (the rules and one verdict per claim), ``study``
-(``prepare`` / ``phases`` / ``result``), ``report`` (report.md, tables, figure). Names are imported on first
+(``prepare`` / ``phases`` / ``result``, ``STUDY``), ``report`` (report.md, tables, figure). Names are imported on first
 use: importing ``config`` loads no torch.
 """
 

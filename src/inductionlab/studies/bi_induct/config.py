@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, ClassVar
 
-from ...checks import INT64_MAX, check_fields, check_type
-from ...config import nested, opt, to_dict
+from ...checks import INT64_MAX, check_fields
+from ...config import nested, opt, to_dict, validate_tree
 from ...data.curriculum import VARIANTS, CurriculumConfig
 from ...errors import InductionLabError
 from ...train.config import TrainConfig
@@ -97,8 +97,7 @@ class BiInductStudyConfig:
             raise InductionLabError(f"--shards {self.shards} is not a prepared corpus (no manifest.json); "
                                     f"prepare one: {self.data_hint}")
         check_fields(self)
-        check_type(self.train, TrainConfig, "BiInductStudyConfig.train")
-        check_type(self.evaluation, EvaluateConfig, "BiInductStudyConfig.evaluation")
+        validate_tree(self, validate=False)          # each run's train config is validated per run, below
         if self.seeds < 1:
             raise InductionLabError(f"--seeds must be >= 1, got {self.seeds}")
         if self.seeds > MAX_SEEDS:
@@ -295,7 +294,7 @@ SPEC = StudySpec(
          "top-2% vs random ablation) and decide each claim of the paper by rules stated before the data. Each run "
          "is resumable; an existing study with the same options in --out is resumed (finished runs reused). "
          "Guide: docs/study-bi-induct.md.",
-    model=None, out="runs/{kind}-{cfg.preset}-{time}", inputs=("shards",), estimate=True)
+    model=None, out="runs/{kind}-{cfg.preset}-{time}", inputs=("shards",), estimate=True, reads_out="partial")
 
 
 __all__ = ["VARIANTS", "BI_INDUCT", "PRESETS", "PRESET_NAMES", "MAX_SEEDS", "BiInductStudyConfig", "train_config",

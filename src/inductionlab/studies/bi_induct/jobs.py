@@ -148,7 +148,7 @@ def train_and_check(ctx, cfg: BiInductStudyConfig, budgets: dict) -> tuple[list[
 
     out = ctx.out
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    with ctx.run.timed("train"):
+    with ctx.timed("train"):
         if cfg.partial:
             walls = {}
             runs = [r for r in cfg.runs() if run_finished(out / "runs" / r[0])]

@@ -33,7 +33,6 @@ thread in ~5 min), ``cpu-natural`` (the CPU study), ``tiny`` (CI), ``0.13b`` (th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -43,26 +42,23 @@ from ...runtime.run_dir import final_checkpoint
 from ...runtime.runs import versions
 from ...train.config import PRESETS as MODEL_PRESETS
 from ..engine import Context, StudyResult, run_study
-from ..spec import RunOptions
+from ..spec import RunOptions, Study, StudyPlan
 from .config import SPEC, BiInductStudyConfig, evaluation_config, plan_budgets
 from .evaluation import evaluate_checkpoint
 from .jobs import run_piece, train_and_check
-from .report import estimate, summary, write  # noqa: F401  (the engine reads write, summary and estimate here)
+from .report import estimate, summary, write
 from .tables import runs_table, variants_table
 from .verdicts import (ANTI_NEAR_ZERO, C_MEASURE, D_MEASURE, ICL_FLOOR, INDUCTION_EFFECT, MIN_SEEDS_FOR_CI, PROBE_FLOOR,
                        PROBE_MARGIN, RELATIVE_FLOOR, RULES, decide)
 
 
-@dataclass
-class Plan:
+@dataclass(kw_only=True)
+class Plan(StudyPlan):
     """What :func:`prepare` settles: the config, the corpus's vocabulary, the run's ``params``, the model
     the study trains (the results header's ``model``), and ``owned = ("runs",)``: the training runs count
     as finished work of the study (a study with other parameters is refused while they exist)."""
     cfg: BiInductStudyConfig
     vocab_size: int
-    params: dict
-    model: dict
-    owned: tuple[str, ...] = ("runs",)
 
 
 @dataclass(kw_only=True)
@@ -82,7 +78,8 @@ def prepare(loaded, cfg: BiInductStudyConfig) -> Plan:
              "n_layers": layers, "n_heads": heads, "n_kv_heads": kv, "head_dim": hidden // heads,
              "hidden_size": hidden, "intermediate_size": mlp, "vocab_size": sh.vocab_size,
              "max_position_embeddings": cfg.train.seq_len}
-    return Plan(cfg, sh.vocab_size, cfg.params(sh.manifest.get("corpus_sha256")), model)
+    return Plan(cfg=cfg, vocab_size=sh.vocab_size, params=cfg.params(sh.manifest.get("corpus_sha256")), model=model,
+                owned=("runs",))
 
 
 def phases(plan: Plan, ctx: Context) -> dict:
@@ -91,10 +88,10 @@ def phases(plan: Plan, ctx: Context) -> dict:
     cfg = plan.cfg
     budgets = ctx.piece("plan", lambda: {"budgets": plan_budgets(cfg, plan.vocab_size), "versions": versions()})
     runs, walls, missing = train_and_check(ctx, cfg, budgets["budgets"])
-    pieces = {n: ctx.piece(f"train/{n}", partial(run_piece, ctx.out / "runs" / n), timing="train_pieces")
-              for n, _, _ in runs}
-    evals = {n: ctx.piece(f"{cfg.eval_key()}/{n}", partial(_evaluate, ctx, cfg, n, s), timing="evaluate")
-             for n, _, s in (runs if cfg.evaluate else ())}
+    names, seeds = [n for n, _, _ in runs], {n: s for n, _, s in runs}
+    pieces = ctx.pieces("train", names, lambda n, _: run_piece(ctx.out / "runs" / n), timing="train_pieces", json=True)
+    evals = ctx.pieces(cfg.eval_key(), names, lambda n, _: _evaluate(ctx, cfg, n, seeds[n]), timing="evaluate",
+                       json=True) if cfg.evaluate else {}
     return {"budgets": budgets["budgets"], "runs": runs, "walls": walls, "missing": missing, "pieces": pieces, "evals": evals}
 
 
@@ -155,4 +152,6 @@ def run_bi_induct_study(cfg: BiInductStudyConfig, out: str | Path, opts: RunOpti
     return run_study(SPEC, None, cfg, out, opts)
 
 
-__all__ = ["BiInductStudy", "Plan", "prepare", "phases", "result", "run_bi_induct_study"]
+STUDY: Study[BiInductStudyConfig, Plan, BiInductStudy] = Study(prepare, phases, result, write, summary, estimate)
+
+__all__ = ["STUDY", "BiInductStudy", "Plan", "prepare", "phases", "result", "run_bi_induct_study"]

@@ -2,7 +2,7 @@
 load-bearing test (top induction heads vs matched random heads) on one model (SPEC §3, §8).
 
 * ``config`` — :class:`EvaluateConfig` and its nested configs, :func:`parse_variant`, ``SPEC``;
-* ``study`` — ``prepare`` / ``phases`` / ``result``, :func:`run_evaluate` and :class:`EvaluateResult`;
+* ``study`` — ``prepare`` / ``phases`` / ``result``, ``STUDY``, :func:`run_evaluate` and :class:`EvaluateResult`;
 * ``tables`` — the tidy tables of a finished evaluation and the load-bearing conditions;
 * ``report`` — tables/, plots/ and report.md of the run directory (``write``), ``summary``.
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...checks import (ABLATION_POSITIONS, check_ablation_positions, check_draws, check_fields, check_method,
-                       check_seed, check_type)
-from ...config import nested, opt
+                       check_seed)
+from ...config import nested, opt, validate_tree
 from ...errors import InductionLabError
 from ...names import ABLATION_METHOD_NEEDS, DEFAULT_METHOD, TASK_NAMES, ablation_method_names
 from ..configs import HeadScoreConfig, RankingConfig, check_trials_fit
@@ -218,12 +218,7 @@ class EvaluateConfig:
             TypeError: a field of the wrong type (a nested config that is not its dataclass)."""
         check_fields(self)
         check_seed(self.seed, "--seed")
-        for name, kind in (("scores", HeadScoreConfig), ("probes", ProbeConfig), ("icl", ICLScoreConfig),
-                           ("induction", InductionLossConfig), ("recall", RecallConfig),
-                           ("perplexity", PerplexityConfig), ("load_bearing", LoadBearingConfig),
-                           ("lm_eval", LmEvalConfig)):
-            check_type(getattr(self, name), kind, f"EvaluateConfig.{name}")
-            getattr(self, name).validate()
+        validate_tree(self)
         if self.token_pool not in TOKEN_POOLS:
             raise InductionLabError(f"token pool {self.token_pool!r}: use one of {', '.join(TOKEN_POOLS)}")
         if self.load_bearing.ablate and self.load_bearing.shots not in self.probes.shots:

@@ -75,9 +75,9 @@ from ...protocols.icl_score import (heldout_windows, icl_positions, icl_summary,
 from ...protocols.icl_tasks import Prompt, build_tasks, make_all_prompts
 from ...protocols.runner import REFERENCE_TRIALS, Probe, Trials, needs_reference
 from ..engine import Context, Phase, StudyResult, run_study
-from ..spec import RunOptions
+from ..spec import RunOptions, Study, StudyPlan
 from .config import SPEC, EvaluateConfig
-from .report import summary, write  # noqa: F401  (the engine reads write and summary here)
+from .report import summary, write
 from .tables import drops_by_measure, hits_table, icl_table, lm_eval_drops, load_bearing_conditions, per_sequence
 
 INTACT = Condition("intact", "intact")
@@ -122,8 +122,8 @@ class EvaluateResult(StudyResult):
     lm_eval_drops: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
-@dataclass
-class Plan:
+@dataclass(kw_only=True)
+class Plan(StudyPlan):
     """What the evaluation reads besides the model, made and checked by :func:`prepare` before any file
     is written, and the run's ``params``."""
     loaded: LoadedModel
@@ -134,7 +134,6 @@ class Plan:
     prompts: list[Prompt]                 # every probe prompt (all tasks, shots and controls)
     bos: int | None                       # the probes' BOS (None without ``cfg.probes.bos``)
     notes: list[str]                      # what was skipped and why
-    params: dict
     file_scores: dict = field(default_factory=dict)   # the scores file's columns the selection names
 
     @property
@@ -173,7 +172,8 @@ def prepare(loaded: LoadedModel, cfg: EvaluateConfig) -> Plan:
         notes.append("no --shards: the ICL score (natural held-out text) and the perplexity guard were skipped")
     ident = loaded.identity
     file_scores = cfg.load_bearing.score_tables((ident["n_layers"], ident["n_heads"]))
-    return Plan(loaded, cfg, shards, windows, pool, prompts, bos, notes, _params(cfg, shards), file_scores)
+    return Plan(loaded=loaded, cfg=cfg, shards=shards, windows=windows, pool=pool, prompts=prompts, bos=bos,
+                notes=notes, file_scores=file_scores, params=_params(cfg, shards))
 
 
 def _params(cfg: EvaluateConfig, shards) -> dict:
@@ -368,7 +368,7 @@ def _perplexity(plan: Plan, ctx: Context) -> dict:
     window = cfg.perplexity.context or min(int(model_context(loaded.model) or 1024), 1024)   # heldout_perplexity's
     bs = _fit_batch(cfg.perplexity.batch_size, window, loaded.identity.get("vocab_size", 1))
     return heldout_perplexity(loaded.model, plan.shards, tokenizer=loaded.tokenizer, context=cfg.perplexity.context,
-                              max_tokens=cfg.perplexity.tokens, batch_size=bs, dist=ctx.run.dist)
+                              max_tokens=cfg.perplexity.tokens, batch_size=bs, dist=ctx.dist)
 
 
 def _lm_eval_means(plan: Plan):
@@ -386,7 +386,7 @@ def _lm_eval(plan: Plan, ctx: Context, condition: Condition | None = None, memo:
     """lm-evaluation-harness (piece ``lm_eval``, intact: lm-eval's ``hf``; piece ``lm_eval_ablated/<condition>``:
     the model type ``inductionlab`` with the condition's heads ablated by ``load_bearing.method`` at
     ``load_bearing.positions``): rank 0 alone runs it (not sharded); the others read its piece."""
-    if not ctx.run.is_main:
+    if not ctx.is_main:
         return None
     from ...protocols.lm_eval_tasks import run_lm_eval
 
@@ -495,4 +495,6 @@ def run_evaluate(loaded: LoadedModel, cfg: EvaluateConfig, out: str | Path, opts
     return run_study(SPEC, loaded, cfg, out, opts)
 
 
-__all__ = ["EvaluateResult", "Plan", "prepare", "phases", "result", "run_evaluate", "token_pool"]
+STUDY: Study[EvaluateConfig, Plan, EvaluateResult] = Study(prepare, phases, result, write, summary)
+
+__all__ = ["STUDY", "EvaluateResult", "Plan", "prepare", "phases", "result", "run_evaluate", "token_pool"]

@@ -1,6 +1,6 @@
 """``inductionlab study head-types``: FV and induction heads scored, compared and ablated exclusively (SPEC §10).
 
-``config`` (:class:`HeadTypesConfig`, ``SPEC``), ``study`` (``prepare`` / ``phases`` / ``result``,
+``config`` (:class:`HeadTypesConfig`, ``SPEC``), ``study`` (``prepare`` / ``phases`` / ``result``, ``STUDY``,
 :func:`run_head_types`), ``verdicts`` (claims Y1–Y4), ``report`` (``write``, ``summary``). Names are imported on
 first use: importing ``config`` loads no torch.
 """

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ...checks import check_draws, check_fields, check_method, check_seed, check_type
-from ...config import nested, opt
+from ...checks import check_draws, check_fields, check_method, check_seed
+from ...config import nested, opt, validate_tree
 from ...errors import InductionLabError
 from ...protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig, TokenLossConfig
+from ...names import RANDOM_CONTROLS, ablation_method_names
 from ..configs import HeadScoreConfig, check_lag_headline, check_trials_fit
 from ..spec import StudySpec
 
-RANDOM_CONTROLS = ("all", "outside-top-n")     # core.ablation.RANDOM_CONTROLS (that module loads torch)
 FV_RANKINGS = ("signed", "absolute")
 
 
@@ -103,7 +103,7 @@ class HeadTypesConfig:
     lag: LagProbeConfig = nested(lambda: LagProbeConfig(n_permutations=16, cues="all:10"),
                                  "The lag probe under ablation (seed T's p(+1) and temporal factor).")
     lag_method: str = opt("zero", "Ablation of the heads for the lag probe.", source="seed protocol",
-                          choices=("zero", "mean", "resample"))
+                          choices=ablation_method_names())
     cmr: CMRConfig = nested(CMRConfig, "Attention CRP and CMR fit per head (Ji-An et al. 2024).")
 
     def protocols(self) -> tuple[FVScoreConfig, LagProbeConfig]:
@@ -121,15 +121,9 @@ class HeadTypesConfig:
             InductionLabError: what a nested config refuses; TypeError: a field of the wrong type."""
         check_fields(self)
         check_seed(self.seed, "--seed")
-        for name, kind in (("scores", HeadScoreConfig), ("fv", FVScoreConfig), ("route", DualRouteConfig),
-                           ("selection", SelectionConfig),
-                           ("probes", ProbesConfig), ("icl", TokenLossConfig), ("lag", LagProbeConfig),
-                           ("cmr", CMRConfig)):
-            check_type(getattr(self, name), kind, f"HeadTypesConfig.{name}")
-            getattr(self, name).validate()
         check_method(self.lag_method)
-        fv, lag = self.protocols()
-        lag.validate()
+        validate_tree(self, lambda: {"lag": self.protocols()[1]})
+        lag = self.protocols()[1]
         check_lag_headline(lag)
         check_trials_fit(lag.n_permutations, lag.trial_tokens, "--n-permutations")
         check_trials_fit(self.icl.n_sequences or self.icl.pilot, self.icl.late * 6 // 5 + 1, "--icl-sequences")
@@ -144,5 +138,5 @@ SPEC = StudySpec(
          "attention-pattern scores, their "
          "overlap, and induction- vs FV-head ablation with and without excluding the other's top heads, against "
          "random heads, on few-shot HITS@1, the token-loss ICL score and the lag probe, with verdicts Y1-Y4. "
-         "Guide: docs/head_types.md.",
+         "Guide: docs/study-head-types.md.",
     model="argument", out="runs/{kind}-{model}-{time}")

@@ -146,7 +146,7 @@ def report(res) -> str:
     lines = [f"# inductionlab study head-types — {idn['name']}", "", model_line(idn), "",
              "Which heads carry in-context learning: function-vector (FV) heads and induction heads, scored, compared "
              "and ablated with and without excluding the other ranking's top heads (Yin & Steinhardt 2025). "
-             "Guide: docs/head_types.md.", ""]
+             "Guide: docs/study-head-types.md.", ""]
     lines += verdict_lines(res.verdicts, "studies/head_types/verdicts.py")
     if "token_loss" in res.record:
         lines += [""] + token_loss_lines(res.record["token_loss"])

@@ -42,6 +42,7 @@ from ...core.stimuli import seed_for
 from ...errors import InductionLabError
 from ...measures import cmr as C
 from ...measures.overlap import head_overlap
+from ...measures.stats import drop_table
 from ...protocols import dual_route as DR, function_probes, function_vectors as F, lag_probe
 from ...protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig
 from ...protocols.icl_tasks import Prompt, build_tasks, make_prompts
@@ -49,14 +50,14 @@ from ...protocols.lag_probe import LagProbeResult
 from ..configs import check_trial_ids
 from .. import token_loss as TLS
 from ..engine import Context, Phase, StudyResult, run_study
-from ..spec import RunOptions
+from ..spec import RunOptions, Study, StudyPlan
 from .config import SPEC, HeadTypesConfig
-from .report import FVEC, RVEC, ZS, summary, write  # noqa: F401  (the engine reads write and summary here)
-from .verdicts import decide, drop_table
+from .report import FVEC, RVEC, ZS, summary, write
+from .verdicts import decide, per_trial
 
 
-@dataclass
-class Plan:
+@dataclass(kw_only=True)
+class Plan(StudyPlan):
     """What :func:`prepare` settles for this model: the fractions kept, the prompts, the text windows, the
     protocols' configs with the study's seed, and the run's ``params``."""
     loaded: LoadedModel
@@ -69,7 +70,6 @@ class Plan:
     zero_shot: list[Prompt]
     icl: TLS.TokenLossPlan
     lag: LagProbeConfig
-    params: dict
     route: DualRouteConfig | None = None
     route_prompts: tuple | None = None     # (word, random-token, attention) prompts of dual_route.build_prompts
 
@@ -86,7 +86,7 @@ class HeadTypesStudy(StudyResult):
     probes: pd.DataFrame              # per prompt, condition and method: hits1, rank, p_target
     icl: pd.DataFrame                 # per window and condition: loss_early, loss_late, benefit, slope (D), band (B)
     lag: LagProbeResult
-    drops: pd.DataFrame               # per condition and measure: value, CI, drop vs intact (verdicts.drop_table)
+    drops: pd.DataFrame               # per condition and measure: value, CI, drop vs intact (stats.drop_table)
     overlap: pd.DataFrame             # one row per pair of rankings
     route: DR.RouteScores | None = None   # concept / token induction scores (None: --no-dual-route)
     cmr: dict | None = None           # --cmr: profile [L, H, 2m+1], lags, the fit's arrays, the grid's params
@@ -150,8 +150,9 @@ def prepare(loaded: LoadedModel, cfg: HeadTypesConfig) -> Plan:
               "counts": {f"{f:g}": max(1, int(f * n_total)) for f in kept}, "fv_layer": fv_layer,
               "fv_tasks": list(fv_prompts), **icl.params(),
               "probe_prompts_seed": "seed_for(seed, 1)", "zero_shot_prompts_seed": "seed_for(seed, 2)"}
-    return Plan(loaded, cfg, kept, fv, fv_layer, fv_prompts, probe_prompts, zero_shot, icl, lag,
-                params, route if route.enabled else None, route_prompts)
+    return Plan(loaded=loaded, cfg=cfg, fractions=kept, fv=fv, fv_layer=fv_layer, fv_prompts=fv_prompts,
+                probe_prompts=probe_prompts, zero_shot=zero_shot, icl=icl, lag=lag,
+                params=params, route=route if route.enabled else None, route_prompts=route_prompts)
 
 
 # ---- FV scores -------------------------------------------------------------------------------------
@@ -159,24 +160,20 @@ def prepare(loaded: LoadedModel, cfg: HeadTypesConfig) -> Plan:
 def _fv_scores(plan: Plan, ctx: Context) -> F.FVScores:
     """The FV score per task, each task a piece ``fv/<task>`` (means, P(y₁) clean and corrupted, CIE per prompt)."""
     model = plan.loaded.model
-    from tqdm.auto import tqdm
-    todo = [t for t in plan.fv_prompts if not ctx.run.done(f"fv/{t}")]
-    parts = {}
-    with tqdm(total=sum(2 * len(plan.fv_prompts[t].corrupted) for t in todo), desc="FV scores", unit="prompt",
-              disable=not (ctx.bar and todo)) as bar:
-        for name, tp in plan.fv_prompts.items():
-            def compute(tp=tp):
-                means, p_clean = F.clean_means(model, tp.clean)
-                bar.update(len(tp.clean))
-                base, cie = [], []
-                for p in tp.corrupted:
-                    b, c = F.indirect_effects(model, p, means, rows=plan.fv.rows)
-                    base.append(b)
-                    cie.append(c)
-                    bar.update(1)
-                return {"means": means.numpy(), "p_clean": p_clean, "p_base": np.asarray(base), "cie": np.stack(cie)}
-            with ctx.run.timed("fv_scores"):
-                parts[name] = ctx.run.arrays(f"fv/{name}", compute)
+
+    def score(task: str, progress) -> dict:
+        tp = plan.fv_prompts[task]
+        means, p_clean = F.clean_means(model, tp.clean)
+        progress(len(tp.clean))
+        base, cie = [], []
+        for p in tp.corrupted:
+            b, c = F.indirect_effects(model, p, means, rows=plan.fv.rows)
+            base.append(b)
+            cie.append(c)
+            progress(1)
+        return {"means": means.numpy(), "p_clean": p_clean, "p_base": np.asarray(base), "cie": np.stack(cie)}
+    parts = ctx.pieces("fv", plan.fv_prompts, score, desc="FV scores", unit="prompt", timing="fv_scores",
+                       total=lambda t: 2 * len(plan.fv_prompts[t].corrupted))
     tasks = list(plan.fv_prompts)
     return F.FVScores(tasks, np.stack([parts[t]["p_clean"] for t in tasks]),
                       np.stack([parts[t]["p_base"] for t in tasks]), np.stack([parts[t]["cie"] for t in tasks]),
@@ -193,18 +190,15 @@ def _route_scores(plan: Plan, ctx: Context) -> DR.RouteScores | None:
     cost: the piece's seconds and those of one bare forward of every prompt)."""
     if plan.route is None:
         return None
-    from tqdm.auto import tqdm
     wp, rp, ap = plan.route_prompts
 
     def compute():
-        with tqdm(total=len(wp) + len(rp) + len(ap), desc="dual-route scores", unit="prompt",
-                  disable=not ctx.bar) as bar:
-            r = DR.route_scores(plan.loaded.model, wp, rp, ap, rows=plan.route.rows, progress=bar.update)
+        with ctx.progress(len(wp) + len(rp) + len(ap), "dual-route scores", "prompt") as update:
+            r = DR.route_scores(plan.loaded.model, wp, rp, ap, rows=plan.route.rows, progress=update)
         c = r.params["cost"]
         return {**{k: getattr(r, k) for k in ROUTE_ARRAYS},
                 "cost": np.array([c["seconds"], c["bare_forward_seconds"], c["bare_forwards"]])}
-    with ctx.run.timed("dual_route"):
-        got = ctx.run.arrays("dual_route", compute)
+    got = ctx.arrays("dual_route", compute)
     sec, bare, n = (float(v) for v in got["cost"])
     r = plan.route
     return DR.RouteScores(*(got[k] for k in ROUTE_ARRAYS), params={
@@ -249,28 +243,24 @@ def _probes(plan: Plan, ctx: Context, conditions: list[Condition], fv: F.FVScore
     """10-shot HITS@1 under every condition, the heads' last-position output set to its mean over the FV scoring
     prompts of all tasks (Yin's accuracy ablation) and to zero: all conditions per prompt at once
     (:func:`~inductionlab.protocols.function_probes.last_position_conditions`), one piece ``probes/<task>`` per task."""
-    from tqdm.auto import tqdm
     D = fv.means.shape[-1]
     values = {"mean": fv.means.mean(0).float()}                 # each head's mean at the last position, all tasks
     if plan.cfg.probes.zero:
         values["zero"] = torch.zeros(*fv.means.shape[1:3], D)
-    tasks = list(dict.fromkeys(p.task for p in plan.probe_prompts))
-    todo = [t for t in tasks if not ctx.run.done(f"probes/{t}")]
-    parts = []
-    with tqdm(total=sum(1 for p in plan.probe_prompts if p.task in todo), desc="10-shot probes", unit="prompt",
-              disable=not (ctx.bar and todo)) as bar:
-        for task in tasks:
-            prompts = [p for p in plan.probe_prompts if p.task == task]
+    prompts = {}
+    for p in plan.probe_prompts:
+        prompts.setdefault(p.task, []).append(p)
 
-            def compute(prompts=prompts):
-                df = function_probes.last_position_conditions(plan.loaded.model, prompts, conditions, values,
-                                                               rows=plan.fv.rows, progress=bar.update)
-                return {c: df[c].to_numpy() for c in ("condition", "method", "index", "rank", "p_target")}
-            with ctx.run.timed("probes"):
-                got = ctx.run.arrays(f"probes/{task}", compute)
-            d = pd.DataFrame({c: got[c] for c in ("condition", "method", "index", "rank", "p_target")})
-            d.insert(2, "task", task)
-            parts.append(d)
+    def probe(task: str, progress) -> dict:
+        df = function_probes.last_position_conditions(plan.loaded.model, prompts[task], conditions, values,
+                                                       rows=plan.fv.rows, progress=progress)
+        return {c: df[c].to_numpy() for c in ("condition", "method", "index", "rank", "p_target")}
+    got = ctx.pieces("probes", prompts, probe, desc="10-shot probes", unit="prompt", total=lambda t: len(prompts[t]))
+    parts = []
+    for task, arrays in got.items():
+        d = pd.DataFrame({c: arrays[c] for c in ("condition", "method", "index", "rank", "p_target")})
+        d.insert(2, "task", task)
+        parts.append(d)
     df = pd.concat(parts, ignore_index=True)
     df["condition"], df["method"] = df["condition"].astype(str), df["method"].astype(str)
     df["hits1"] = (df["rank"] <= 1).astype(np.float64)
@@ -314,9 +304,8 @@ def _cmr(plan: Plan, ctx: Context) -> dict:
         return attention_crp_cmr_fit(loaded.model, tokenizer=loaded.tokenizer, seq_len=sc.seq_len,
                                      batch_size=sc.batch_size, n_batches=sc.n_batches, seed=cfg.seed,
                                      max_lag=cfg.cmr.max_lag, n_exps=cfg.cmr.n_exps, n_starts=cfg.cmr.n_starts,
-                                     dist=ctx.run.dist)
-    with ctx.run.timed("cmr"):
-        return dict(ctx.run.arrays("cmr", compute))
+                                     dist=ctx.dist)
+    return dict(ctx.arrays("cmr", compute))
 
 
 def phases(plan: Plan, ctx: Context) -> dict:
@@ -333,7 +322,7 @@ def phases(plan: Plan, ctx: Context) -> dict:
     icl = TLS.measure(ctx, plan.icl, conditions, _pilot_condition(conditions), _y2_conditions(conditions))
     runs = ctx.measure(Phase("lag", lag_probe.probe(plan.lag), conditions))
     return {"scores": scores, "cmr": cmr, "fv": fv, "fv_check": fv_check, "route": route, "conditions": conditions,
-            "probes": probes, "icl": icl, "icl_cost": TLS.cost(icl, ctx.run.timings, len(conditions)), **runs}
+            "probes": probes, "icl": icl, "icl_cost": TLS.cost(icl, ctx.timing("icl"), len(conditions)), **runs}
 
 
 def overlap_table(induction: np.ndarray, fv: F.FVScores, other: dict[str, np.ndarray],
@@ -362,7 +351,7 @@ def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
     icl_run = pieces["icl"]
     icl = icl_run.table
     counts = {max(1, int(f * hs["induction"].size)): f for f in plan.fractions}
-    drops = drop_table(conditions, probes, icl, lag, counts)
+    drops = drop_table(conditions, lambda name: per_trial(name, probes, icl, lag), counts)
     route = pieces.get("route")
     overlap = overlap_table(hs["induction"], fv, hs.scores, route)
     sens = None
@@ -433,5 +422,7 @@ def run_head_types(loaded: LoadedModel, cfg: HeadTypesConfig, out: str | Path,
     return run_study(SPEC, loaded, cfg, out, opts)
 
 
-__all__ = ["HeadTypesStudy", "Plan", "prepare", "phases", "result", "run_head_types", "kept_fractions",
+STUDY: Study[HeadTypesConfig, Plan, HeadTypesStudy] = Study(prepare, phases, result, write, summary)
+
+__all__ = ["STUDY", "HeadTypesStudy", "Plan", "prepare", "phases", "result", "run_head_types", "kept_fractions",
            "fv_ranking_scores", "conditions_for", "overlap_table"]

@@ -1,6 +1,6 @@
 """The head-types study's claims Y1–Y4 (SPEC §10; Yin & Steinhardt 2025), with their decision rules, fixed in
-code before the first real run: :func:`drop_table` (every measure under every condition against intact, paired
-over the same trials) and :func:`decide`.
+code before the first real run: :func:`decide` (the drops of every measure under every condition against intact,
+paired over the same trials, are :func:`~inductionlab.measures.stats.drop_table` of :func:`per_trial`).
 
 Claims:
 
@@ -67,41 +67,6 @@ def per_trial(name: str, probes: pd.DataFrame, icl: pd.DataFrame, lag: LagProbeR
     out["temporal_factor"] = np.nanmean(lag_rank(lag.cue_probs[name], lag.cue_positions), axis=1) \
         if lag.cue_positions is not None else np.full(len(out["lag_plus1"]), np.nan)
     return out
-
-
-def _arms(conditions) -> list[tuple[str, str, int, list[str]]]:
-    """``(arm, kind, count, condition names)``: each selection, and each count's random draws pooled."""
-    arms = []
-    for c in conditions:
-        if c.kind not in ("random", "intact"):
-            arms.append((c.name, c.kind, c.k, [c.name]))
-    counts = sorted({c.k for c in conditions if c.kind == "random"})
-    for k in counts:
-        names = [c.name for c in conditions if c.kind == "random" and c.k == k]
-        arms.append((names[0].rsplit("-d", 1)[0], "random", k, names))
-    return arms
-
-
-def drop_table(conditions, probes: pd.DataFrame, icl: pd.DataFrame, lag: LagProbeResult,
-               fractions: dict[int, float] | None = None) -> pd.DataFrame:
-    """One row per (arm, measure): the arm's mean with its 95% CI over trials, the intact mean, and the drop
-    ``intact − arm`` with its paired CI (random draws pooled: per-trial mean over the draws). Columns: arm, kind,
-    k, fraction, measure, value, ci_low, ci_high, intact, drop, drop_ci_low, drop_ci_high, relative_drop."""
-    intact = per_trial("intact", probes, icl, lag)
-    rows = []
-    for arm, kind, k, names in _arms(conditions):
-        vals = [per_trial(n, probes, icl, lag) for n in names]
-        for m in intact:
-            v = np.mean([x[m] for x in vals], axis=0)
-            if np.isnan(v).all():
-                continue
-            mean, lo, hi = ci(v)
-            d, dlo, dhi = ci(intact[m] - v)
-            base = float(np.mean(intact[m]))
-            rows.append({"arm": arm, "kind": kind, "k": k, "fraction": (fractions or {}).get(k), "measure": m,
-                         "value": mean, "ci_low": lo, "ci_high": hi, "intact": base, "drop": d, "drop_ci_low": dlo,
-                         "drop_ci_high": dhi, "relative_drop": d / base if base else np.nan})
-    return pd.DataFrame(rows)
 
 
 def _exclusive_difference(conditions, probes, icl, lag, measure: str, sign: int, fractions) -> tuple[np.ndarray, dict]:
@@ -186,4 +151,4 @@ def decide(drops: pd.DataFrame, probes: pd.DataFrame, icl: pd.DataFrame, lag: La
     return out
 
 
-__all__ = ["MEASURES", "CLAIMS", "per_trial", "drop_table", "decide", "y2_measure"]
+__all__ = ["MEASURES", "CLAIMS", "per_trial", "decide", "y2_measure"]

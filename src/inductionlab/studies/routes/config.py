@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ...checks import check_draws, check_fields, check_method, check_seed, check_type
-from ...config import nested, opt
+from ...checks import check_draws, check_fields, check_method, check_seed
+from ...config import nested, opt, validate_tree
 from ...errors import InductionLabError
-from ...names import SCORE_NAMES
+from ...names import SCORE_NAMES, ablation_method_names
 from ...protocols.configs import LagProbeConfig, SerialRecallConfig, TokenLossConfig, WordCopyConfig
 from ..configs import HeadScoreConfig, check_lag_headline, check_trials_fit, score_file_columns
 from ..spec import StudySpec
@@ -35,7 +35,7 @@ class RoutesSelectionConfig:
                                      none="from --fractions")
     n_draws: int = opt(3, "Random draws of k heads per k.")
     method: str = opt("zero", "Ablation of the heads for the lag probe, serial recall and the copy probe.",
-                      source="seed protocol", choices=("zero", "mean", "sink"))
+                      source="seed protocol", choices=ablation_method_names())
     token_ranking: str = opt("induction", "The token-induction ranking of claims R1 and R2.",
                              source="Feucht et al. 2025: token heads = induction heads")
     concept_ranking: str = opt("concept_copying", "The concept-induction ranking of claim R2.",
@@ -119,13 +119,8 @@ class RoutesConfig:
             InductionLabError: what a nested config refuses; TypeError: a field of the wrong type."""
         check_fields(self)
         check_seed(self.seed, "--seed")
-        for name, kind in (("scores", HeadScoreConfig), ("selection", RoutesSelectionConfig), ("lag", LagProbeConfig),
-                           ("recall", SerialRecallConfig), ("copy", WordCopyConfig), ("icl", TokenLossConfig)):
-            check_type(getattr(self, name), kind, f"RoutesConfig.{name}")
-            getattr(self, name).validate()
+        validate_tree(self, lambda: dict(zip(("lag", "recall", "copy"), self.protocols())))
         lag, recall, copy = self.protocols()
-        for c in (lag, recall, copy):
-            c.validate()
         check_lag_headline(lag)
         check_trials_fit(lag.n_permutations, lag.trial_tokens, "--n-permutations")
         check_trials_fit(recall.n_trials, recall.trial_tokens, "--recall-trials")

@@ -49,16 +49,17 @@ from ...runtime import distributed as D
 from .. import token_loss as TLS
 from ..configs import RankingConfig, check_trial_ids, read_score_file
 from ..engine import Context, Phase, StudyResult, run_study
-from ..spec import RunOptions
+from ..spec import RunOptions, Study, StudyPlan
 from .config import SPEC, RoutesConfig
-from .report import summary, write  # noqa: F401  (the engine reads write and summary here)
-from .verdicts import decide, drop_table, exclusive_kind, needed_rankings
+from .report import summary, write
+from ...measures.stats import drop_table
+from .verdicts import decide, exclusive_kind, needed_rankings
 
 PHASES = ("lag", "recall", "copy", "icl")
 
 
-@dataclass
-class Plan:
+@dataclass(kw_only=True)
+class Plan(StudyPlan):
     """What :func:`prepare` settles for this model: head counts, the rankings read from the scores file, the
     protocols' configs with the study's seed and method, the copy probe's trials, the text windows, ``params``."""
     loaded: LoadedModel
@@ -71,7 +72,6 @@ class Plan:
     copy: WordCopyConfig
     copy_trials: Trials
     icl: TLS.TokenLossPlan
-    params: dict
     lag_words: LagProbeConfig | None = None     # claim R2's multi-token arm (RoutesConfig.word_lag)
 
 
@@ -83,7 +83,7 @@ class RoutesStudy(StudyResult):
     scores: HeadScores
     rankings: dict[str, np.ndarray]     # ranking -> [n_layers, n_heads]
     conditions: list[Condition]
-    drops: pd.DataFrame                 # per arm and measure: value, CI, drop vs intact (verdicts.drop_table)
+    drops: pd.DataFrame                 # per arm and measure: value, CI, drop vs intact (stats.drop_table)
     copy_outputs: pd.DataFrame          # per condition and copy trial: kind, item, greedy continuation, outcome
     cost: dict
 
@@ -121,7 +121,8 @@ def prepare(loaded: LoadedModel, cfg: RoutesConfig) -> Plan:
     params = {"config": to_dict(cfg), "sizes": sizes, "rankings_from_file": from_file,
               **(RankingConfig(scores_file=sel.scores_file).params() if from_file else {}),
               **icl.params(), "copy_words": len(copy_trials.words)}
-    return Plan(loaded, cfg, sizes, file_tables, names, lag, recall, copy, copy_trials, icl, params, lag_words)
+    return Plan(loaded=loaded, cfg=cfg, sizes=sizes, file_tables=file_tables, names=names, lag=lag, recall=recall,
+                copy=copy, copy_trials=copy_trials, icl=icl, params=params, lag_words=lag_words)
 
 
 def exclusive_heads(scores: np.ndarray, excluded: np.ndarray, k: int) -> list[tuple[int, int]]:
@@ -177,19 +178,19 @@ def bare_forward(ctx: Context, plan: Plan, bound: dict[str, Probe], conditions) 
     device = execution_device(model)
     bare, ratio = {}, {}
     for key, p in bound.items():
-        tr = ctx.trials.get(id(p)) or p.build_trials(loaded)
+        tr = ctx.trials(p)
         t = tr.tensors
         bs = p.trials_per_batch(loaded, tr) or auto_batch_size(loaded, t["ids"].shape[1])
         t0 = time.perf_counter()
         with torch.inference_mode():
-            for s in D.local_batches(len(tr), bs, ctx.run.dist):
+            for s in D.local_batches(len(tr), bs, ctx.dist):
                 batch = trim_padding({k: v[s:s + bs].to(device) for k, v in t.items()})
                 kw = model_inputs(batch)
                 forward_logits(model, kw.pop("input_ids"), 1, **kw)
         bare[key] = time.perf_counter() - t0
-        spent = ctx.run.timings.get(f"{key}_s") or 0.0
+        spent = ctx.timing(key) or 0.0
         ratio[key] = spent / (len(conditions) * bare[key]) if spent > 0 and bare[key] > 0 else None
-    return {"bare_forward_s": bare, "phase_s": {k: ctx.run.timings.get(f"{k}_s") for k in bound},
+    return {"bare_forward_s": bare, "phase_s": {k: ctx.timing(k) for k in bound},
             "n_conditions": len(conditions), "ratio_per_condition": ratio,
             "definition": "phase seconds of this session / (conditions x seconds of one bare forward over the same "
                           "trials in the same batches); the phase's extra forwards (all-cue packing, greedy tokens, "
@@ -209,7 +210,7 @@ def phases(plan: Plan, ctx: Context) -> dict:
     bound["icl"] = TLP.probe(icl.windows, plan.cfg.icl, plan.icl.early, plan.icl.late)
     cost = ctx.piece("cost", lambda: bare_forward(ctx, plan, bound, conditions), timing="bare_forward")
     return {"scores": scores, "tables": tables, "conditions": conditions, "cost": cost, "icl": icl,
-            "icl_cost": TLS.cost(icl, ctx.run.timings, len(conditions)), **runs}
+            "icl_cost": TLS.cost(icl, ctx.timing("icl"), len(conditions)), **runs}
 
 
 class Values:
@@ -317,5 +318,7 @@ def run_routes(loaded: LoadedModel, cfg: RoutesConfig, out: str | Path, opts: Ru
     return run_study(SPEC, loaded, cfg, out, opts)
 
 
-__all__ = ["RoutesStudy", "Plan", "prepare", "phases", "result", "run_routes", "conditions_for", "exclusive_heads",
+STUDY: Study[RoutesConfig, Plan, RoutesStudy] = Study(prepare, phases, result, write, summary)
+
+__all__ = ["STUDY", "RoutesStudy", "Plan", "prepare", "phases", "result", "run_routes", "conditions_for", "exclusive_heads",
            "ranking_tables", "bare_forward", "Values", "pilot_condition"]

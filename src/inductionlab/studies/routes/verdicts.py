@@ -1,6 +1,6 @@
 """The routes study's claims R1–R3, with their decision rules, fixed in code before the first real run:
-:func:`drop_table` (every measure under every condition against intact, paired over the same trials) and
-:func:`decide`.
+:func:`decide` (the drops of every measure under every condition against intact, paired over the same trials, are
+:func:`~inductionlab.measures.stats.drop_table`).
 
 Claims:
 
@@ -34,10 +34,9 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import pandas as pd
 
 from ...measures.power import power_record
-from ...measures.stats import arm_values, ci, draws_by_k, paired_by_k
+from ...measures.stats import ci, draws_by_k, paired_by_k
 from ...protocols.word_copy import KINDS
 from ..report import fmt_ci
 from ..run import Verdict
@@ -74,27 +73,6 @@ CLAIMS = {
 def exclusive_kind(ranking: str, excluded: str) -> str:
     """The condition kind of ``ranking``'s top k after removing ``excluded``'s top k (``induction-excl-fv``)."""
     return f"{ranking}-excl-{excluded}"
-
-
-def drop_table(conditions, values: Callable[[str], dict[str, np.ndarray]]) -> pd.DataFrame:
-    """One row per (arm, measure): every ablated condition and each k's random draws pooled (per-trial mean),
-    with the arm's mean and 95% CI over trials, the intact mean and the drop ``intact − arm`` with its paired CI.
-    Columns: arm, kind, k, measure, value, ci_low, ci_high, intact, drop, drop_ci_low, drop_ci_high,
-    relative_drop. ``values(name)``: measure -> ``[n_trials]`` under condition ``name``."""
-    intact = values("intact")
-    rows = []
-    for m, base_v in intact.items():
-        base = float(np.mean(base_v))
-        for (arm, kind, k, draw), v in arm_values([c for c in conditions if c.kind != "intact"],
-                                                   lambda n: values(n)[m]):
-            if kind == "random" and not draw.startswith("mean"):          # a single draw: shown pooled only
-                continue
-            mean, lo, hi = ci(v)
-            d, dlo, dhi = ci(base_v - v)
-            rows.append({"arm": arm, "kind": kind, "k": k, "measure": m, "value": mean, "ci_low": lo, "ci_high": hi,
-                         "intact": base, "drop": d, "drop_ci_low": dlo, "drop_ci_high": dhi,
-                         "relative_drop": d / base if base else np.nan})
-    return pd.DataFrame(rows)
 
 
 def _pairs(conditions, get, claim: str, names: dict) -> list[tuple[int, np.ndarray, np.ndarray]]:
@@ -184,4 +162,4 @@ def decide(conditions, values: Callable[[str], dict[str, np.ndarray]], rankings,
     return out
 
 
-__all__ = ["MEASURES", "CLAIMS", "CLAIM_MEASURE", "exclusive_kind", "drop_table", "needed_rankings", "decide"]
+__all__ = ["MEASURES", "CLAIMS", "CLAIM_MEASURE", "exclusive_kind", "needed_rankings", "decide"]

@@ -34,9 +34,9 @@ from ...protocols.configs import HeadTypeParams
 from ...runtime.run_dir import Checkpoint, TrainRun
 from ..engine import Context, StudyResult, run_study
 from ..run import StudyRun
-from ..spec import RunOptions
+from ..spec import RunOptions, Study, StudyPlan
 from .config import SPEC, TelemetryConfig
-from .report import summary, write  # noqa: F401  (the engine reads write and summary here)
+from .report import summary, write
 
 #: The head-type scores in the order of every table (those a checkpoint did not compute are left out).
 SCORES = ("induction", *T.ROUTE_NAMES, *T.CMR_NAMES)
@@ -55,15 +55,13 @@ class RunInput:
     checkpoints: list[Checkpoint]
 
 
-@dataclass
-class Plan:
+@dataclass(kw_only=True)
+class Plan(StudyPlan):
     """What :func:`prepare` settles: the config, the runs by name, the emergence threshold, the run's ``params`` and
     the results header's ``model`` (the runs' architecture, from the first run's record)."""
     cfg: TelemetryConfig
     runs: dict[str, RunInput]
     threshold: float
-    params: dict
-    model: dict
 
 
 @dataclass
@@ -136,7 +134,7 @@ def prepare(loaded, cfg: TelemetryConfig) -> Plan:
     conf, bud = first["config"], first["budget"]
     model = {"name": conf.get("preset"), "source": "checkpoints of the training runs", "runs": list(runs),
              **{k: bud[k] for k in ("n_params", "n_params_non_embedding") if k in bud}}
-    return Plan(cfg, runs, threshold, params, model)
+    return Plan(cfg=cfg, runs=runs, threshold=threshold, params=params, model=model)
 
 
 def phases(plan: Plan, ctx: Context) -> dict:
@@ -149,14 +147,10 @@ def phases(plan: Plan, ctx: Context) -> dict:
 def _sweep(ctx: Context, name: str, run: RunInput, params: HeadTypeParams) -> dict[int, dict]:
     """The pieces ``head_types/<name>/<step>`` of every complete checkpoint of ``run``, in step order."""
     probe = RunProbe(run.path, params)
-    out = {}
-    for i, c in enumerate(run.checkpoints, 1):
-        def compute(c=c, i=i):
-            if ctx.opts.progress:
-                ctx.log(f"head types: {name} step {c.step} ({i}/{len(run.checkpoints)})")
-            return probe.measure(c)
-        out[c.step] = ctx.arrays(f"head_types/{name}/{c.step}", compute, timing="head_types")
-    return out
+    by_step = {str(c.step): c for c in run.checkpoints}
+    got = ctx.pieces(f"head_types/{name}", by_step, lambda step, progress: probe.measure(by_step[step]),
+                     desc=f"head types {name}", unit="checkpoint", timing="head_types")
+    return {int(step): value for step, value in got.items()}
 
 
 class RunProbe:
@@ -280,5 +274,7 @@ def run_telemetry(cfg: TelemetryConfig, out: str | Path | None = None, opts: Run
     return run_study(SPEC, None, cfg, out, opts)
 
 
-__all__ = ["TelemetryResult", "HeadTypeSweep", "RunInput", "Plan", "SCORES", "prepare", "phases", "result",
+STUDY: Study[TelemetryConfig, Plan, TelemetryResult] = Study(prepare, phases, result, write, summary)
+
+__all__ = ["STUDY", "TelemetryResult", "HeadTypeSweep", "RunInput", "Plan", "SCORES", "prepare", "phases", "result",
            "read_paths", "training_pool", "RunProbe", "sweep_rows", "run_telemetry"]

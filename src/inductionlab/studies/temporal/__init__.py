@@ -1,6 +1,6 @@
 """``inductionlab study temporal``: how induction heads shape temporal dependencies in retrieval (SPEC §4–§5).
 
-``config`` (:class:`TemporalStudyConfig`, ``SPEC``), ``study`` (``prepare`` / ``phases`` / ``result``,
+``config`` (:class:`TemporalStudyConfig`, ``SPEC``), ``study`` (``prepare`` / ``phases`` / ``result``, ``STUDY``,
 :func:`run_temporal_study`), ``verdicts`` (the claims' rules), ``report`` (``write``, ``summary``). Names are
 imported on first use: importing ``config`` loads no torch.
 """

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ...checks import check_fields, check_seed, check_type
-from ...config import nested, opt
+from ...checks import check_fields, check_seed
+from ...config import nested, opt, validate_tree
 from ...errors import InductionLabError
 from ...protocols.configs import LagProbeConfig, SerialRecallConfig
 from ..configs import AblationConfig, HeadScoreConfig, check_lag_headline, check_trials_fit, default_ks  # noqa: F401
@@ -52,15 +52,9 @@ class TemporalStudyConfig:
         """
         check_fields(self)
         check_seed(self.seed, "--seed")
-        for name, kind in (("scores", HeadScoreConfig), ("ablation", AblationConfig), ("lag", LagProbeConfig),
-                           ("recall", SerialRecallConfig)):
-            check_type(getattr(self, name), kind, f"TemporalStudyConfig.{name}")
-        self.ablation.validate()
-        self.scores.validate()
         if self.load_bearing_top < 0:
             raise InductionLabError(f"--load-bearing-top {self.load_bearing_top} must be >= 0 (0 = no per-head map)")
-        for c in self.protocols():
-            c.validate()
+        validate_tree(self, lambda: dict(zip(("lag", "recall"), self.protocols())))
         check_lag_headline(self.lag)
         check_trials_fit(self.lag.n_permutations, self.lag.trial_tokens, "--n-permutations")
         check_trials_fit(self.recall.n_trials, self.recall.trial_tokens, "--recall-trials")

@@ -53,14 +53,14 @@ from ...protocols.load_bearing import concentration, load_bearing_table, single_
 from ...protocols.serial_recall import SerialRecallResult
 from ..configs import check_trial_ids, default_ks
 from ..engine import Context, Phase, StudyResult, run_study
-from ..spec import RunOptions
+from ..spec import RunOptions, Study, StudyPlan
 from .config import SPEC, TemporalStudyConfig
-from .report import summary, write  # noqa: F401  (the engine reads write and summary here)
+from .report import summary, write
 from .verdicts import decide, headline_table
 
 
-@dataclass
-class Plan:
+@dataclass(kw_only=True)
+class Plan(StudyPlan):
     """What :func:`prepare` settles for this model: ks, the exclusion N, the protocols' configs with the
     study's seed and method, and the run's ``params``."""
     loaded: LoadedModel
@@ -69,7 +69,6 @@ class Plan:
     exclude_top_n: int
     lag: LagProbeConfig
     recall: SerialRecallConfig
-    params: dict
     file_scores: dict = field(default_factory=dict)
 
 
@@ -114,7 +113,8 @@ def prepare(loaded: LoadedModel, cfg: TemporalStudyConfig) -> Plan:
     config["lag"], config["recall"] = drop(to_dict(lag)), drop(to_dict(rec))
     params = {"config": config, "ks": ks, "exclude_top_n": N, "load_bearing_permutations": cfg.load_bearing_n,
               **ab.params()}
-    return Plan(loaded, cfg, ks, N, lag, rec, params, file_scores)
+    return Plan(loaded=loaded, cfg=cfg, ks=ks, exclude_top_n=N, lag=lag, recall=rec, file_scores=file_scores,
+                params=params)
 
 
 def phases(plan: Plan, ctx: Context) -> dict:
@@ -198,4 +198,6 @@ def _crp_block(crp: pd.DataFrame, window: int = 10) -> dict:
             for name, d in near.groupby("condition", sort=False)}
 
 
-__all__ = ["TemporalStudy", "Plan", "prepare", "phases", "result", "run_temporal_study"]
+STUDY: Study[TemporalStudyConfig, Plan, TemporalStudy] = Study(prepare, phases, result, write, summary)
+
+__all__ = ["TemporalStudy", "Plan", "prepare", "phases", "result", "run_temporal_study", "STUDY"]
