@@ -97,7 +97,8 @@ def test_sample_size_caps_and_says_which_bound():
 def test_a_verdict_with_too_few_windows_prints_its_power_line():
     """Y2 on D with 12 windows whose paired difference has mean 0.1 and SD 1: the CI straddles 0, so the verdict
     carries n = ⌈((1.96 + 0.84)·σ/mean)²⌉ and the time at the measured cost."""
-    from inductionlab.studies.head_types.verdicts import decide, drop_table
+    from inductionlab.measures.stats import drop_table
+    from inductionlab.studies.head_types.verdicts import decide, per_trial
     n = 12
     rng = np.random.default_rng(3)
     noise = rng.normal(0, 1, n)
@@ -117,7 +118,7 @@ def test_a_verdict_with_too_few_windows_prints_its_power_line():
     overlap = pd.DataFrame([{"a": "induction", "b": "fv", "n_top": 5, "overlap": 1, "expected": 0.1,
                              "p_value": 0.5, "spearman": 0.0}])
     cost = {"seconds_per_trial_condition": 0.5, "conditions": 3}
-    verd = {v.claim: v for v in decide(drop_table(conds, probes, icl, lag), probes, icl, lag, conds, overlap,
+    verd = {v.claim: v for v in decide(drop_table(conds, lambda c: per_trial(c, probes, icl, lag)), probes, icl, lag, conds, overlap,
                                        {3: 0.1}, icl_cost=cost)}
     y2 = verd["Y2"]
     assert y2.status == "not reproduced" and "D" in y2.rule
