@@ -36,12 +36,13 @@ import torch
 from ...config import to_dict
 from ...core.ablation import Condition, selection_conditions
 from ...core.models import LoadedModel, ran_identity
-from ...core.scores import HeadScores, attention_crp_cmr_fit
+from ...core.scores import HeadScores
 from ...core.stimuli import seed_for
 from ...errors import InductionLabError
 from ...measures import cmr as C
 from ...measures.overlap import head_overlap
 from ...protocols import dual_route as DR, function_probes, function_vectors as F, icl_score, lag_probe
+from ...protocols.cmr_fit import attention_crp_cmr_fit
 from ...protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig
 from ...protocols.icl_tasks import Prompt, build_tasks, make_prompts
 from ...protocols.lag_probe import LagProbeResult
