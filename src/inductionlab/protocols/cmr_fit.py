@@ -42,8 +42,8 @@ def cmr_grid(n_exps: int = 100, seed: int = 0, n_s0: int = C.N_S0, cache: bool =
 
     Raises:
         InductionLabError: ``n_exps`` or ``n_s0`` below 1 or ``n_s0`` above 100."""
-    params = C.grid_params(n_exps, seed, n_s0)
     path = grid_cache_path(n_exps, seed, n_s0)
+    params = C.grid_params(n_exps, seed, n_s0)
     be, br, gf = C.grid_axes()
     if cache and path.is_file():
         with np.load(path) as z:
