@@ -232,7 +232,8 @@ def test_one_sequences_value_gives_the_head_scores_the_crp_and_the_pattern_seque
     model = make_tiny("llama")
     pool = torch.arange(10, 60)
     seqs = HeadScoreConfig(seq_len=6, batch_size=2, n_batches=2).sequences(seed=3, pool=pool)
-    assert isinstance(seqs, ScoreSequences) and (seqs.seq_len, seqs.batch_size, seqs.n_batches, seqs.seed) == (6, 2, 2, 3)
+    assert isinstance(seqs, ScoreSequences)
+    assert (seqs.seq_len, seqs.batch_size, seqs.n_batches, seqs.seed) == (6, 2, 2, 3) and seqs.pool is pool
     hs = compute_head_scores(model, seqs, names=("induction", "duplicate_token"), induction_loss=False)
     assert {k: hs.params[k] for k in ("seq_len", "batch_size", "n_sequences", "seed", "bos_id")} == \
         {"seq_len": 6, "batch_size": 2, "n_sequences": 4, "seed": 3, "bos_id": None}

@@ -312,7 +312,7 @@ class ScoreSequences:
         seed: seed of the random rows (:func:`~inductionlab.core.stimuli.random_sequences`).
         bos_id: BOS token prepended to each sequence (None: the tokenizer's BOS; none without one).
         vocab_size: size of the id range sampled (None: the model's vocabulary).
-        exclude_ids: more ids never to sample (the tokenizer's special and added ids always are not).
+        exclude_ids: more ids never sampled (besides the tokenizer's special and added ids, which never are).
         pool: explicit LongTensor of ids to sample S (and R) from, instead of the vocabulary minus special tokens
             and ``exclude_ids``.
         sequences: explicit S, ``[N, T]`` ids, instead of random rows (batched by ``batch_size``).
@@ -340,7 +340,8 @@ class ScoreSequences:
         Raises: TypeError for a keyword that is no field (named with ``who``)."""
         base = cls() if seqs is None else seqs
         if not isinstance(base, cls):
-            raise TypeError(f"{who}(): the sequences must be a ScoreSequences, got {type(base).__name__}")
+            raise TypeError(f"{who}(): the sequences must be a ScoreSequences, got {type(base).__name__}; pass "
+                            "ScoreSequences(seq_len=..., ...) or its fields as keywords (a tokenizer as tokenizer=)")
         bad = sorted(set(fields) - set(cls.__dataclass_fields__))
         if bad:
             raise TypeError(f"{who}() got unexpected keyword argument(s) {', '.join(bad)}; the sequence fields are "
@@ -665,6 +666,7 @@ def copy_offset_scores(model, *, span_length: int, pool: torch.Tensor, sep_id: i
     Raises:
         InductionLabError: the snippet is longer than the model's context or the pool too small.
     """
-    seqs = ScoreSequences(seq_len=span_length, batch_size=batch_size, seed=seed, bos_id=bos_id, pool=pool, sep_id=sep_id)
+    seqs = ScoreSequences(seq_len=span_length, batch_size=batch_size, seed=seed, bos_id=bos_id, pool=pool,
+                          sep_id=sep_id)
     hs = compute_head_scores(model, seqs, names=("copy_offset", "copy_offset_control"), induction_loss=False)
     return dict(hs.scores)
