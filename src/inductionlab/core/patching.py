@@ -6,10 +6,10 @@ Patching one head at a time and reading its effect on the next-token logits is t
 Todd et al. 2024 ("Function Vectors in Large Language Models", arXiv 2310.15213, code
 ``ericwtodd/function_vectors``: one forward per (prompt, head), an ``o_proj`` pre-hook) and of Feucht, Wallace
 & Bau 2025 ("The Dual-Route Model of Induction", arXiv 2504.03022, ``scripts/causal_scores.py``: the same at the
-second-to-last position); TransformerLens keeps the same kernel in its ``patching.py``, apart from its hook
-points. The protocols that read it: :mod:`inductionlab.protocols.function_vectors` (the FV score),
-:mod:`inductionlab.protocols.dual_route` (the copying scores), :mod:`inductionlab.protocols.function_probes`
-(HITS@k under last-position ablations).
+second-to-last position); TransformerLens likewise keeps activation patching (its ``patching.py``, one forward
+per patch) apart from its hook points. The protocols that read it: :mod:`inductionlab.protocols.function_vectors`
+(the FV score), :mod:`inductionlab.protocols.dual_route` (the copying scores),
+:mod:`inductionlab.protocols.function_probes` (HITS@k under last-position ablations).
 
 **Exact fast path (decision).** A patch at the last ``S`` tokens leaves every earlier position of the run as it
 was, so the prompt without its last ``S`` tokens runs once and keeps its KV cache; then one forward reads many

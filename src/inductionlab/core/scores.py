@@ -590,10 +590,11 @@ def attention_crp(model, seqs: ScoreSequences | None = None, *, tokenizer=None, 
     targets = {f"lag{d:+d}": lag_targets(seq_len, bos, d) for d in lags}
     L, H = shape["n_layers"], shape["n_heads"]
     N = sequences.shape[0]
+    every = repeated(Stimulus(sequences, None, bos_id))                # [N, p0 + 2T], batched below
     parts = []
     with torch.inference_mode():
         for start in D.local_batches(N, batch_size, dist):
-            ids = repeated(Stimulus(sequences[start:start + batch_size], None, bos_id)).to(device)
+            ids = every[start:start + batch_size].to(device)
             with instrument(model, reductions=targets) as inst:
                 _forward(model, ids, with_loss=False)
             parts.append(torch.stack([_mean_over_queries(inst.reduced[n], t) for n, t in targets.items()], -1).cpu())
