@@ -15,6 +15,7 @@ from scipy.stats import spearmanr
 from inductionlab import load_model, compute_head_scores
 from inductionlab.core.scores import attention_crp
 from inductionlab.measures import cmr as C
+from inductionlab.protocols.cmr_fit import cmr_grid
 from inductionlab.protocols.dual_route import build_prompts, route_scores, ROUTE_SCORES
 from inductionlab.studies.configs import HeadScoreConfig
 from inductionlab.studies.head_types.config import CMRConfig
@@ -23,10 +24,11 @@ name, old, out = sys.argv[1], sys.argv[2], sys.argv[3]
 lengths = tuple(int(x) for x in sys.argv[4].split(",")) if len(sys.argv) > 4 else (2, 3, 4, 5)
 lm = load_model(name, dtype="float32")
 sc, cc = HeadScoreConfig(), CMRConfig()
-t = time.time(); hs = compute_head_scores(lm.model, tokenizer=lm.tokenizer, seq_len=sc.seq_len, batch_size=sc.batch_size, n_batches=sc.n_batches, seed=0); t_scores = time.time() - t
+seqs = sc.sequences(seed=0)
+t = time.time(); hs = compute_head_scores(lm.model, seqs, tokenizer=lm.tokenizer); t_scores = time.time() - t
 ind = hs["induction"]; L, H = ind.shape
-t = time.time(); crp = attention_crp(lm.model, tokenizer=lm.tokenizer, seq_len=sc.seq_len, batch_size=sc.batch_size, n_batches=sc.n_batches, seed=0, max_lag=cc.max_lag); t_crp = time.time() - t
-grid = C.cmr_grid(n_exps=cc.n_exps, n_s0=cc.n_starts); fit = C.fit_cmr(crp.profile, grid)
+t = time.time(); crp = attention_crp(lm.model, seqs, tokenizer=lm.tokenizer, max_lag=cc.max_lag); t_crp = time.time() - t
+grid = cmr_grid(n_exps=cc.n_exps, n_s0=cc.n_starts); fit = C.fit_cmr(crp.profile, grid)
 wp, rp, ap = build_prompts(lm.tokenizer, lm.model.config.vocab_size, n_words=32, n_attention=32, lengths=lengths)
 t = time.time(); rs = route_scores(lm.model, wp, rp, ap); t_route = time.time() - t
 df = pd.DataFrame([{"layer": l, "head": h, **{n: float(v[l, h]) for n, v in hs.scores.items()}} for l in range(L) for h in range(H)])

@@ -163,3 +163,59 @@ def test_fused_lag_profile_equals_pattern_on_tiny_gqa_model():
     np.testing.assert_allclose(got.profile, ref, atol=1e-6, rtol=0)
     for l in range(pat.shape[0]):
         np.testing.assert_allclose(crp_from_pattern(pat[l], T, bos=True, max_lag=max_lag), ref[l], atol=1e-6)
+
+
+def test_the_grid_is_computed_once_then_read_from_the_user_cache(tmp_path, monkeypatch):
+    """``protocols.cmr_fit.cmr_grid``: the first call computes the grid and writes it under
+    ``$XDG_CACHE_HOME/inductionlab/cmr``; the second reads the same array back without computing; ``cache=False``
+    computes and writes nothing; bad sizes are refused before any file is touched."""
+    from inductionlab.protocols import cmr_fit
+
+    made = []
+
+    def fake_grid(n_exps, seed, n_s0, progress=None):
+        made.append((n_exps, seed, n_s0))
+        x = np.random.default_rng([seed, n_exps, n_s0]).random((20, 21, 11, 17))
+        return x / x.sum(-1, keepdims=True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(cmr, "compute_grid", fake_grid)
+    path = cmr_fit.grid_cache_path(3, 0, 2)
+    assert path.parent == tmp_path / "inductionlab" / "cmr" and not path.exists()
+    first = cmr_fit.cmr_grid(n_exps=3, n_s0=2)
+    assert made == [(3, 0, 2)] and path.is_file() and not first.params["from_cache"]
+    assert first.params["cache"] == str(path) and first.params["n_exps"] == 3 and first.params["n_s0"] == 2
+    again = cmr_fit.cmr_grid(n_exps=3, n_s0=2)
+    assert made == [(3, 0, 2)] and again.params["from_cache"] and np.array_equal(again.crp, first.crp)
+    assert again.params["seconds"] == first.params["seconds"]
+    assert np.array_equal(again.beta_enc, cmr.grid_axes()[0])
+    files = sorted(tmp_path.rglob("*"))
+    other = cmr_fit.cmr_grid(n_exps=4, n_s0=2, cache=False)
+    assert made[-1] == (4, 0, 2) and other.params["cache"] is None and sorted(tmp_path.rglob("*")) == files
+    with pytest.raises(InductionLabError, match="n_exps=0"):
+        cmr_fit.cmr_grid(n_exps=0)
+    assert sorted(tmp_path.rglob("*")) == files
+
+
+def test_measures_read_and_write_no_file():
+    """``measures/`` is numbers in, numbers out (the CMR grid's cache lives in ``protocols/cmr_fit.py``): no module
+    there imports a file or path library or calls a reader or writer."""
+    import ast
+    from pathlib import Path
+
+    import inductionlab.measures as M
+
+    io_modules = {"os", "pathlib", "io", "shutil", "tempfile", "pickle", "json", "hashlib", "glob", "h5py"}
+    io_calls = {"open", "save", "savez", "savez_compressed", "load", "loadtxt", "savetxt", "to_csv", "read_csv",
+                "to_parquet", "read_parquet", "to_json", "read_json", "write_text", "read_text"}
+    found = []
+    for f in sorted(Path(M.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                found += [(f.name, a.name) for a in node.names if a.name.split(".")[0] in io_modules]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in io_modules:
+                found.append((f.name, node.module))
+            elif isinstance(node, ast.Call):
+                name = getattr(node.func, "attr", getattr(node.func, "id", None))
+                if name in io_calls:
+                    found.append((f.name, name))
+    assert found == []

@@ -15,6 +15,7 @@ from conftest import make_tiny
 from fv_oracle import indirect_effect, mean_head_activations
 from inductionlab.core.instrument import HeadIntervention, instrument
 from inductionlab.core.models import attention_shape
+from inductionlab.core.patching import copies_mask
 from inductionlab.errors import InductionLabError
 from inductionlab.protocols import function_vectors as F
 from inductionlab.protocols.icl_tasks import Item, Prompt, build_task, build_tasks
@@ -178,7 +179,7 @@ def test_copies_of_the_last_token_each_patch_only_their_own_query_head_under_gqa
         prefix = llama(input_ids=ids[:, :-1], use_cache=True).past_key_values
     value = torch.full((attention_shape(llama.config)["head_dim"],), 0.5)
     kw = {"input_ids": ids[:, -1:].expand(1, 3), "position_ids": torch.full((1, 3), last),
-          "attention_mask": F._copies_mask(llama, prefix, last, 3, torch.float32, "cpu")}
+          "attention_mask": copies_mask(llama, prefix, last, 3, torch.float32, "cpu")}
     heads = [(1, h) for h in range(8)]
     outs, logits = [], []
     for ivs in ([], [HeadIntervention(1, 2, "mean", value=value, positions=(last + 1,))]):

@@ -173,3 +173,42 @@ def test_forward_logits_keeps_the_last_positions_or_an_index(takes_keep):
     assert last.dtype == torch.float32 and last.shape == (2, 3, full.shape[-1])
     assert torch.allclose(last, full[:, -3:], atol=1e-5)
     assert at.shape == (2, 3, full.shape[-1]) and torch.allclose(at, full[:, [6, 2, 4]], atol=1e-5)
+
+
+class _Counting(torch.nn.Module):
+    """A tiny model behind a stand-in for another architecture's ``logits_to_keep``: ``"refuse"`` (no such keyword:
+    TypeError), ``"ignore"`` (takes it, returns every position) or ``"one"`` (takes it, always returns one
+    position); each call's keywords recorded."""
+
+    def __init__(self, inner, how: str):
+        super().__init__()
+        self.inner, self.how, self.calls = inner, how, []
+
+    def forward(self, input_ids, **kw):
+        self.calls.append(sorted(kw))
+        if "logits_to_keep" in kw and self.how == "refuse":
+            raise TypeError("forward() got an unexpected keyword argument 'logits_to_keep'")
+        keep = kw.pop("logits_to_keep", None)
+        out = self.inner(input_ids=input_ids, **kw)
+        if keep is not None and self.how == "one":
+            out.logits = out.logits[:, -1:]
+        return out
+
+
+@pytest.mark.parametrize("how, calls", [("refuse", 2), ("ignore", 1), ("one", 2)])
+def test_forward_keeps_the_asked_positions_whatever_the_architecture_does_with_logits_to_keep(how, calls):
+    """``core.models.forward``: the last n positions or an index, from ``logits_to_keep`` where the model honours it,
+    else indexed from one full forward (a second forward only where the first could not serve); ``keep=None``
+    never passes the keyword. Bit-equal to the same positions of a plain full forward."""
+    from inductionlab.core.models import forward
+
+    torch.manual_seed(0)
+    inner = make_tiny("llama")
+    ids = torch.randint(10, 200, (2, 9))
+    with torch.inference_mode():
+        full = inner(input_ids=ids).logits
+        for keep, want in ((3, full[:, -3:]), (torch.tensor([6, 2, 4]), full[:, [6, 2, 4]]), (None, full)):
+            model = _Counting(inner, how)
+            got = forward(model, ids, keep=keep).logits
+            assert got.shape == want.shape and torch.equal(got, want)
+            assert model.calls == ([[]] if keep is None else [["logits_to_keep"], []][:calls])

@@ -215,3 +215,41 @@ def test_induction_loss_without_batch_logits_equals_the_full_logits_loss(arch, s
     # the scores do not depend on whether the loss is computed
     lean = compute_head_scores(model, sequences=S, bos_id=1, batch_size=3, names=("induction",), induction_loss=False)
     assert np.array_equal(lean["induction"], hs["induction"]) and lean.induction_loss == {}
+
+
+def test_one_sequences_value_gives_the_head_scores_the_crp_and_the_pattern_sequence_the_same_rows():
+    """A study's ``HeadScoreConfig.sequences`` is the one value every ``[BOS] S S`` reader takes: the attention CRP
+    at lag 0 is, by definition, the duplicate-token score (every second-copy query ``p0 + T + j`` -> key ``p0 + j``),
+    so on the same value they agree (lag +1 is not the induction score: that one also counts the last query, whose
+    target is the second copy's first token); ``induction_sequence`` is its first row, drawn from the pool;
+    keywords replace fields of the value."""
+    from dataclasses import replace
+
+    from inductionlab.core.scores import ScoreSequences, attention_crp, induction_sequence
+    from inductionlab.core.stimuli import random_sequences
+    from inductionlab.studies.configs import HeadScoreConfig
+
+    model = make_tiny("llama")
+    pool = torch.arange(10, 60)
+    seqs = HeadScoreConfig(seq_len=6, batch_size=2, n_batches=2).sequences(seed=3, pool=pool)
+    assert isinstance(seqs, ScoreSequences)
+    assert (seqs.seq_len, seqs.batch_size, seqs.n_batches, seqs.seed) == (6, 2, 2, 3) and seqs.pool is pool
+    hs = compute_head_scores(model, seqs, names=("induction", "duplicate_token"), induction_loss=False)
+    assert {k: hs.params[k] for k in ("seq_len", "batch_size", "n_sequences", "seed", "bos_id")} == \
+        {"seq_len": 6, "batch_size": 2, "n_sequences": 4, "seed": 3, "bos_id": None}
+    crp = attention_crp(model, seqs, max_lag=3)
+    assert crp.lags.tolist() == [-3, -2, -1, 0, 1, 2, 3]
+    np.testing.assert_allclose(crp.profile[..., 3], hs["duplicate_token"], atol=1e-7, rtol=0)
+    S0 = random_sequences(pool, 1, 6, 3)[0]
+    assert induction_sequence(model, seqs).tolist() == S0.tolist() * 2
+    assert set(S0.tolist()) <= set(range(10, 60)) and len(set(S0.tolist())) == 6
+    other = compute_head_scores(model, seqs, seed=4, names=("induction",), induction_loss=False)
+    assert np.array_equal(other["induction"], compute_head_scores(model, replace(seqs, seed=4), names=("induction",),
+                                                                  induction_loss=False)["induction"])
+    assert not np.array_equal(other["induction"], hs["induction"]) and other.params["seed"] == 4
+
+
+def test_an_unknown_sequence_keyword_is_named():
+    with pytest.raises(TypeError, match=r"compute_head_scores\(\) got unexpected keyword argument\(s\) seq_length; "
+                                        r"the sequence fields are seq_len, batch_size"):
+        compute_head_scores(make_tiny("gpt2"), seq_length=5)

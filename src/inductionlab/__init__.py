@@ -6,6 +6,7 @@ _EXPORTS = {
     "load_model": "core.models", "LoadedModel": "core.models",
     "instrument": "core.instrument", "ablate": "core.instrument", "HeadIntervention": "core.instrument",
     "compute_head_scores": "core.scores", "HeadScores": "core.scores", "induction_sequence": "core.scores",
+    "ScoreSequences": "core.scores",
     "attention_patterns": "core.instrument",
     "ablation_conditions": "core.ablation", "top_k_heads": "core.ablation", "per_layer_top_p": "core.ablation",
     "random_heads": "core.ablation", "Condition": "core.ablation",

@@ -1,7 +1,8 @@
 """Core: the model and what we do to its heads.
 
-* ``models`` — :func:`~inductionlab.core.models.load_model` (embedded packages, GGUF, checkpoints) and
-  :class:`~inductionlab.core.models.LoadedModel` with its identity.
+* ``models`` — :func:`~inductionlab.core.models.load_model` (embedded packages, GGUF, checkpoints),
+  :class:`~inductionlab.core.models.LoadedModel` with its identity, and :func:`~inductionlab.core.models.forward`
+  (the one call that asks for the logits of some positions only, ``logits_to_keep``).
 * ``instrument`` — the contexts that hook attention (the one place that does): per-head
   probabilities and outputs, :func:`~inductionlab.core.instrument.ablate`; built on
   ``attention`` (the attention function registered in transformers and one context's state, its
@@ -13,6 +14,9 @@
   head) and matched random heads.
 * ``scores`` — head scores (induction, anti-induction, previous-token, duplicate-token, sink).
 * ``reuse`` — the residual-stream cache shared across ablation conditions.
+* ``patching`` — batched activation patching of a prompt's last tokens (one forward scores many patch sets:
+  :func:`~inductionlab.core.patching.patched_last_logits`; the FV, dual-route and function-probe protocols'
+  kernel).
 * ``placement`` — where a model runs (:func:`~inductionlab.core.placement.execution_device`), offloaded
   models included; a model on the ``meta`` device with nothing to load its weights is refused.
 * ``stimuli`` — word pools, seeds and random token sequences.

@@ -60,6 +60,42 @@ def returned_cache(output):
     return getattr(output, "past_key_values", None) if cache is None else cache
 
 
+def forward(model, ids: torch.Tensor, *, keep: int | torch.Tensor | None = None, **inputs):
+    """``model(input_ids=ids, **inputs)`` with the LM head run at the kept positions only where the architecture
+    allows it: the package's one call with ``logits_to_keep``.
+
+    Args:
+        model: a transformers causal LM, or anything called as one (``input_ids=`` and keywords, an output with
+            ``logits``).
+        ids: LongTensor ``[B, T]`` input ids.
+        keep: None: every position (no ``logits_to_keep`` passed); an int ``n >= 1``: the last ``n`` positions;
+            a LongTensor ``[n]``: those positions, in that order.
+        inputs: the other keywords of the forward (``attention_mask``, ``position_ids``, ``use_cache``, a packed
+            forward's 4-D mask).
+
+    Returns: the model's output; its ``logits`` ``[B, n, V]`` (the model's dtype) hold the kept positions
+    (``n = T`` for ``keep=None``); the rest (e.g. the KV cache) as the model returned it.
+
+    Passes ``keep`` as ``logits_to_keep`` (transformers >= 4.45 takes an int or an index tensor). An architecture
+    without that keyword (TypeError) gets the full forward; one that returns all ``T`` positions has the kept ones
+    indexed from them; one that returns yet another number runs again in full (so a past KV cache in ``inputs``
+    would be read twice: no caller passes one)."""
+    if keep is None:
+        return model(input_ids=ids, **inputs)
+    index = torch.is_tensor(keep)
+    n = len(keep) if index else int(keep)
+    try:
+        out = model(input_ids=ids, logits_to_keep=keep, **inputs)
+    except TypeError:                       # architectures without logits_to_keep
+        out = None
+    if out is not None and out.logits.shape[1] == n:
+        return out
+    if out is None or out.logits.shape[1] != ids.shape[1]:
+        out = model(input_ids=ids, **inputs)
+    out.logits = out.logits[:, keep] if index else out.logits[:, -n:]
+    return out
+
+
 def ran_identity(loaded: LoadedModel) -> dict:
     """``loaded.identity`` with ``dtype`` and ``device`` read from the model's parameters: what a
     run really ran, even if the model was cast or moved after loading (a result records this; a

@@ -35,7 +35,7 @@ second-copy queries to first-copy keys by lag from the earlier occurrence, one r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -46,7 +46,7 @@ from ..names import SCORE_NAMES as _SCORE_NAMES
 from ..runtime import distributed as D
 from .attention import gather_targets
 from .instrument import instrument, unwrap_model
-from .models import attention_shape
+from .models import attention_shape, forward
 from .placement import execution_device
 from .stimuli import ordinary_token_ids, random_sequences
 
@@ -227,34 +227,31 @@ def build_sequences(S: torch.Tensor, name: str, bos_id: int | None, *, R: torch.
     return score_spec(name).build(Stimulus(S, R, bos_id, sep_id))
 
 
-def induction_sequence(model, *, tokenizer=None, seq_len: int = 50, seed: int = 0, bos_id: int | None = None,
-                       exclude_ids=(), vocab_size: int | None = None) -> torch.Tensor:
+def induction_sequence(model, seqs: "ScoreSequences | None" = None, *, tokenizer=None, **fields) -> torch.Tensor:
     """One ``[BOS] S S`` sequence of the induction score (S: ``seq_len`` distinct random ordinary tokens):
-    the first sequence :func:`compute_head_scores` draws with the same ``seed``, ``seq_len``, tokenizer,
-    ``exclude_ids``, ``vocab_size`` and ``bos_id`` (the sequence to look at a head's pattern on,
-    :func:`~inductionlab.core.instrument.attention_patterns`).
+    the first sequence :func:`compute_head_scores` draws with the same :class:`ScoreSequences` and tokenizer
+    (the sequence to look at a head's pattern on, :func:`~inductionlab.core.instrument.attention_patterns`).
 
     Args: as :func:`compute_head_scores` (``model`` a transformers causal LM or a LoadedModel bundle, whose
-        tokenizer is then used when ``tokenizer`` is None; its BOS when ``bos_id`` is None).
+        tokenizer is then used when ``tokenizer`` is None; its BOS when ``seqs.bos_id`` is None; explicit
+        ``sequences``: their first row).
 
     Returns: LongTensor ``[p0 + 2 * seq_len]`` (p0 = 1 with a BOS, else 0); the induction target of query
     ``i`` in the second copy is key ``i - seq_len + 1`` (:func:`induction_targets`).
 
     Raises:
         InductionLabError: seq_len below 2 or beyond the ordinary tokens, a sequence longer than the context.
+        TypeError: a keyword that is no field of :class:`ScoreSequences`.
     """
-    if tokenizer is None and not isinstance(model, torch.nn.Module):
-        tokenizer = getattr(model, "tokenizer", None)
-    model = unwrap_model(model)
+    model, tokenizer, sq = ScoreSequences.of(seqs, fields, "induction_sequence").resolved(model, tokenizer)
     shape = attention_shape(model.config)
-    seq_len = _count("seq_len", seq_len, 2)
-    if bos_id is None and tokenizer is not None:
-        bos_id = tokenizer.bos_token_id
-    n, ctx = int(bos_id is not None) + 2 * seq_len, shape["max_position_embeddings"]
+    n, ctx = int(sq.bos_id is not None) + 2 * sq.seq_len, shape["max_position_embeddings"]
     if ctx and n > ctx:
         raise InductionLabError(f"sequence of {n} tokens exceeds the model's context of {ctx}; use a smaller seq_len")
-    pool = ordinary_token_ids(vocab_size or shape["vocab_size"], exclude_ids, tokenizer)
-    return build_sequences(random_sequences(pool, 1, seq_len, seed), "induction", bos_id)[0]
+    S = sq.sequences
+    if S is None:
+        S = random_sequences(sq.token_pool(shape["vocab_size"], tokenizer), 1, sq.seq_len, sq.seed)
+    return build_sequences(S[:1], "induction", sq.bos_id)[0]
 
 
 def score_from_pattern(pattern: torch.Tensor, name: str, seq_len: int, bos: bool = True) -> np.ndarray:
@@ -304,28 +301,83 @@ def _count(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
-def _sequence_args(model, tokenizer, bos_id, sequences, seq_len, batch_size, n_batches):
-    """The arguments every ``[BOS] S S`` reduction normalises the same way: the bare model (a LoadedModel's
-    tokenizer taken when none is given), ``bos_id`` from the tokenizer, explicit ``sequences`` as a LongTensor
-    ``[N, T]`` (then ``seq_len`` = T), and the counts checked.
+@dataclass(frozen=True, eq=False)
+class ScoreSequences:
+    """The sequences S (and R) that :func:`compute_head_scores` and :func:`attention_crp` read, as one value: random
+    rows of distinct ordinary tokens, or explicit ones (SPEC §3: ``[BOS] S S``, T = 50, 16 sequences).
 
-    Returns: ``(model, tokenizer, bos_id, sequences, seq_len, batch_size, n_batches)``.
-    Raises: InductionLabError for a count below range or sequences that are not a non-empty ``[N, T]``."""
-    if tokenizer is None and not isinstance(model, torch.nn.Module):
-        tokenizer = getattr(model, "tokenizer", None)
-    model = unwrap_model(model)
-    batch_size = _count("batch_size", batch_size)
-    n_batches = _count("n_batches", n_batches)
-    if bos_id is None and tokenizer is not None:
-        bos_id = tokenizer.bos_token_id
-    if sequences is None:
-        seq_len = _count("seq_len", seq_len, 2)
-    else:
-        sequences = torch.as_tensor(sequences, dtype=torch.long)
-        if sequences.dim() != 2 or sequences.shape[0] < 1:
-            raise InductionLabError(f"sequences must be a non-empty [N, T] id tensor, got shape {tuple(sequences.shape)}")
-        seq_len = _count("sequence length (sequences.shape[1])", sequences.shape[1], 2)
-    return model, tokenizer, bos_id, sequences, seq_len, batch_size, n_batches
+    Attributes:
+        seq_len: T, tokens per row of S, at least 2 (explicit ``sequences``: their length).
+        batch_size, n_batches: sequences per forward pass and number of passes (default 16 × 1).
+        seed: seed of the random rows (:func:`~inductionlab.core.stimuli.random_sequences`).
+        bos_id: BOS token prepended to each sequence (None: the tokenizer's BOS; none without one).
+        vocab_size: size of the id range sampled (None: the model's vocabulary).
+        exclude_ids: more ids never sampled (besides the tokenizer's special and added ids, which never are).
+        pool: explicit LongTensor of ids to sample S (and R) from, instead of the vocabulary minus special tokens
+            and ``exclude_ids``.
+        sequences: explicit S, ``[N, T]`` ids, instead of random rows (batched by ``batch_size``).
+        control_sequences: explicit R ``[N, T]`` for control scores when ``sequences`` is given (random rows
+            otherwise: S and R are the first and second N rows of one seeded draw, so S does not depend on
+            whether a control score is asked).
+        sep_id: separator of the copy-offset snippets (None: the pool's first id).
+    """
+    seq_len: int = 50
+    batch_size: int = 16
+    n_batches: int = 1
+    seed: int = 0
+    bos_id: int | None = None
+    vocab_size: int | None = None
+    exclude_ids: tuple = ()
+    pool: torch.Tensor | None = None
+    sequences: torch.Tensor | None = None
+    control_sequences: torch.Tensor | None = None
+    sep_id: int | None = None
+
+    @classmethod
+    def of(cls, seqs: "ScoreSequences | None", fields: dict, who: str) -> "ScoreSequences":
+        """``seqs`` (None: the defaults) with ``fields`` (keyword arguments of ``who``) replacing its own.
+
+        Raises: TypeError for a keyword that is no field (named with ``who``)."""
+        base = cls() if seqs is None else seqs
+        if not isinstance(base, cls):
+            raise TypeError(f"{who}(): the sequences must be a ScoreSequences, got {type(base).__name__}; pass "
+                            "ScoreSequences(seq_len=..., ...) or its fields as keywords (a tokenizer as tokenizer=)")
+        bad = sorted(set(fields) - set(cls.__dataclass_fields__))
+        if bad:
+            raise TypeError(f"{who}() got unexpected keyword argument(s) {', '.join(bad)}; the sequence fields are "
+                            f"{', '.join(cls.__dataclass_fields__)}")
+        return replace(base, **fields) if fields else base
+
+    def resolved(self, model, tokenizer=None) -> tuple[torch.nn.Module, object, "ScoreSequences"]:
+        """What every ``[BOS] S S`` reduction normalises the same way: the bare model (a LoadedModel's tokenizer
+        taken when none is given), ``bos_id`` from the tokenizer, explicit ``sequences`` as a LongTensor ``[N, T]``
+        (then ``seq_len`` = T), and the counts checked.
+
+        Returns: ``(model, tokenizer, sequences)``.
+
+        Raises: InductionLabError for a count below range or sequences that are not a non-empty ``[N, T]``."""
+        if tokenizer is None and not isinstance(model, torch.nn.Module):
+            tokenizer = getattr(model, "tokenizer", None)
+        model = unwrap_model(model)
+        kw = {"batch_size": _count("batch_size", self.batch_size), "n_batches": _count("n_batches", self.n_batches)}
+        if self.bos_id is None and tokenizer is not None:
+            kw["bos_id"] = tokenizer.bos_token_id
+        if self.sequences is None:
+            kw["seq_len"] = _count("seq_len", self.seq_len, 2)
+        else:
+            S = torch.as_tensor(self.sequences, dtype=torch.long)
+            if S.dim() != 2 or S.shape[0] < 1:
+                raise InductionLabError(f"sequences must be a non-empty [N, T] id tensor, got shape {tuple(S.shape)}")
+            kw["sequences"] = S
+            kw["seq_len"] = _count("sequence length (sequences.shape[1])", S.shape[1], 2)
+        return model, tokenizer, replace(self, **kw)
+
+    def token_pool(self, vocab_size: int, tokenizer=None) -> torch.Tensor:
+        """The ids random rows are drawn from: ``pool``, else ``0..V-1`` (``V``: ``self.vocab_size`` or the
+        model's ``vocab_size``) minus the tokenizer's special ids and ``exclude_ids``. LongTensor ``[V']``."""
+        if self.pool is not None:
+            return self.pool
+        return ordinary_token_ids(self.vocab_size or vocab_size, self.exclude_ids, tokenizer)
 
 
 def check_score_names(names) -> tuple[str, ...]:
@@ -342,38 +394,26 @@ def check_score_names(names) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None, exclude_ids=(),
-                        bos_id: int | None = None, seq_len: int = 50, batch_size: int = 16,
-                        n_batches: int = 1, seed: int = 0, sequences: torch.Tensor | None = None,
-                        names=SCORE_NAMES, progress=None, sep_id: int | None = None,
-                        pool: torch.Tensor | None = None, control_sequences: torch.Tensor | None = None,
-                        induction_loss: bool = True, dist=None) -> HeadScores:
+def compute_head_scores(model, seqs: ScoreSequences | None = None, *, tokenizer=None, names=SCORE_NAMES,
+                        induction_loss: bool = True, progress=None, dist=None, **fields) -> HeadScores:
     """Score every head of ``model`` on random repeated sequences.
 
     Args:
         model: a transformers causal LM, or a LoadedModel bundle (its tokenizer is then used
             when ``tokenizer`` is None).
+        seqs: the sequences (:class:`ScoreSequences`: T, batches, seed, BOS, the id pool or explicit rows);
+            None: its defaults.
         tokenizer: optional; its special / added tokens are excluded from the random pool and
-            its BOS is used when ``bos_id`` is None.
-        vocab_size: size of the id range to sample (default: the model's vocabulary).
-        exclude_ids: more ids never to sample.
-        bos_id: BOS token prepended to each sequence (None and no tokenizer BOS: no BOS).
-        seq_len: T, tokens per row of S (SPEC §3 default 50), at least 2.
-        batch_size, n_batches: sequences per forward pass and number of passes (default 16 × 1).
-        sequences: explicit ``S`` ``[N, T]`` instead of random ones (batched by ``batch_size``).
+            its BOS is used when ``seqs.bos_id`` is None.
         names: which scores to compute (names in :data:`SCORES`).
-        sep_id: separator of the copy-offset snippets (default: the pool's first id).
-        pool: explicit LongTensor of ids to sample S (and R) from, instead of the vocabulary
-            minus special tokens and ``exclude_ids``.
-        control_sequences: explicit ``R`` ``[N, T]`` for control scores when ``sequences`` is
-            given (random rows otherwise: ``S`` and ``R`` are the first and second N rows of one
-            seeded draw, so ``S`` does not depend on whether a control score is asked).
         induction_loss: also compute the induction loss (full-vocabulary logits, one sequence at a
             time); without it the forward keeps only the last position's logits.
+        progress: optional callable(n) with the sequences done.
         dist: a :class:`~inductionlab.runtime.distributed.Dist` to shard the batches over (every rank calls
             with the same arguments and gets the same scores): batch ``b`` runs on rank
             ``b % world_size``; the per-batch sums are gathered and added in batch order, so the
             scores are those of one process. None: one process.
+        fields: fields of :class:`ScoreSequences` replacing those of ``seqs`` (``seq_len=12, seed=3``).
 
     Returns: :class:`HeadScores`. Scoring in batches equals scoring one sequence at a time
     (each sequence weighs equally; within float tolerance).
@@ -381,9 +421,10 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
     Raises:
         InductionLabError: unknown score name, seq_len / batch_size / n_batches below range,
             sequences longer than the model's context, a pool smaller than seq_len.
+        TypeError: a keyword that is no field of :class:`ScoreSequences`.
     """
-    model, tokenizer, bos_id, sequences, seq_len, batch_size, n_batches = _sequence_args(
-        model, tokenizer, bos_id, sequences, seq_len, batch_size, n_batches)
+    model, tokenizer, sq = ScoreSequences.of(seqs, fields, "compute_head_scores").resolved(model, tokenizer)
+    seq_len, batch_size, bos_id = sq.seq_len, sq.batch_size, sq.bos_id
     names = check_score_names(names)
     specs = [SCORES[n] for n in names]
     shape = attention_shape(model.config)
@@ -397,23 +438,21 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
     if ctx and longest > ctx:
         raise InductionLabError(f"sequence of {longest} tokens exceeds the model's context of {ctx}; "
                                 "use a smaller seq_len")
+    sequences, sep_id = sq.sequences, sq.sep_id
     if sequences is None:
-        if pool is None:
-            pool = ordinary_token_ids(vocab_size or shape["vocab_size"], exclude_ids, tokenizer)
-        N = batch_size * n_batches
-        rows = random_sequences(pool, 2 * N if need_R else N, seq_len, seed)
+        N = batch_size * sq.n_batches
+        pool = sq.token_pool(shape["vocab_size"], tokenizer)
+        rows = random_sequences(pool, 2 * N if need_R else N, seq_len, sq.seed)
         sequences, R = rows[:N], (rows[N:] if need_R else None)
     elif need_R:
-        if control_sequences is None:
+        if sq.control_sequences is None:
             raise InductionLabError("a control score with explicit sequences needs control_sequences ([N, T])")
-        R = torch.as_tensor(control_sequences, dtype=torch.long)
+        R = torch.as_tensor(sq.control_sequences, dtype=torch.long)
         if R.shape != sequences.shape:
             raise InductionLabError(f"control_sequences shape {tuple(R.shape)} must equal sequences' "
                                     f"{tuple(sequences.shape)}")
     if sep_id is None and any(s.needs_sep for s in specs):
-        if pool is None:
-            pool = ordinary_token_ids(vocab_size or shape["vocab_size"], exclude_ids, tokenizer)
-        sep_id = int(pool[0])
+        sep_id = int(sq.token_pool(shape["vocab_size"], tokenizer)[0])
     groups: dict[Callable, list[ScoreSpec]] = {}       # one forward per sequence builder
     for s in specs:
         groups.setdefault(s.build, []).append(s)
@@ -449,7 +488,7 @@ def compute_head_scores(model, *, tokenizer=None, vocab_size: int | None = None,
         for k, v in part_loss.items():
             loss_sum[k] += v
     scores = {n: (sums[n] / N).numpy() for n in names}
-    params = {"seq_len": seq_len, "batch_size": batch_size, "n_sequences": N, "seed": seed, "bos_id": bos_id,
+    params = {"seq_len": seq_len, "batch_size": batch_size, "n_sequences": N, "seed": sq.seed, "bos_id": bos_id,
               "definition": "raw attention probability on the target key (SPEC §3), mean over target-bearing queries"}
     if any(s.needs_sep for s in specs):
         params["sep_id"] = sep_id
@@ -513,10 +552,8 @@ class AttentionCRP:
     params: dict
 
 
-def attention_crp(model, *, tokenizer=None, vocab_size: int | None = None, exclude_ids=(), bos_id: int | None = None,
-                  seq_len: int = 50, batch_size: int = 16, n_batches: int = 1, seed: int = 0,
-                  sequences: torch.Tensor | None = None, pool: torch.Tensor | None = None,
-                  max_lag: int = CRP_MAX_LAG, progress=None, dist=None) -> AttentionCRP:
+def attention_crp(model, seqs: ScoreSequences | None = None, *, tokenizer=None, max_lag: int = CRP_MAX_LAG,
+                  progress=None, dist=None, **fields) -> AttentionCRP:
     """Every head's attention CRP on ``[BOS] S S``: the attention probability from each second-copy query to the
     first-copy key ``lag`` positions after the query token's earlier occurrence, for lags −max_lag..max_lag (an
     induction head peaks at +1, a duplicate-token head at 0) — Ji-An, Zhou, Benna & Mattar 2024 (arXiv
@@ -528,7 +565,7 @@ def attention_crp(model, *, tokenizer=None, vocab_size: int | None = None, exclu
     log-sum-exp on CPU, query-head indexed, so GQA-safe); no ``[Q, K]`` pattern is kept. (The authors' stored
     profiles are pre-softmax attention scores, not probabilities: see docs/study-head-types.md.)
 
-    Args: as :func:`compute_head_scores` (``sequences``: explicit S ``[N, T]``), and
+    Args: as :func:`compute_head_scores` (``seqs``: the sequences; control rows and the separator unused), and
         max_lag: lags kept, at most ``seq_len − 1`` (default 8).
 
     Returns: :class:`AttentionCRP`, ``profile`` ``[n_layers, n_heads, 2·max_lag + 1]``. Sharded over ``dist`` as
@@ -536,8 +573,8 @@ def attention_crp(model, *, tokenizer=None, vocab_size: int | None = None, exclu
 
     Raises:
         InductionLabError: the lag window does not fit ``seq_len``; what :func:`compute_head_scores` refuses."""
-    model, tokenizer, bos_id, sequences, seq_len, batch_size, n_batches = _sequence_args(
-        model, tokenizer, bos_id, sequences, seq_len, batch_size, n_batches)
+    model, tokenizer, sq = ScoreSequences.of(seqs, fields, "attention_crp").resolved(model, tokenizer)
+    seq_len, batch_size, bos_id, sequences = sq.seq_len, sq.batch_size, sq.bos_id, sq.sequences
     shape = attention_shape(model.config)
     device = execution_device(model)
     max_lag = check_lag_window(max_lag, seq_len)
@@ -547,17 +584,17 @@ def attention_crp(model, *, tokenizer=None, vocab_size: int | None = None, exclu
         raise InductionLabError(f"sequence of {int(bos) + 2 * seq_len} tokens exceeds the model's context of {ctx}; "
                                 "use a smaller seq_len")
     if sequences is None:
-        if pool is None:
-            pool = ordinary_token_ids(vocab_size or shape["vocab_size"], exclude_ids, tokenizer)
-        sequences = random_sequences(pool, batch_size * n_batches, seq_len, seed)
+        sequences = random_sequences(sq.token_pool(shape["vocab_size"], tokenizer), batch_size * sq.n_batches, seq_len,
+                                     sq.seed)
     lags = list(range(-max_lag, max_lag + 1))
     targets = {f"lag{d:+d}": lag_targets(seq_len, bos, d) for d in lags}
     L, H = shape["n_layers"], shape["n_heads"]
     N = sequences.shape[0]
+    every = repeated(Stimulus(sequences, None, bos_id))                # [N, p0 + 2T], batched below
     parts = []
     with torch.inference_mode():
         for start in D.local_batches(N, batch_size, dist):
-            ids = repeated(Stimulus(sequences[start:start + batch_size], None, bos_id)).to(device)
+            ids = every[start:start + batch_size].to(device)
             with instrument(model, reductions=targets) as inst:
                 _forward(model, ids, with_loss=False)
             parts.append(torch.stack([_mean_over_queries(inst.reduced[n], t) for n, t in targets.items()], -1).cpu())
@@ -566,7 +603,7 @@ def attention_crp(model, *, tokenizer=None, vocab_size: int | None = None, exclu
     total = torch.zeros(L, H, len(lags), dtype=torch.float64)
     for p in D.gather_batches(parts, -(-N // batch_size), dist):
         total += p
-    params = {"seq_len": seq_len, "n_sequences": N, "batch_size": batch_size, "seed": seed, "bos_id": bos_id,
+    params = {"seq_len": seq_len, "n_sequences": N, "batch_size": batch_size, "seed": sq.seed, "bos_id": bos_id,
               "max_lag": max_lag, "definition": "raw attention probability from second-copy queries to the first-copy "
               "key at each lag from the earlier occurrence, mean over queries then sequences (Ji-An et al. 2024)"}
     return AttentionCRP((total / N).numpy(), np.asarray(lags), params)
@@ -598,10 +635,7 @@ def _forward(model, ids: torch.Tensor, *, with_loss: bool) -> torch.Tensor | Non
     else:
         hook = None
     try:
-        try:
-            out = model(input_ids=ids, logits_to_keep=1) if (hook is not None or not with_loss) else model(input_ids=ids)
-        except TypeError:                                  # a model without logits_to_keep
-            out = model(input_ids=ids)
+        out = forward(model, ids, keep=1 if (hook is not None or not with_loss) else None)
     finally:
         if hook is not None:
             hook.remove()
@@ -633,33 +667,7 @@ def copy_offset_scores(model, *, span_length: int, pool: torch.Tensor, sep_id: i
     Raises:
         InductionLabError: the snippet is longer than the model's context or the pool too small.
     """
-    hs = compute_head_scores(model, seq_len=span_length, pool=pool, sep_id=sep_id, bos_id=bos_id,
-                             batch_size=batch_size, seed=seed, names=("copy_offset", "copy_offset_control"),
-                             induction_loss=False)
+    seqs = ScoreSequences(seq_len=span_length, batch_size=batch_size, seed=seed, bos_id=bos_id, pool=pool,
+                          sep_id=sep_id)
+    hs = compute_head_scores(model, seqs, names=("copy_offset", "copy_offset_control"), induction_loss=False)
     return dict(hs.scores)
-
-
-def attention_crp_cmr_fit(model, *, tokenizer=None, seq_len: int = 50, batch_size: int = 16, n_batches: int = 1,
-                          seed: int = 0, max_lag: int = CRP_MAX_LAG, n_exps: int = 10, n_starts: int = 20,
-                          pool: torch.Tensor | None = None, dist=None) -> dict[str, np.ndarray]:
-    """Every head's attention CRP (:func:`attention_crp`) and its best CMR fit on the reference grid
-    (:func:`~inductionlab.measures.cmr.cmr_grid`, cached in the user cache dir; :func:`~inductionlab.measures.cmr.fit_cmr`),
-    Ji-An, Zhou, Benna & Mattar 2024 (arXiv 2405.14992; code corxyz/icl-cmr).
-
-    Returns: ``profile`` float64 ``[L, H, 2·max_lag + 1]``, ``lags`` ``[2·max_lag + 1]``, ``distance``, ``beta_enc``,
-    ``beta_rec``, ``gamma_ft`` ``[L, H]`` (NaN for a flat profile), ``fitted_crp`` ``[L, H, 2·max_lag + 1]``,
-    ``grid_seconds``, ``grid_cpu_seconds``, ``grid_from_cache`` (0-d arrays: the grid's cost).
-
-    Raises:
-        InductionLabError: what :func:`attention_crp` and :func:`~inductionlab.measures.cmr.cmr_grid` refuse."""
-    from ..measures import cmr as C
-
-    crp = attention_crp(model, tokenizer=tokenizer, seq_len=seq_len, batch_size=batch_size, n_batches=n_batches,
-                        seed=seed, max_lag=max_lag, pool=pool, dist=dist)
-    grid = C.cmr_grid(n_exps=n_exps, n_s0=n_starts)
-    fit = C.fit_cmr(crp.profile, grid)
-    return {"profile": crp.profile, "lags": crp.lags, "distance": fit.distance, "beta_enc": fit.beta_enc,
-            "beta_rec": fit.beta_rec, "gamma_ft": fit.gamma_ft, "fitted_crp": fit.crp,
-            "grid_seconds": np.asarray(grid.params["seconds"]),
-            "grid_cpu_seconds": np.asarray(grid.params.get("cpu_seconds", np.nan)),
-            "grid_from_cache": np.asarray(grid.params["from_cache"])}

@@ -19,11 +19,11 @@ draws are independent with ``P₁ = M[s0] / ΣM[s0]`` and ``CRP(d) ∝ Σ_s P₁
 The closed forms ignore the first transition from ``s0`` and the simulation does not (a 1/100 share of a run's
 transitions); tests/test_cmr.py bounds the difference.
 
-**Grid** (:func:`cmr_grid`): ``β_enc`` 0.05…1 (20 values), ``β_rec`` 0…1 step 0.05 (21), ``γ_ft`` 0…1 step 0.1
+**Grid** (:func:`compute_grid`): ``β_enc`` 0.05…1 (20 values), ``β_rec`` 0…1 step 0.05 (21), ``γ_ft`` 0…1 step 0.1
 (11), the authors' ``np.mgrid`` values, shape ``[20, 21, 11, 17]``. The simulation is vectorised over runs, start
 positions and (β_rec, γ_ft); its Monte-Carlo size (runs per start position) is a parameter (the authors used
-1,000, which took them days); the grid is cached as ``.npz`` in ``$XDG_CACHE_HOME/inductionlab/cmr`` keyed by
-every parameter.
+1,000, which took them days); :func:`inductionlab.protocols.cmr_fit.cmr_grid` caches it in the user cache dir
+(this module reads and writes no file).
 
 **CMR distance** (:func:`cmr_distance`, the authors' ``get_head_mse``): on lags ``−5..+5`` (``select_range``),
 shift the head's profile ``x`` to minimum 0 (``a = x − min x``), shift the CRP ``c`` to minimum 0 and scale it to
@@ -35,12 +35,8 @@ first minimum in C order, as ``np.argmin``); a head is **CMR-like** iff its dist
 
 from __future__ import annotations
 
-import hashlib
-import os
-import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -219,17 +215,10 @@ def compute_grid(n_exps: int = 100, seed: int = 0, n_s0: int = N_S0, progress=No
     return out
 
 
-def _cache_path(n_exps: int, seed: int, n_s0: int) -> Path:
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    root = Path(xdg) if xdg else Path.home() / ".cache"
-    key = hashlib.sha256(repr(("cmr-grid-v1", N_ITEMS, MAX_LAG, MAX_SAMPS, n_exps, seed, n_s0)).encode()).hexdigest()
-    return root / "inductionlab" / "cmr" / f"cmr_crp_{n_exps}x{n_s0}_seed{seed}_{key[:12]}.npz"
-
-
 @dataclass(frozen=True)
 class CMRGrid:
     """CMR's CRPs on the grid. ``crp``: float64 ``[20, 21, 11, 17]``; ``beta_enc``, ``beta_rec``, ``gamma_ft``:
-    the axes; ``params``: how it was made (n_exps, n_s0, seed, seconds, cache path)."""
+    the axes; ``params``: how it was made (:func:`grid_params`, and its maker's seconds and cache path)."""
     crp: np.ndarray
     beta_enc: np.ndarray
     beta_rec: np.ndarray
@@ -237,9 +226,8 @@ class CMRGrid:
     params: dict
 
 
-def cmr_grid(n_exps: int = 100, seed: int = 0, n_s0: int = N_S0, cache: bool = True, progress=None) -> CMRGrid:
-    """The grid (:func:`compute_grid`), read from the user cache when it is there, else computed and written
-    there (``cache=False``: computed, not written).
+def grid_params(n_exps: int = 100, seed: int = 0, n_s0: int = N_S0) -> dict:
+    """The record of a grid's making (n_exps, n_s0, seed, n_items, max_samps, source), its sizes checked.
 
     Raises:
         InductionLabError: ``n_exps`` or ``n_s0`` below 1 or ``n_s0`` above 100."""
@@ -247,25 +235,8 @@ def cmr_grid(n_exps: int = 100, seed: int = 0, n_s0: int = N_S0, cache: bool = T
         raise InductionLabError(f"CMR grid n_exps={n_exps!r}: give the number of simulated runs per start, >= 1")
     if not 1 <= n_s0 <= N_ITEMS:
         raise InductionLabError(f"CMR grid n_s0={n_s0!r}: start positions must be 1..{N_ITEMS}")
-    path = _cache_path(n_exps, seed, n_s0)
-    be, br, gf = grid_axes()
-    params = {"n_exps": int(n_exps), "n_s0": int(n_s0), "seed": int(seed), "n_items": N_ITEMS,
-              "max_samps": MAX_SAMPS, "source": "Ji-An et al. 2024, corxyz/icl-cmr src/est_cmr_crp.py"}
-    if cache and path.is_file():
-        with np.load(path) as z:
-            crp = z["crp"]
-            params["seconds"], params["cpu_seconds"] = float(z["seconds"]), float(z["cpu_seconds"])
-        if crp.shape == (len(be), len(br), len(gf), 2 * MAX_LAG + 1):
-            return CMRGrid(crp, be, br, gf, {**params, "cache": str(path), "from_cache": True})
-    t0, c0 = time.perf_counter(), time.process_time()
-    crp = compute_grid(n_exps, seed, n_s0, progress)
-    params["seconds"], params["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
-    if cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, crp=crp, seconds=params["seconds"], cpu_seconds=params["cpu_seconds"])
-        os.replace(tmp, path)
-    return CMRGrid(crp, be, br, gf, {**params, "cache": str(path) if cache else None, "from_cache": False})
+    return {"n_exps": int(n_exps), "n_s0": int(n_s0), "seed": int(seed), "n_items": N_ITEMS,
+            "max_samps": MAX_SAMPS, "source": "Ji-An et al. 2024, corxyz/icl-cmr src/est_cmr_crp.py"}
 
 
 # ---- the distance and the fit --------------------------------------------------------------------------
@@ -332,7 +303,7 @@ def fit_cmr(profiles, grid: CMRGrid, select_range: int = SELECT_RANGE) -> CMRFit
 
     Args:
         profiles: ``[L, H, 2m + 1]`` attention by lag (or ``[2m + 1]`` for one head).
-        grid: :func:`cmr_grid`'s CRPs.
+        grid: the grid's CRPs (:func:`compute_grid`; cached: :func:`inductionlab.protocols.cmr_fit.cmr_grid`).
 
     Raises:
         InductionLabError: a profile without the lag window."""

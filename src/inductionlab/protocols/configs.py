@@ -452,6 +452,15 @@ class HeadTypeParams:
             if not (math.isfinite(v) and -1 <= v <= 1):
                 raise InductionLabError(f"--{name.replace('_', '-')} {v}: give a probability (difference) in [-1, 1]")
 
+    def sequences(self, pool=None):
+        """The ``[BOS] S S`` sequences of the induction score and the attention CRP, as
+        :class:`~inductionlab.core.scores.ScoreSequences` (seeded by ``seed``; ``pool``: LongTensor of the ids random
+        tokens are drawn from, None: the tokenizer's ordinary ids)."""
+        from ..core.scores import ScoreSequences   # here: this module loads no torch
+
+        return ScoreSequences(seq_len=self.seq_len, batch_size=self.batch_size, n_batches=self.n_batches,
+                              seed=self.seed, pool=pool)
+
     def thresholds(self) -> dict[str, tuple[float, str]]:
         """``{score: (threshold, ">=" | "<")}`` of the transition table."""
         return {"induction": (self.induction_threshold, ">="), "concept_copying": (self.concept_threshold, ">="),

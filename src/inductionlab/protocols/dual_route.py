@@ -28,8 +28,8 @@ last token, where e would repeat), ``a_ij·‖v_j‖`` renormalised over keys j,
 (the value projection's output; a GQA head reads its group's): ``token_attention`` is the weight on e's first
 token (next-token matching), ``concept_attention`` on its last token (last-token matching).
 
-**Exact fast path** (as :func:`inductionlab.protocols.function_vectors.patched_last_logits`, with a suffix of
-two tokens): the corrupted prompt without its last two tokens runs once and keeps its KV cache; one forward then
+**Exact fast path** (:func:`inductionlab.core.patching.patched_suffix_logits`, with a suffix of two
+tokens): the corrupted prompt without its last two tokens runs once and keeps its KV cache; one forward then
 reads copies of the last two tokens against it, each copy at their positions and attending to the prefix and
 its own tokens only, copy r + 1 with head r patched at its first token (copy 0 unpatched). Chunks of heads in
 layer order start at their lowest layer from the unpatched residual stream there.
@@ -47,13 +47,13 @@ import torch
 
 from ..core.instrument import HeadIntervention, instrument, unwrap_model
 from ..core.models import attention_shape
+from ..core.patching import patched_suffix_logits
 from ..core.placement import execution_device
 from ..core.stimuli import WORD_LENGTHS, ordinary_token_ids
 from ..core.stimuli import multi_token_words as word_pool, random_token_words as random_words
 from ..core.stimuli import sample_multi_token_words as sample_words
 from ..errors import InductionLabError
 from ..measures.stats import Z95
-from .function_vectors import patched_suffix_logits
 
 #: The four per-head scores, in table order.
 ROUTE_SCORES = ("concept_copying", "token_copying", "concept_attention", "token_attention")
@@ -331,6 +331,5 @@ def route_scores(model, word_prompts: Sequence[CopyPrompt], random_prompts: Sequ
 
 
 __all__ = ["ROUTE_SCORES", "WORD_LENGTHS", "word_pool", "sample_words", "random_words", "CopyPrompt",
-           "AttentionPrompt", "copying_prompts", "attention_prompts", "special_ids", "patched_suffix_logits",
-           "clean_values", "copying_effects", "value_weighted", "attention_scores", "RouteScores",
-           "bare_forward_seconds", "build_prompts", "route_scores"]
+           "AttentionPrompt", "copying_prompts", "attention_prompts", "special_ids", "clean_values", "copying_effects",
+           "value_weighted", "attention_scores", "RouteScores", "bare_forward_seconds", "build_prompts", "route_scores"]

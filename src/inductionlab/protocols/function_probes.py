@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.patching import patched_last_logits
 from ..measures.stats import Z95
 from .icl_tasks import Prompt
 from .runner import Trials, forward_logits, model_inputs, run_conditions, trim_padding
@@ -161,7 +162,7 @@ def last_position_conditions(model, prompts: Sequence[Prompt], conditions, value
                              rows: int = 90, progress=None) -> pd.DataFrame:
     """HITS@k of ``prompts`` intact and under every condition and method at once, when the ablation edits the
     last position only (Yin & Steinhardt 2025's accuracy ablation): per prompt, one prefix forward and the last
-    token's copies of :func:`~inductionlab.protocols.function_vectors.patched_last_logits`, one copy per
+    token's copies of :func:`~inductionlab.core.patching.patched_last_logits`, one copy per
     (method, condition), the condition's heads' last-position outputs set to ``values[method]``. Equal to
     :func:`~inductionlab.protocols.runner.run_conditions` with ``positions="last"`` (within float rounding:
     tests/test_function_probes.py) at about 1 + (conditions × methods) / prompt length forwards per prompt,
@@ -178,8 +179,6 @@ def last_position_conditions(model, prompts: Sequence[Prompt], conditions, value
     :func:`probe_rows` (the intact condition repeated under each method).
 
     Raises: InductionLabError as ``patched_last_logits``."""
-    from .function_vectors import patched_last_logits
-
     arms = [(c, m) for m in values for c in conditions if c.heads]
     slot = {(c.name, m): 1 + j for j, (c, m) in enumerate(arms)}          # copy 0: intact
     out = []

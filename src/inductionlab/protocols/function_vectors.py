@@ -16,15 +16,10 @@ effects, as in Todd's script.] Probabilities are softmax probabilities of the la
 float64. Rankings: signed (heads that raise P(y₁) first) and absolute (|AIE|; FV heads split into
 heads that raise and heads that lower the answer, arXiv 2606.07560).
 
-**Exact fast path (decision).** The patch touches one query at the last position, so every earlier
-position of the patched run is the corrupted run's. We run p̃ without its last token once and keep its KV
-cache; then one forward reads many copies of the last token against it, each copy at the last token's
-position and attending to the prefix and itself only (a 4-D mask), one head patched per copy (copy 0
-unpatched): copy r is head r's patched run. Chunks of heads in layer order start at their lowest layer from
-the unpatched residual stream there. Cost per prompt: one prefix forward plus about one forward of N_heads
-tokens, against Todd's one full forward per (prompt, head). ``bench/fv_speed.py`` checks it against a port
-of the authors' per-head loop (an ``o_proj`` pre-hook, one forward per head). Chosen over copying the cache
-once per head as batch rows: that copy cost as much as the forward (SmolLM2: 0.08 s per 65 rows).
+**Patching** by the exact batched fast path of :mod:`inductionlab.core.patching`
+(:func:`~inductionlab.core.patching.patched_last_logits`): per prompt, one prefix forward with its KV cache, then
+one forward of one copy of the last token per head (copy r + 1: head r patched, copy 0 unpatched), against Todd's
+one full forward per (prompt, head). ``bench/fv_speed.py`` checks it against a port of the authors' loop.
 
 **Function vector** (Todd's ``compute_function_vector``): the sum over the top heads (default 10 by
 signed AIE) of each head's task mean pushed through its layer's output projection — the head's own
@@ -40,7 +35,6 @@ every forward: the clean means, the corrupted run and the patched one.
 from __future__ import annotations
 
 import contextlib
-import copy
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
@@ -49,7 +43,8 @@ import pandas as pd
 import torch
 
 from ..core.instrument import HeadIntervention, instrument, unwrap_model
-from ..core.models import attention_shape, cache_keyword, returned_cache
+from ..core.models import attention_shape, forward
+from ..core.patching import patched_last_logits
 from ..core.placement import execution_device
 from ..errors import InductionLabError
 from ..measures.stats import Z95
@@ -144,19 +139,6 @@ def head_writes(model, layer: int, values: torch.Tensor) -> torch.Tensor:
 # Means, baselines and indirect effects
 
 
-def _under(model, under: Sequence[HeadIntervention]):
-    return instrument(model, list(under), strict=False) if under else contextlib.nullcontext()
-
-
-def _last_only(model, **kw):
-    """``model(**kw)`` with the LM head on the last position only where the architecture takes
-    ``logits_to_keep`` (the prefix's logits are never read)."""
-    try:
-        return model(**kw, logits_to_keep=1)
-    except TypeError:
-        return model(**kw)
-
-
 def _probs(logits: torch.Tensor, targets: torch.Tensor | int) -> torch.Tensor:
     """P(target) from last-position logits ``[B, V]`` (softmax in float64)."""
     t = torch.as_tensor(targets, device=logits.device).reshape(-1, 1).expand(logits.shape[0], 1)
@@ -183,192 +165,18 @@ def clean_means(model, prompts: Sequence[Prompt], *, under: Sequence[HeadInterve
     with torch.inference_mode(), instrument(model, list(under), capture_heads=heads, strict=False) as inst:
         for i, pr in enumerate(prompts):
             ids = torch.tensor([pr.input_ids], device=dev)
-            logits = _last_only(model, input_ids=ids, use_cache=False).logits[:, -1]
+            logits = forward(model, ids, keep=1, use_cache=False).logits[:, -1]
             p[i] = float(_probs(logits, pr.target_id)[0])
             last = torch.stack([inst.captured[lh][0, -1] for lh in heads]).double().cpu()
             total += last.reshape(L, H, -1)
     return total / len(prompts), p
 
 
-@contextlib.contextmanager
-def _recording(layers) -> Iterator[dict]:
-    """Record each decoder layer's output (the state entering the next layer) of the forwards in the block:
-    ``{v: (state entering layer v, tuple output)}`` for v = 1 .. n_layers − 1."""
-    states: dict = {}
-
-    def hook(v):
-        def f(module, args, output):
-            h = output[0] if isinstance(output, tuple) else output
-            states[v] = (h.detach().clone(), isinstance(output, tuple))
-        return f
-    handles = [layers[v - 1].register_forward_hook(hook(v)) for v in range(1, len(layers))]
-    try:
-        yield states
-    finally:
-        for h in handles:
-            h.remove()
-
-
-@contextlib.contextmanager
-def _skipping(layers, b: int, state: torch.Tensor | None, tuple_out: bool) -> Iterator[None]:
-    """Layers ``0..b-1`` return ``state`` (the residual stream entering layer ``b``) instead of running: every row
-    of the batch holds it there, as no patch of the batch sits below ``b``. Their KV cache slots stay unwritten,
-    which no later layer reads (the cache is a throw-away copy)."""
-    if b == 0 or state is None:
-        yield
-        return
-    out = (state,) if tuple_out else state
-    saved = [layer.__dict__.get("forward") for layer in layers[:b]]
-    for layer in layers[:b]:
-        layer.forward = lambda *a, **k: out
-    try:
-        yield
-    finally:
-        for layer, f in zip(layers[:b], saved):
-            if f is None:
-                del layer.forward
-            else:
-                layer.forward = f
-
-
-def _copies_mask(model, cache, prefix: int, n: int, dtype, device, suffix: int = 1):
-    """The additive attention mask of ``n`` copies of the last ``suffix`` tokens read after a cached prefix of
-    ``prefix`` tokens: token j of a copy sees the prefix and its own copy's tokens 0..j, not the other copies:
-    ``[1, 1, n·suffix, prefix + n·suffix]``; a dict by layer type where the model has sliding-window layers, whose
-    cache keeps only the most recent keys (their mask covers those, each within the window of the copy's token
-    at position ``prefix + j``). The FV score reads one token per copy, the dual-route scores two."""
-    s = suffix
-    k = torch.arange(prefix + n * s, device=device)
-    q = torch.arange(n * s, device=device)
-    kc, kj = (k - prefix) // s, (k - prefix) % s
-    ok = (k[None, :] < prefix) | ((kc[None, :] == (q // s)[:, None]) & (kj[None, :] <= (q % s)[:, None]))
-    neg = torch.finfo(dtype).min
-
-    def additive(allowed):
-        return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, neg)[None, None]
-    cfg = model.config
-    types = list(getattr(cfg, "layer_types", None) or ())
-    window = getattr(cfg, "sliding_window", None)
-    if "sliding_attention" in types and window:
-        kept = cache.layers[types.index("sliding_attention")].keys.shape[-2]    # the sliding cache's recent keys
-        kpos = torch.where(k < prefix, k, prefix + kj)
-        near = (((prefix + q % s)[:, None] - kpos[None, :]) < window) & ok      # transformers: kv > q - window
-        return {t: additive(near[:, prefix - kept:]) if t == "sliding_attention" else additive(ok) for t in set(types)}
-    if set(types) - {"full_attention"}:
-        raise InductionLabError(f"{type(model).__name__} has layer types {sorted(set(types))} the batched patching "
-                                "fast path does not handle")
-    return additive(ok)
-
-
-def patched_suffix_logits(model, ids: Sequence[int], patches: Sequence[Sequence[tuple[int, int, torch.Tensor]]], *,
-                          suffix: int = 2, at: int = 0, rows: int = 64, under: Sequence[HeadIntervention] = (),
-                          skip: bool = True) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """The logits of the last ``suffix`` positions of ``ids`` unpatched and under each patch set, by the fast path
-    of :func:`patched_last_logits`, with ``suffix`` tokens per copy: each patch set writes its heads' outputs at suffix token ``at`` (0: position
-    ``−suffix``), every other position keeps the unpatched run's values.
-
-    Args:
-        ids: the prompt's token ids (more than ``suffix``).
-        patches: patch sets, each a list of ``(layer, head, value [head_dim])``.
-        rows: patch sets per forward; under: interventions applied in every forward.
-
-    Returns:
-        ``(base, logits, changed)``: float32 ``[suffix, V]`` unpatched; float32 ``[P, suffix, V]``; bool ``[P]``
-        (a set that changed no head's value is the unpatched run: its row is the unpatched copy).
-
-    Raises: InductionLabError for too short a prompt, ``rows < 1``, ``at`` outside the suffix, an empty patch set."""
-    from ..core.reuse import decoder_layers
-
-    model = unwrap_model(model)
-    S = int(suffix)
-    if S < 1 or len(ids) <= S or not 0 <= at < S:
-        raise InductionLabError(f"a prompt of {len(ids)} tokens with a suffix of {S} patched at suffix token {at}: "
-                                "need 1 <= suffix < len(ids) and 0 <= at < suffix")
-    if rows < 1:
-        raise InductionLabError(f"rows must be >= 1, got {rows}")
-    if any(not ps for ps in patches):
-        raise InductionLabError("an empty patch set; give each at least one (layer, head, value)")
-    layers = decoder_layers(model) if skip else None
-    L = attention_shape(model.config)["n_layers"]
-    below = min((iv.layer for iv in under), default=L)
-    p = next(model.parameters())
-    dev = execution_device(model)
-    x = torch.tensor([list(ids)], device=dev)
-    P0 = x.shape[1] - S
-    order = sorted(range(len(patches)), key=lambda i: min(int(l) for l, _, _ in patches[i]))
-    out = [None] * len(patches)
-    changed = np.zeros(len(patches), dtype=bool)
-    base = None
-    states: dict = {}
-    kv = cache_keyword(model)
-    with torch.inference_mode():
-        with _under(model, under):
-            prefix = returned_cache(_last_only(model, input_ids=x[:, :P0], use_cache=True))
-            if layers is not None:
-                with _recording(layers) as states:
-                    model(input_ids=x[:, P0:], **{kv: copy.deepcopy(prefix)}, use_cache=True)
-        for start in range(0, len(order), rows):
-            chunk = order[start:start + rows]
-            n = len(chunk) + 1
-            b = min(min(min(int(l) for l, _, _ in patches[i]) for i in chunk), below) if layers is not None else 0
-            state, tuple_out = states.get(b, (None, False))
-            ivs, owner = [], []
-            for r, i in enumerate(chunk):                                # copy 0: unpatched
-                for l, h, v in patches[i]:
-                    ivs.append(HeadIntervention(int(l), int(h), "mean", value=v, positions=(P0 + (r + 1) * S + at,)))
-                    owner.append(i)
-            state = None if state is None else state.repeat(1, n, 1)
-            kw = {"input_ids": x[:, P0:].repeat(1, n),
-                  "position_ids": (P0 + torch.arange(S, device=dev)).repeat(n)[None],
-                  "attention_mask": _copies_mask(model, prefix, P0, n, p.dtype, dev, suffix=S)}
-            with instrument(model, [*under, *ivs], strict=False) as inst, _skipping(layers, b, state, tuple_out):
-                logits = model(**kw, **{kv: copy.deepcopy(prefix)}, use_cache=True).logits[0].float()
-            logits = logits.reshape(n, S, -1)
-            base = logits[0] if base is None else base
-            for j, i in enumerate(owner):
-                changed[i] |= inst.effect[len(under) + j]
-            for r, i in enumerate(chunk):
-                out[i] = logits[r + 1] if changed[i] else logits[0]
-    return base, torch.stack(out), changed
-
-
-def patched_last_logits(model, ids: Sequence[int], patches: Sequence[Sequence[tuple[int, int, torch.Tensor]]], *,
-                        rows: int = 90, under: Sequence[HeadIntervention] = (), skip: bool = True
-                        ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """The last position's logits of ``ids`` unpatched and under each patch set, by the exact fast path of the
-    module docstring.
-
-    One forward reads ``ids`` without its last token and keeps its KV cache. Then, per chunk of ``rows`` patch
-    sets (taken in order of their lowest layer), one forward reads ``rows + 1`` copies of the last token against
-    that cache, each copy at the last token's position and attending to the prefix and itself only (a 4-D
-    mask); in copy i + 1 the heads of patch set i have their output set to the given values (copy 0 unpatched),
-    so copy i + 1 is the run patched by set i, bit for bit in exact arithmetic. A chunk whose heads all sit in
-    layers ≥ b starts at layer b from the unpatched last token's residual stream there (``skip``; architectures
-    of :func:`~inductionlab.core.reuse.decoder_layers`).
-
-    Args:
-        ids: the prompt's token ids (at least 2).
-        patches: patch sets, each a list of ``(layer, head, value [head_dim])``: the head's last-position output
-            (the input of ``o_proj``) set to ``value``.
-        rows: patch sets per forward; under: interventions applied in every forward (e.g. a base ablation).
-
-    Returns:
-        ``(base, logits, changed)``: float32 ``[V]``, the unpatched copy of the first forward; float32 ``[P, V]``,
-        patch set i in row i; bool ``[P]``, whether any head of the set took another value than it had (a set that
-        changed nothing is the unpatched run: its row is its forward's unpatched copy).
-
-    Raises: InductionLabError for fewer than 2 tokens, ``rows < 1``, an empty patch set."""
-    if len(ids) < 2:
-        raise InductionLabError("a prompt needs at least 2 tokens (a prefix and the last position)")
-    base, logits, changed = patched_suffix_logits(model, ids, patches, suffix=1, rows=rows, under=under, skip=skip)
-    return base[0], logits[:, 0], changed
-
-
 def indirect_effects(model, prompt: Prompt, means: torch.Tensor, *, heads: Sequence[tuple[int, int]] | None = None,
                      rows: int = 90, under: Sequence[HeadIntervention] = (), skip: bool = True) -> tuple[float, np.ndarray]:
     """P(y₁ | prompt) and each head's CIE on it: P(y₁ | prompt, the head's last-position output ←
-    ``means[l, h]``) − P(y₁ | prompt), by :func:`patched_last_logits` (one patch set per head), against the
-    unpatched copy of the first forward; a patch that wrote the value the head already had gives exactly 0 (not
+    ``means[l, h]``) − P(y₁ | prompt), by :func:`~inductionlab.core.patching.patched_last_logits` (one patch set
+    per head), against the unpatched copy of the first forward; a patch that wrote the value the head already had gives exactly 0 (not
     the ~1e-10 by which two equal rows of one matmul, or two forwards starting at different layers, can differ).
 
     Args:
@@ -524,5 +332,5 @@ def added_to_residual(model, layer: int, vector: torch.Tensor | None) -> Iterato
 
 
 __all__ = ["OUTPUT_PROJECTIONS", "TaskPrompts", "task_prompts", "attention_module", "output_projection",
-           "decoder_layer", "head_writes", "clean_means", "patched_last_logits", "indirect_effects", "FVScores", "fv_scores",
+           "decoder_layer", "head_writes", "clean_means", "indirect_effects", "FVScores", "fv_scores",
            "function_vector", "added_to_residual"]

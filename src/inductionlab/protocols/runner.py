@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..core.models import cache_keyword, returned_cache
+from ..core.models import cache_keyword, forward, returned_cache
 from ..core.reuse import first_ablated_layer
 from ..core.placement import execution_device
 from ..errors import InductionLabError
@@ -201,21 +201,10 @@ def forward_logits(model, ids: torch.Tensor, keep: int | torch.Tensor = 1, **inp
         inputs: the other keywords of the forward: the ``attention_mask`` / ``position_ids`` of
             left-padded trials (:func:`model_inputs`), a packed forward's 4-D mask.
 
-    Passes ``keep`` as ``logits_to_keep`` (transformers ≥ 4.45 takes an int or an index tensor), so the
-    LM head runs on the kept positions only; an architecture without it (TypeError), or one that
-    returns another number of positions, gets the full forward and the kept positions read from it.
+    The LM head runs on the kept positions only where the architecture allows it
+    (:func:`~inductionlab.core.models.forward`, its fallbacks included).
     """
-    index = torch.is_tensor(keep)
-    n = len(keep) if index else keep
-    try:
-        out = model(input_ids=ids, logits_to_keep=keep, **inputs).logits
-    except TypeError:  # architectures without logits_to_keep
-        out = None
-    if out is None or out.shape[1] != n:
-        if out is None or out.shape[1] != ids.shape[1]:
-            out = model(input_ids=ids, **inputs).logits
-        out = out[:, keep] if index else out[:, -keep:]
-    return out.float()
+    return forward(model, ids, keep=keep, **inputs).logits.float()
 
 
 def greedy_tokens(model, ids: torch.Tensor, n: int, attention_mask: torch.Tensor | None = None,
@@ -230,10 +219,7 @@ def greedy_tokens(model, ids: torch.Tensor, n: int, attention_mask: torch.Tensor
     the prompt and the tokens so far per token (the same tokens, ``n`` times the cost)."""
     kv = cache_keyword(model)
     extra = {k: v for k, v in (("attention_mask", attention_mask), ("position_ids", position_ids)) if v is not None}
-    try:
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **extra)
-    except TypeError:      # architectures without logits_to_keep
-        out = model(input_ids=ids, use_cache=True, **extra)
+    out = forward(model, ids, keep=1, use_cache=True, **extra)
     past = returned_cache(out)
     first = out.logits[:, -1].float()
     toks = [first.argmax(-1)]
@@ -472,7 +458,7 @@ def pad_left(seqs: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tens
 def last_token_logits(model, seqs: Sequence[Sequence[int]], pad_id: int = 0) -> torch.Tensor:
     """Logits at each sequence's last token from one left-padded forward pass: float32 ``[B, V]``.
 
-    Asks for the last position only (``logits_to_keep=1``) where the architecture supports it."""
+    Asks for the last position only (:func:`~inductionlab.core.models.forward`) where the architecture allows it."""
     device = execution_device(model)
     batch = {k: v.to(device) for k, v in pad_left(seqs, pad_id).items()}
     return forward_logits(model, batch.pop("input_ids"), 1, **batch)[:, -1]

@@ -13,7 +13,7 @@ reads them from disk, is the ``telemetry`` study's: :mod:`inductionlab.studies.t
   sample_multi_token_words`); a tokenizer that splits too few of wordfreq's words into 2–5 tokens (a tiny BPE
   vocabulary) leaves these four scores out, recorded as ``"not computed: <reason>"``;
 * ``cmr_distance``, ``cmr_beta_enc``, ``cmr_beta_rec``, ``cmr_gamma_ft``: the attention CRP and its CMR fit
-  (Ji-An, Zhou, Benna & Mattar 2024; :func:`~inductionlab.core.scores.attention_crp_cmr_fit`), and
+  (Ji-An, Zhou, Benna & Mattar 2024; :func:`~inductionlab.protocols.cmr_fit.attention_crp_cmr_fit`), and
   ``crp_range``, the profile's max − min attention probability over the fitted lags −5..5. The CMR distance is
   scale-free (variance-normalised), so a nearly flat profile — an untrained head's — can fit at distance < 0.5;
   ``crp_range`` tells such a head from one that attends by lag.
@@ -98,23 +98,22 @@ def checkpoint_scores(model, tokenizer, params: HeadTypeParams, prompts=None, po
     Raises:
         InductionLabError: what the induction score or the attention CRP refuse (e.g. a sequence longer than
             the model's context)."""
-    from ..core.scores import attention_crp_cmr_fit, compute_head_scores
+    from ..core.scores import compute_head_scores
     from . import dual_route as DR
+    from .cmr_fit import attention_crp_cmr_fit
 
     p = params
     scores: dict[str, np.ndarray] = {}
-    ids = None if pool is None else torch.as_tensor(np.asarray(pool, dtype=np.int64))
-    hs = compute_head_scores(model, tokenizer=tokenizer, seq_len=p.seq_len, batch_size=p.batch_size,
-                             n_batches=p.n_batches, seed=p.seed, names=("induction",), induction_loss=False, pool=ids)
+    seqs = p.sequences(None if pool is None else torch.as_tensor(np.asarray(pool, dtype=np.int64)))
+    hs = compute_head_scores(model, seqs, tokenizer=tokenizer, names=("induction",), induction_loss=False)
     scores["induction"] = np.asarray(hs.scores["induction"], float)
     built, note = prompts if prompts is not None else route_prompts(tokenizer, model.config.vocab_size, p, pool)
     if built is not None:
         r = DR.route_scores(model, *built, measure_cost=False)
         scores.update({n: r.score(n) for n in ROUTE_NAMES})
     notes = {"dual_route": note}
-    cmr = attention_crp_cmr_fit(model, tokenizer=tokenizer, seq_len=p.seq_len, batch_size=p.batch_size,
-                                n_batches=p.n_batches, seed=p.seed, max_lag=p.max_lag, n_exps=p.n_exps,
-                                n_starts=p.n_starts, pool=ids)
+    cmr = attention_crp_cmr_fit(model, seqs, tokenizer=tokenizer, max_lag=p.max_lag, n_exps=p.n_exps,
+                                n_starts=p.n_starts)
     scores.update({"cmr_distance": cmr["distance"], "cmr_beta_enc": cmr["beta_enc"],
                    "cmr_beta_rec": cmr["beta_rec"], "cmr_gamma_ft": cmr["gamma_ft"],
                    "crp_range": np.ptp(_crp_window(cmr["profile"]), axis=-1)})

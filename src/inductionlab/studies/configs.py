@@ -59,6 +59,15 @@ class HeadScoreConfig:
             raise InductionLabError(f"score n_batches={self.n_batches} must be >= 1")
         check_trials_fit(self.batch_size, 2 * self.seq_len + 1, "--score-batch-size")
 
+    def sequences(self, seed: int, pool=None):
+        """These sequences as :func:`~inductionlab.core.scores.compute_head_scores` takes them: a
+        :class:`~inductionlab.core.scores.ScoreSequences` with the study's ``seed`` and the ids ``pool`` random
+        tokens are drawn from (None: the tokenizer's ordinary ids)."""
+        from ..core.scores import ScoreSequences   # here: this module loads no torch
+
+        return ScoreSequences(seq_len=self.seq_len, batch_size=self.batch_size, n_batches=self.n_batches, seed=seed,
+                              pool=pool)
+
 
 @dataclass
 class RankingConfig:

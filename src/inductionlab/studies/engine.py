@@ -148,9 +148,8 @@ class Context:
 
         def compute():
             with self.progress(cfg.batch_size * cfg.n_batches, "head scores", "seq") as update:
-                hs = compute_head_scores(model.model, tokenizer=model.tokenizer, seq_len=cfg.seq_len,
-                                         batch_size=cfg.batch_size, n_batches=cfg.n_batches, seed=seed,
-                                         progress=update, dist=run.dist, pool=pool)
+                hs = compute_head_scores(model.model, cfg.sequences(seed, pool), tokenizer=model.tokenizer,
+                                         progress=update, dist=run.dist)
             return {"scores": hs.scores, "induction_loss": hs.induction_loss, "params": hs.params}
         def scores(raw) -> HeadScores:               # a piece of another shape raises here: recomputed
             table = {k: np.asarray(v, dtype=float) for k, v in raw["scores"].items()}

@@ -37,13 +37,14 @@ import torch
 from ...config import to_dict
 from ...core.ablation import Condition, selection_conditions
 from ...core.models import LoadedModel, ran_identity
-from ...core.scores import HeadScores, attention_crp_cmr_fit
+from ...core.scores import HeadScores
 from ...core.stimuli import seed_for
 from ...errors import InductionLabError
 from ...measures import cmr as C
 from ...measures.overlap import head_overlap
 from ...measures.stats import drop_table
 from ...protocols import dual_route as DR, function_probes, function_vectors as F, lag_probe
+from ...protocols.cmr_fit import attention_crp_cmr_fit
 from ...protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig
 from ...protocols.icl_tasks import Prompt, build_tasks, make_prompts
 from ...protocols.lag_probe import LagProbeResult
@@ -295,14 +296,12 @@ def conditions_for(induction: np.ndarray, fv_table: np.ndarray, plan: Plan) -> l
 
 def _cmr(plan: Plan, ctx: Context) -> dict:
     """The piece ``cmr`` (``--cmr``): every head's attention CRP on the head scores' ``[BOS] S S`` sequences (same
-    seed and pool, so the same S), the CMR grid (:func:`~inductionlab.measures.cmr.cmr_grid`, cached in the user
+    seed and pool, so the same S), the CMR grid (:func:`~inductionlab.protocols.cmr_fit.cmr_grid`, cached in the user
     cache dir) and each head's best fit."""
     cfg, loaded = plan.cfg, plan.loaded
 
     def compute():
-        sc = cfg.scores
-        return attention_crp_cmr_fit(loaded.model, tokenizer=loaded.tokenizer, seq_len=sc.seq_len,
-                                     batch_size=sc.batch_size, n_batches=sc.n_batches, seed=cfg.seed,
+        return attention_crp_cmr_fit(loaded.model, cfg.scores.sequences(cfg.seed), tokenizer=loaded.tokenizer,
                                      max_lag=cfg.cmr.max_lag, n_exps=cfg.cmr.n_exps, n_starts=cfg.cmr.n_starts,
                                      dist=ctx.dist)
     return dict(ctx.arrays("cmr", compute))
