@@ -3,7 +3,7 @@ transformers to human episodic memory", arXiv 2405.14992; code corxyz/icl-cmr): 
 :func:`~inductionlab.core.scores.attention_crp` fitted on CMR's reference grid (:mod:`inductionlab.measures.cmr`,
 numpy only), and that grid kept in the user cache.
 
-The grid is the costly part (about 3–4 CPU minutes at 10 runs per start position; docs/head_types.md) and the
+The grid is the costly part (about 3–4 CPU minutes at 10 runs per start position; docs/study-head-types.md) and the
 same for every model, so :func:`cmr_grid` keeps it as ``.npz`` in ``$XDG_CACHE_HOME/inductionlab/cmr``
 (default ``~/.cache/inductionlab/cmr``), keyed by every parameter that changes it.
 """
