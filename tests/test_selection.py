@@ -170,7 +170,7 @@ def test_selection_conditions_random_outside_top_n_equal_ablation_conditions():
     (dict(ks=(3, 3)), "sizes 3 and 3 both select 3 of 100 heads"),
     (dict(fractions=(1.2,)), r"fraction=1.2 must be a number in \(0, 1\]"),
     (dict(ks=(101,)), "k=101 heads requested but the model has 100"),
-    (dict(ks=(2,), random="outside"), "random='outside': use one of all, outside-top-n"),
+    (dict(ks=(2,), random="outside"), "random='outside': use one of outside-top-n, all"),
     (dict(ks=(2,), exclude_top_n=10), "exclude_top_n is for random='outside-top-n'"),
     (dict(ks=(2,), random="outside-top-n", exclude_top_n=101), "exclude_top_n=101 must be between 0 and"),
     (dict(ks=(60,), random="outside-top-n"), "k=60 random heads requested but only 50 remain"),

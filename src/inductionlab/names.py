@@ -24,7 +24,6 @@ ABLATION_METHOD_NEEDS: dict[str, str | None] = {"zero": None, "mean": "value", "
 
 #: The random-head controls of a selection, the default first: k heads outside the top N of the ranking (SPEC §4,
 #: the temporal study's) or k heads of all heads (SPEC §10, Yin & Steinhardt 2025).
-#: (:data:`inductionlab.core.ablation.RANDOM_CONTROLS` holds the same names.)
 RANDOM_CONTROLS: tuple[str, ...] = ("outside-top-n", "all")
 
 #: The function-style ICL probe tasks (:mod:`inductionlab.protocols.icl_tasks` checks its table against this).

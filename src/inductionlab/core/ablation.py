@@ -21,6 +21,7 @@ import numpy as np
 
 from ..checks import check_type
 from ..errors import InductionLabError
+from ..names import RANDOM_CONTROLS
 from .stimuli import seed_for
 
 Head = tuple[int, int]
@@ -318,8 +319,6 @@ def select_heads(scores, *, fraction: float | None = None, k: int | None = None,
                                 "exclude_fraction")
     return [h for h in top_k_heads(scores, total) if h not in excluded][:n]
 
-
-RANDOM_CONTROLS = ("all", "outside-top-n")
 
 
 def selection_conditions(scores, *, fractions=None, ks=None, exclude_scores=None, exclude_label: str | None = None,
