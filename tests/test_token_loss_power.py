@@ -174,3 +174,24 @@ def test_choose_n_reads_the_paired_sd_and_the_gate():
     assert size["gate_n"] == 2 and size["minutes"] == pytest.approx(26 * 1.0 * 10 / 60)
     capped = choose_n(pilot, TokenLossConfig(budget_minutes=2.0), conditions=10, available=1000)["sample_size"]
     assert (capped["n"], capped["reason"], capped["capped"]) == (12, "budget", True)     # 120 s / (1 s × 10)
+
+
+def test_demo_windows_skip_works_too_short_for_a_window(monkeypatch):
+    """The demo corpus holds short poems: a draw of more windows than works (with replacement) must never pick a
+    work that cannot fill a window (it raised 'demo work N is shorter than one window' mid-run before)."""
+    from types import SimpleNamespace as NS
+
+    import inductionlab.data.corpus as corpus
+    from inductionlab.protocols import token_loss as TLP
+    from inductionlab.protocols.configs import TokenLossConfig
+
+    length = 20
+    works = [("long-a", "x" * 30 * length), ("short", "y" * 5 * length), ("long-b", "z" * 25 * length)]
+    monkeypatch.setattr(corpus, "demo_texts", lambda: works)
+    tok = NS(bos_token_id=1, encode=lambda t, add_special_tokens=False: [ord(c) for c in t])  # one token a character
+    w = TLP.text_windows(NS(tokenizer=tok), TokenLossConfig(text="demo"), length, n=12, seed=0)
+    assert w.shape == (12, length) and (w[:, 0] == 1).all()
+    assert set(w[:, 1:].unique().tolist()) <= {ord("x"), ord("z")}          # never the short work's 'y'
+    monkeypatch.setattr(corpus, "demo_texts", lambda: works[1:2])
+    with pytest.raises(InductionLabError, match="no work of the demo corpus is long enough"):
+        TLP.text_windows(NS(tokenizer=tok), TokenLossConfig(text="demo"), length, n=2, seed=0)

@@ -58,13 +58,20 @@ def window_construction(cfg: TokenLossConfig) -> str:
             "starts)")
 
 
-def _demo_works() -> list[str]:
+def _demo_works(length: int) -> list[str]:
+    """The demo corpus's works long enough for a window of ``length`` tokens at a drawn offset: at least
+    ``23 × length`` characters (the offset lies in [10 %, len − 20·length) and the window's text is read from
+    12·length characters; a short poem of the corpus is otherwise drawn and cannot fill a window)."""
     from ..data.corpus import demo_texts
-    return [t for _, t in demo_texts()]
+    works = [t for _, t in demo_texts() if len(t) >= 23 * length]
+    if not works:
+        raise InductionLabError(f"no work of the demo corpus is long enough for windows of {length} tokens; lower "
+                                "--icl-late or give --icl-text FILE")
+    return works
 
 
 def text_windows(loaded, cfg: TokenLossConfig, length: int, n: int, seed: int) -> torch.Tensor:
-    """``[n, length]`` windows of natural text: from the demo corpus (one window per work, works and character
+    """``[n, length]`` windows of natural text: from the demo corpus (one window per work long enough, works and character
     offsets drawn with ``seed``) or a text file (consecutive windows from the start, the first ``n``). A BOS is
     prepended when the tokenizer has one.
 
@@ -74,7 +81,7 @@ def text_windows(loaded, cfg: TokenLossConfig, length: int, n: int, seed: int) -
     tok = loaded.tokenizer
     bos = tok.bos_token_id
     if cfg.text == "demo":
-        works = _demo_works()
+        works = _demo_works(length)
         rng = np.random.default_rng(seed)
         rows = []
         for i in rng.choice(len(works), size=n, replace=n > len(works)):
@@ -107,7 +114,7 @@ def available_windows(loaded, cfg: TokenLossConfig, length: int) -> int:
     measured on the first work's first 20,000 characters."""
     if cfg.text != "demo":
         return len(_file_windows(loaded, cfg, length))
-    works = _demo_works()
+    works = _demo_works(length)
     sample = works[0][:20000]
     cpt = len(sample) / max(1, len(loaded.tokenizer.encode(sample, add_special_tokens=False)))
     return int(sum(max(1, int(0.9 * len(w) / (cpt * length))) for w in works))
