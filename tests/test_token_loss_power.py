@@ -155,9 +155,23 @@ def test_a_capped_n_is_said_in_the_claims_verdict():
     assert with_cap_note(vs, "Y2", uncapped) == vs and with_cap_note(vs, "Y2", SimpleNamespace(sizing=None)) == vs
 
 
+def test_planning_sigma_is_the_80pct_upper_confidence_limit():
+    """Browne (1995): σ·√((n−1)/χ²_{0.2, n−1}); for n = 16, χ²_{0.2, 15} = 10.307 (tables), factor 1.2064. Over many
+    pilots of 10 draws from N(0, 1), the planned σ covers the true σ = 1 in 80% of them."""
+    from inductionlab.measures.power import planning_effect, planning_sigma
+    assert planning_sigma(1.0, 16) == pytest.approx(math.sqrt(15 / 10.307), rel=1e-4)
+    rng = np.random.default_rng(0)
+    pilots = rng.normal(0, 1, (4000, 10))
+    covered = np.mean([planning_sigma(x.std(ddof=1), 10) >= 1.0 for x in pilots])
+    assert covered == pytest.approx(0.8, abs=0.02)
+    assert planning_effect(2.0, 0.816, 4) == pytest.approx(2.0 - 0.8416212335729143 * 0.816 / 2)
+    assert planning_effect(0.2, 2.0, 4) == 0.1 and planning_effect(-0.3, 1.0, 9) == -0.3   # at least half; no gain
+
+
 def test_choose_n_reads_the_paired_sd_and_the_gate():
     """A pilot of 4 windows: intact D 1, 2, 3, 2 (mean 2, SD 0.816), ablated − intact 0.1, −0.1, 0.3, −0.3 (SD 0.258);
-    8 s for 2 × 4 window-conditions. n = ⌈(1.96·0.258/0.1)²⌉ = 26 > the gate's ⌈(2.80·0.816/2)²⌉ = 2."""
+    8 s for 2 × 4 window-conditions. Planned conservatively (3 degrees of freedom: χ²_{0.2, 3} = 1.0052, σ × 1.7276):
+    n = ⌈(1.96·0.446/0.1)²⌉ = 77 > the gate's ⌈(2.80·1.410/1.657)²⌉ = 6."""
     from inductionlab.protocols.configs import TokenLossConfig
     from inductionlab.protocols.token_loss import choose_n
     intact = np.array([1.0, 2.0, 3.0, 2.0])
@@ -170,8 +184,10 @@ def test_choose_n_reads_the_paired_sd_and_the_gate():
     assert got["pilot"]["seconds_per_window_condition"] == 1.0 and got["pilot"]["sigma"]["paired_slope"] == pytest.approx(sd)
     assert got["pilot"]["sigma"]["intact_band"] is None and got["pilot"]["mean"]["intact_slope"] == 2.0
     size = got["sample_size"]
-    assert size["n"] == math.ceil((1.959963984540054 * sd / 0.1) ** 2) == 26 and size["reason"] == "half-width"
-    assert size["gate_n"] == 2 and size["minutes"] == pytest.approx(26 * 1.0 * 10 / 60)
+    up = math.sqrt(3 / 1.0052)                                   # χ²_{0.2, 3} from tables
+    assert size["n"] == math.ceil((1.959963984540054 * sd * up / 0.1) ** 2) == 77 and size["reason"] == "half-width"
+    gate = math.ceil((2.8016 * intact.std(ddof=1) * up / (2 - 0.8416 * intact.std(ddof=1) / 2)) ** 2)
+    assert size["gate_n"] == gate == 6 and size["minutes"] == pytest.approx(77 * 1.0 * 10 / 60)
     capped = choose_n(pilot, TokenLossConfig(budget_minutes=2.0), conditions=10, available=1000)["sample_size"]
     assert (capped["n"], capped["reason"], capped["capped"]) == (12, "budget", True)     # 120 s / (1 s × 10)
 

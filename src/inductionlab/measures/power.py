@@ -115,6 +115,27 @@ def sample_size(sigma: float, half_width: float, *, budget_minutes: float | None
                       int(conditions), minutes, None if gate_n is None else int(gate_n))
 
 
+def planning_sigma(sigma: float, n: int, level: float = 0.8) -> float:
+    """A pilot's SD made safe to plan with: its one-sided ``level`` upper confidence limit,
+    ``σ·√((n − 1)/χ²_{1−level, n−1})`` (Browne 1995, "On the use of a pilot sample for sample size determination",
+    Statistics in Medicine 14: the pilot's own σ underpowers the main study about half the time). ``n``: the
+    pilot's trials (ddof = 1). Returns ``sigma`` unchanged when ``n < 2`` or ``sigma`` is not finite."""
+    from scipy.stats import chi2
+
+    if n < 2 or not np.isfinite(sigma):
+        return float(sigma)
+    return float(sigma * math.sqrt((n - 1) / chi2.ppf(1 - level, n - 1)))
+
+
+def planning_effect(mean: float, sigma: float, n: int) -> float:
+    """A pilot's mean made safe to plan a gate with: the lower limit of its one-sided 80% interval,
+    ``mean − 0.84·σ/√n``, but at least half the mean (a pilot that barely shows the effect plans for half of it).
+    0 or less in: returned as is (no gain to plan for)."""
+    if not (np.isfinite(mean) and mean > 0) or n < 2 or not np.isfinite(sigma):
+        return float(mean)
+    return float(max(mean - Z80 * sigma / math.sqrt(n), mean / 2))
+
+
 def n_to_decide(sigma: float, effect: float) -> float:
     """Trials for a paired mean ``effect`` with per-trial SD ``sigma`` to have a 95% CI excluding 0 with 80% power:
     ``⌈((1.96 + 0.84)·σ/|effect|)²⌉`` (inf when the effect is 0 or not finite)."""
@@ -173,5 +194,5 @@ def power_line(p: dict) -> str:
     return s + f"; this run has {p['n']}"
 
 
-__all__ = ["SampleSize", "sample_size", "n_to_decide", "power_record", "power_from_ci", "power_line", "REASONS",
+__all__ = ["planning_sigma", "planning_effect", "SampleSize", "sample_size", "n_to_decide", "power_record", "power_from_ci", "power_line", "REASONS",
            "Z80"]

@@ -158,30 +158,39 @@ def _sd(x) -> float:
 def choose_n(pilot: dict, cfg: TokenLossConfig, conditions: int, available: int | None) -> dict:
     """The n of the confirmatory run from the pilot (:func:`run_pilot`: intact = 0, the claim's ablation = 1): the
     claim's statistic is a paired difference of D, so n = ⌈(1.96·σ/h)²⌉ with σ the pilot's SD of the paired
-    difference of D (ablated − intact) and h = ``cfg.half_width``; at least the windows the gate needs ("the intact
-    model gains from context": its D's CI above 0 with 80% power at the pilot's intact mean, where that mean is > 0;
+    difference of D (ablated − intact), taken at its 80% upper confidence limit
+    (:func:`~inductionlab.measures.power.planning_sigma`, Browne 1995), and h = ``cfg.half_width``; at least the windows
+    the gate needs ("the intact model gains from context": its D's CI above 0 with 80% power at the pilot's intact
+    mean's one-sided 80% lower limit, :func:`~inductionlab.measures.power.planning_effect`, where that mean is > 0;
     :func:`~inductionlab.measures.power.n_to_decide`); capped by ``cfg.budget_minutes`` over ``conditions`` and by
     ``available`` windows (:func:`~inductionlab.measures.power.sample_size`).
 
     Returns: JSON-able ``{"sample_size": SampleSize.to_dict(), "sentence", "sigma_used", "pilot": {"n", "seconds",
     "seconds_per_window_condition", "sigma": {"intact_slope", "intact_band", "intact_single", "paired_slope",
     "paired_band", "paired_single"}, "mean": {...}}}``."""
-    from ..measures.power import n_to_decide
+    from ..measures.power import n_to_decide, planning_effect, planning_sigma
     p = len(pilot["0_slope"])
     per = float(pilot["seconds"][0]) / (2 * p)
     sig = {f"intact_{m}": _sd(pilot[f"0_{m}"]) for m in MEASURES}
     sig |= {f"paired_{m}": _sd(pilot[f"1_{m}"] - pilot[f"0_{m}"]) for m in MEASURES}
     mean = {f"intact_{m}": float(np.nanmean(pilot[f"0_{m}"])) if np.isfinite(pilot[f"0_{m}"]).any() else None
             for m in MEASURES}
-    gate = n_to_decide(sig["intact_slope"], mean["intact_slope"]) if (mean["intact_slope"] or 0) > 0 else None
-    sigma = sig["paired_slope"] if np.isfinite(sig["paired_slope"]) else 0.0
+    m0 = mean["intact_slope"] or 0.0
+    planned = {"intact_sigma": planning_sigma(sig["intact_slope"], p),
+               "intact_mean": planning_effect(m0, sig["intact_slope"], p),
+               "paired_sigma": planning_sigma(sig["paired_slope"], p)}
+    gate = n_to_decide(planned["intact_sigma"], planned["intact_mean"]) if m0 > 0 else None
+    sigma = planned["paired_sigma"] if np.isfinite(planned["paired_sigma"]) else 0.0
     size = sample_size(sigma, cfg.half_width, budget_minutes=cfg.budget_minutes, seconds_per_trial_condition=per,
                        conditions=conditions, available=available,
                        gate_n=None if gate is None or not np.isfinite(gate) else int(gate))
     clean = {k: (None if not np.isfinite(v) else v) for k, v in sig.items()}
     return {"sample_size": size.to_dict(), "sentence": size.sentence(),
             "sigma_used": "SD of the paired difference of D (ablated − intact); at least the gate's n (intact D's CI "
-                          "above 0 with 80% power at the pilot's intact mean, when that mean is > 0)",
+                          "above 0 with 80% power at the pilot's intact mean, when that mean is > 0); both planned "
+                          "conservatively: each σ at its 80% upper confidence limit (Browne 1995), the intact mean at "
+                          "its one-sided 80% lower limit (at least half the mean)",
+            "planned": {k: (None if not np.isfinite(v) else v) for k, v in planned.items()},
             "pilot": {"n": p, "seconds": float(pilot["seconds"][0]), "seconds_per_window_condition": per,
                       "sigma": clean, "mean": mean}}
 
