@@ -211,3 +211,12 @@ def test_demo_windows_skip_works_too_short_for_a_window(monkeypatch):
     monkeypatch.setattr(corpus, "demo_texts", lambda: works[1:2])
     with pytest.raises(InductionLabError, match="no work of the demo corpus is long enough"):
         TLP.text_windows(NS(tokenizer=tok), TokenLossConfig(text="demo"), length, n=2, seed=0)
+
+
+def test_a_capped_size_names_what_needed_more():
+    """A budget below the gate's n names the gate, not the half-width, as what asked for more."""
+    by_gate = sample_size(0.2, 0.1, gate_n=55, budget_minutes=1.0, seconds_per_trial_condition=1.0, conditions=2)
+    assert (by_gate.n, by_gate.needed, by_gate.reason) == (30, 55, "budget")
+    assert "the budget caps it (the gate needs 55)" in by_gate.sentence()
+    by_h = sample_size(0.5, 0.1, budget_minutes=1.0, seconds_per_trial_condition=1.0, conditions=2)
+    assert "the budget caps it (the half-width 0.1 needs 97)" in by_h.sentence()

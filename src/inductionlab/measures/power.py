@@ -57,11 +57,13 @@ class SampleSize:
 
     def sentence(self, unit: str = "windows") -> str:
         """One line for a report: the n, σ, h and the bound."""
+        gate = self.gate_n is not None and self.gate_n >= self.needed      # the gate set ``needed``
+        what = "the gate" if gate else f"the half-width {self.half_width:g}"
         why = {"half-width": f"the target 95% CI half-width {self.half_width:g} needs {self.needed}",
                "gate": f"the gate needs {self.needed} (80% power at the pilot's intact mean; the half-width "
                        f"{self.half_width:g} needs fewer)",
-               "budget": f"the budget caps it (the half-width {self.half_width:g} needs {self.needed})",
-               "text": f"the text provides no more (the half-width {self.half_width:g} needs {self.needed})",
+               "budget": f"the budget caps it ({what} needs {self.needed})",
+               "text": f"the text provides no more ({what} needs {self.needed})",
                "minimum": "a CI needs two"}[self.reason]
         cost = "" if self.minutes is None else f"; ≈ {self.minutes:.1f} min"
         return f"n = {self.n} {unit} at pilot σ = {self.sigma:.3g}: {why}{cost}"
