@@ -151,6 +151,9 @@ def test_a_capped_n_is_said_in_the_claims_verdict():
     assert got["Y1"].caveat is None
     assert got["Y2"].caveat == "gate; n = 100 windows, capped by the budget: the target half-width 0.1 nats needs 1537 " \
                                "at pilot σ = 2"
+    by_gate = sample_size(0.2, 0.1, gate_n=55, budget_minutes=1.0, seconds_per_trial_condition=1.0, conditions=2)
+    got = with_cap_note(vs, "Y2", SimpleNamespace(sizing={"sample_size": by_gate.to_dict()}))[1]
+    assert got.caveat == "gate; n = 30 windows, capped by the budget: the gate (intact D's CI above 0) needs 55"
     uncapped = SimpleNamespace(sizing={"sample_size": sample_size(2.0, 0.1).to_dict()})
     assert with_cap_note(vs, "Y2", uncapped) == vs and with_cap_note(vs, "Y2", SimpleNamespace(sizing=None)) == vs
 

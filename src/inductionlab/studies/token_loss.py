@@ -129,8 +129,11 @@ def with_cap_note(verdicts, claim: str, run: TokenLossRun) -> list:
     size = (run.sizing or {}).get("sample_size")
     if not size or not size["capped"]:
         return list(verdicts)
-    note = (f"n = {size['n']} windows, capped by the {size['reason']}: the target half-width {size['half_width']:g} "
-            f"nats needs {size['needed']} at pilot σ = {size['sigma']:.3g}")
+    gate = size.get("gate_n") is not None and size["gate_n"] >= size["needed"]
+    what = ("the gate (intact D's CI above 0)" if gate else f"the target half-width {size['half_width']:g} nats")
+    note = f"n = {size['n']} windows, capped by the {size['reason']}: {what} needs {size['needed']}"
+    if not gate:
+        note += f" at pilot σ = {size['sigma']:.3g}"
     return [v | {"caveat": f"{v.caveat}; {note}" if v.caveat else note} if v.claim == claim else v for v in verdicts]
 
 
