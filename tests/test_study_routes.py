@@ -261,10 +261,13 @@ def test_a_tiny_run_writes_the_tables_and_decides_each_claim(study):
     size = tl["sizing"]["sample_size"]
     assert tl["sizing"]["pilot"]["n"] == 3 and tl["sizing"]["pilot_condition"] == "induction-2"
     pilot = tl["sizing"]["pilot"]
-    claim_n = max(2, math.ceil((1.959963984540054 * pilot["sigma"]["paired_slope"] / 50.0) ** 2))
+    from scipy.stats import chi2
+    up = math.sqrt(2 / chi2.ppf(0.2, 2))           # 3 pilot windows: each σ at its 80% upper confidence limit
+    claim_n = max(2, math.ceil((1.959963984540054 * pilot["sigma"]["paired_slope"] * up / 50.0) ** 2))
     m, s = pilot["mean"]["intact_slope"], pilot["sigma"]["intact_slope"]
-    gate_n = math.ceil(((1.959963984540054 + 0.8416212335729143) * s / m) ** 2) if m > 0 else 0
-    assert size["sigma"] == pilot["sigma"]["paired_slope"] and size["needed"] == max(claim_n, gate_n)
+    low = max(m - 0.8416212335729143 * s / math.sqrt(3), m / 2)      # the mean at its one-sided 80% lower limit
+    gate_n = math.ceil(((1.959963984540054 + 0.8416212335729143) * s * up / low) ** 2) if m > 0 else 0
+    assert size["sigma"] == pytest.approx(pilot["sigma"]["paired_slope"] * up) and size["needed"] == max(claim_n, gate_n)
     assert size["n"] == tl["n_windows"] == min(size["needed"], 480 // 36)
     assert size["available"] == 480 // 36 and tl["window_tokens"] == 37 and tl["measured_tokens"] == [4, 36]
     assert (out / "checkpoints" / "icl_pilot.npz").is_file() and (out / "checkpoints" / "icl_sample_size.json").is_file()
