@@ -137,3 +137,21 @@ def test_format_verdicts_lines():
                                    "(A/induction) not testable: heads form — fewer than 2 seeds",
                                    "(C) not reproduced: neutral — 0.1 [probe near its floor]"]
     assert format_verdicts([]) == []
+
+
+def test_each_probe_gets_its_own_trials_even_after_another_was_freed(tmp_path):
+    """Context caches a probe's trials by id(probe); a probe freed after use must not hand its trials to the next
+    probe that CPython places at the same address (a head-types run once gave its lag probe the ICL windows)."""
+    import torch
+
+    from inductionlab.protocols.runner import Probe, Trials
+    from inductionlab.studies.engine import Context
+    from inductionlab.studies.spec import RunOptions
+
+    run = StudyRun(tmp_path / "run", "study-test", {"seed": 0})
+    run.open()
+    ctx = Context(run, None, RunOptions())
+    for i in range(50):
+        probe = Probe.of_trials(f"p{i}", Trials({"ids": torch.full((1, 2), i)}), lambda model, batch: {})
+        assert int(ctx.trials(probe).tensors["ids"][0, 0]) == i
+        del probe

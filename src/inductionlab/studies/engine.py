@@ -92,6 +92,14 @@ class Context:
         self.run, self.loaded, self.opts = run, loaded, opts
         self._trials: dict[int, Trials] = {}       # a probe's trials, built once, shared by its phases
         self._caches: dict[int, Any] = {}          # a probe's residual cache (core.reuse)
+        # every probe keyed above, held for the context's life: a freed probe's id() is reused by the next object
+        # of its kind, which would be served the freed one's trials (a lag probe got the ICL windows once)
+        self._held: dict[int, Probe] = {}
+
+    def _hold(self, probe: Probe) -> int:
+        """``id(probe)``, the key of its trials and residual cache, with ``probe`` held so that the id stays its own."""
+        self._held[id(probe)] = probe
+        return id(probe)
 
     @property
     def out(self) -> Path:
@@ -136,9 +144,10 @@ class Context:
 
     def trials(self, probe: Probe) -> Trials:
         """``probe``'s trials, built on first need (:meth:`Probe.build_trials`) and shared by every phase of it."""
-        if id(probe) not in self._trials:
-            self._trials[id(probe)] = probe.build_trials(self.loaded)
-        return self._trials[id(probe)]
+        key = self._hold(probe)
+        if key not in self._trials:
+            self._trials[key] = probe.build_trials(self.loaded)
+        return self._trials[key]
 
     def head_scores(self, cfg: HeadScoreConfig, seed: int, pool=None) -> HeadScores:
         """The head scores (SPEC §3) of ``cfg`` as the piece ``scores``: computed once, then loaded; sharded
@@ -261,7 +270,7 @@ def run_phases(ctx: Context, phases: Sequence[Phase]) -> dict[str, PhaseRun]:
     caches = ctx._caches
     for probe in {id(ph.probe): ph.probe for ph in phases if ph.probe.reuse}.values():
         conds = [c for ph in phases if ph.probe is probe for c in ph.conditions]
-        if id(probe) not in caches:
+        if ctx._hold(probe) not in caches:
             caches[id(probe)] = residual_cache(loaded.model, conds)
         elif caches[id(probe)] is not None:
             caches[id(probe)].add_levels(conds)
