@@ -33,7 +33,8 @@ DEFINITION = ("per window, every token's loss ℓ_t (nats) from ⌈0.8·early⌉
 @dataclass
 class TokenLossPlan:
     """What :func:`plan` settles: the config, the window's tokens, the scaled positions, the window and pilot seeds, the
-    windows when their number is fixed (None: from the pilot), the windows the text provides (auto only)."""
+    windows when their number is fixed (None: from the pilot), the windows the text provides and the pilot's
+    windows (auto only)."""
     cfg: TokenLossConfig
     length: int
     late: int
@@ -42,6 +43,7 @@ class TokenLossPlan:
     pilot_seed: int
     windows: torch.Tensor | None = None
     available: int | None = None
+    pilot_windows: torch.Tensor | None = None
 
     @property
     def measured(self) -> tuple[int, int]:
@@ -78,7 +80,7 @@ def plan(loaded, cfg: TokenLossConfig, seed: int) -> TokenLossPlan:
     tl.measured                                            # raises on positions that do not fit
     if cfg.auto:
         tl.available = P.available_windows(loaded, cfg, length)
-        P.text_windows(loaded, cfg, length, cfg.pilot, tl.pilot_seed)
+        tl.pilot_windows = P.text_windows(loaded, cfg, length, cfg.pilot, tl.pilot_seed)   # checked here, used by measure
     else:
         tl.windows = P.text_windows(loaded, cfg, length, cfg.n_sequences, tl.seed)
     return tl
@@ -92,8 +94,7 @@ def measure(ctx: Context, tl: TokenLossPlan, conditions, pilot_condition, sensit
     sens = list(sensitivity_conditions) if cfg.sensitivity else []
     sizing = None
     if cfg.auto:
-        pilot_w = P.text_windows(loaded, cfg, tl.length, cfg.pilot, tl.pilot_seed)
-        pr = P.probe(pilot_w, cfg, tl.early, tl.late)
+        pr = P.probe(tl.pilot_windows, cfg, tl.early, tl.late)
         pilot = ctx.arrays("icl_pilot", lambda: P.run_pilot(loaded, pr, [conditions[0], pilot_condition]))
         sizing = ctx.piece("icl_sample_size", lambda: P.choose_n(pilot, cfg, len(conditions) + len(sens),
                                                                 tl.available))
