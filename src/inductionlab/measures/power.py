@@ -13,7 +13,7 @@ undecided verdict prints. Pure Python / numpy.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
@@ -52,13 +52,29 @@ class SampleSize:
         """Whether a cap kept n below what the half-width needs."""
         return self.n < self.needed
 
+    @property
+    def gate_set(self) -> bool:
+        """Whether the gate's n (not the half-width's) set ``needed``."""
+        return self.gate_n is not None and self.gate_n >= self.needed
+
     def to_dict(self) -> dict:
         return asdict(self) | {"capped": self.capped}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "SampleSize":
+        """The inverse of :meth:`to_dict` (a record read back from a run's JSON)."""
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+    def cap_note(self, unit: str = "windows", *, gate: str = "the gate", value_unit: str = "") -> str:
+        """The caveat of a capped n, e.g. "n = 30 windows, capped by the budget: the gate needs 55" (``gate``: how
+        the gate is named; ``value_unit``: the half-width's unit, e.g. " nats")."""
+        what = gate if self.gate_set else f"the target half-width {self.half_width:g}{value_unit}"
+        note = f"n = {self.n} {unit}, capped by the {self.reason}: {what} needs {self.needed}"
+        return note if self.gate_set else f"{note} at pilot σ = {self.sigma:.3g}"
+
     def sentence(self, unit: str = "windows") -> str:
         """One line for a report: the n, σ, h and the bound."""
-        gate = self.gate_n is not None and self.gate_n >= self.needed      # the gate set ``needed``
-        what = "the gate" if gate else f"the half-width {self.half_width:g}"
+        what = "the gate" if self.gate_set else f"the half-width {self.half_width:g}"
         why = {"half-width": f"the target 95% CI half-width {self.half_width:g} needs {self.needed}",
                "gate": f"the gate needs {self.needed} (80% power at the pilot's intact mean; the half-width "
                        f"{self.half_width:g} needs fewer)",

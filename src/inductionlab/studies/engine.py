@@ -154,11 +154,12 @@ class Context:
         over the ranks; timed as ``head_scores``. ``pool``: ids the random tokens are drawn from (None: the
         tokenizer's ordinary ids)."""
         run, model = self.run, self.loaded
+        seqs = cfg.sequences(seed, pool)
 
         def compute():
             with self.progress(cfg.batch_size * cfg.n_batches, "head scores", "seq") as update:
-                hs = compute_head_scores(model.model, cfg.sequences(seed, pool), tokenizer=model.tokenizer,
-                                         progress=update, dist=run.dist)
+                hs = compute_head_scores(model.model, seqs, tokenizer=model.tokenizer, progress=update,
+                                         dist=run.dist)
             return {"scores": hs.scores, "induction_loss": hs.induction_loss, "params": hs.params}
         def scores(raw) -> HeadScores:               # a piece of another shape raises here: recomputed
             table = {k: np.asarray(v, dtype=float) for k, v in raw["scores"].items()}

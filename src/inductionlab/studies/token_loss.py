@@ -18,6 +18,7 @@ import torch
 
 from ..core.stimuli import seed_for
 from ..measures import token_loss as TL
+from ..measures.power import SampleSize
 from ..measures.stats import ci
 from ..protocols import token_loss as P
 from ..protocols.configs import TokenLossConfig
@@ -130,11 +131,7 @@ def with_cap_note(verdicts, claim: str, run: TokenLossRun) -> list:
     size = (run.sizing or {}).get("sample_size")
     if not size or not size["capped"]:
         return list(verdicts)
-    gate = size.get("gate_n") is not None and size["gate_n"] >= size["needed"]
-    what = ("the gate (intact D's CI above 0)" if gate else f"the target half-width {size['half_width']:g} nats")
-    note = f"n = {size['n']} windows, capped by the {size['reason']}: {what} needs {size['needed']}"
-    if not gate:
-        note += f" at pilot σ = {size['sigma']:.3g}"
+    note = SampleSize.from_dict(size).cap_note(gate="the gate (intact D's CI above 0)", value_unit=" nats")
     return [v | {"caveat": f"{v.caveat}; {note}" if v.caveat else note} if v.claim == claim else v for v in verdicts]
 
 

@@ -316,9 +316,11 @@ def phases(plan: Plan, ctx: Context) -> dict:
     fv = _fv_scores(plan, ctx)
     fv_check = ctx.piece("fv_check", lambda: _fv_check(plan, fv))
     route = _route_scores(plan, ctx)
-    conditions = conditions_for(scores["induction"], fv_ranking_scores(fv, cfg.selection.fv_ranking), plan)
+    fv_table = fv_ranking_scores(fv, cfg.selection.fv_ranking)
+    conditions = conditions_for(scores["induction"], fv_table, plan)
+    pilot, y2 = _pilot_condition(conditions), _y2_conditions(conditions)
     probes = _probes(plan, ctx, conditions, fv)
-    icl = TLS.measure(ctx, plan.icl, conditions, _pilot_condition(conditions), _y2_conditions(conditions))
+    icl = TLS.measure(ctx, plan.icl, conditions, pilot, y2)
     runs = ctx.measure(Phase("lag", lag_probe.probe(plan.lag), conditions))
     return {"scores": scores, "cmr": cmr, "fv": fv, "fv_check": fv_check, "route": route, "conditions": conditions,
             "probes": probes, "icl": icl, "icl_cost": TLS.cost(icl, ctx.timing("icl"), len(conditions)), **runs}
