@@ -90,14 +90,20 @@ def _field_kinds(annotation) -> tuple[type | None, bool, bool]:
     return None, optional, False
 
 
-def check_fields(cfg, prefix: str = "") -> None:
+def check_fields(cfg, prefix: str = "", *, effects: bool = True) -> None:
     """Every ``int`` / ``float`` field of the dataclass ``cfg`` (also optional ones, and tuples
     or lists of ints) holds a number of its kind that fits: an integer of 64 bits, a finite float.
     Messages name the CLI flag (``n_draws`` -> ``--n-draws``; ``prefix="icl-"``: ``--icl-late``).
 
+    Then the leaves that would do nothing in the run (:func:`inductionlab.config.check_effects`: ``needs``,
+    ``overrides``, a sub-config's leaves the config ``owns``), whether set by a flag, a file or the API
+    (``effects=False``: not those; a config whose recorded runs hold such values).
+
     Raises:
         TypeError: a field of the wrong type (``"64"``, ``3.5`` for an integer, ``True``).
-        InductionLabError: a NaN or infinite float, an integer beyond 64 bits."""
+        InductionLabError: a NaN or infinite float, an integer beyond 64 bits; a leaf with no effect."""
+    from .config import check_effects
+
     for f in dataclasses.fields(cfg):
         kind, optional, many = _field_kinds(f.type)
         if kind is None:
@@ -114,6 +120,8 @@ def check_fields(cfg, prefix: str = "") -> None:
                 check(x, name)
         else:
             check(v, name)
+    if effects:
+        check_effects(cfg)
 
 
 def check_method(method: str) -> None:

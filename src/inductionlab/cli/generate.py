@@ -180,13 +180,15 @@ def build_config(cls_or_cfg, kw: dict, config_file: str | None = None) -> Any:
             if leaf.type is bool and "/" not in flag:             # a flag turns its leaf away from the default
                 v = not leaf.field.default
             cfg = C.with_leaf(cfg, leaf.path, v)
-    for flag, g in groups.items():
+    for flag, g in groups.items():         # given at its default value too (the config's own check sees values)
         md = g[0].field.metadata
-        if md.get("needs") and flag in flags and md["needs"] not in flags:
-            raise InductionLabError(f"{flag} has no effect without {md['needs']}; add {md['needs']} or drop {flag}")
-        if md.get("overrides") and flag in flags and md["overrides"] in flags:
-            raise InductionLabError(f"{md['overrides']} and {flag} conflict: {flag} decides alone, so "
-                                    f"{md['overrides']} would be ignored; drop one of them")
+        needed = groups.get(md.get("needs") or "")
+        if needed and flag in flags and C._off(C.get(cfg, needed[0].path)):
+            raise C.needs_error(flag, md["needs"])
+        overrides = md.get("overrides")
+        for o in (overrides,) if isinstance(overrides, str) else (overrides or ()):
+            if flag in flags and o in flags:
+                raise C.overrides_error(flag, o)
     return cfg
 
 

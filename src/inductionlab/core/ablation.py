@@ -277,6 +277,18 @@ def heads_for_fraction(n_total: int, fraction: float) -> int:
     return max(1, int(_fraction(fraction, "fraction") * _int("n_total", n_total, 1)))
 
 
+def excluded_count(n_total: int, fraction: float) -> int:
+    """How many of another ranking's top heads an exclusion of ``fraction`` of all ``n_total`` heads removes:
+    ``max(1, int(fraction * n_total))`` (Yin & Steinhardt's ``int(f * N)``, at least one head: under 50 heads the
+    default 0.02 would exclude none, and every exclusive selection would equal the plain one); 0 for ``fraction``
+    0 (no exclusion).
+
+    Raises:
+        InductionLabError: ``fraction`` outside [0, 1)."""
+    f = _fraction(fraction, "exclude_fraction", zero=True)
+    return 0 if f == 0 else max(1, int(f * _int("n_total", n_total, 1)))
+
+
 def select_heads(scores, *, fraction: float | None = None, k: int | None = None, exclude_scores=None,
                  exclude_fraction: float = 0.02) -> list[Head]:
     """The top heads of one score's global ranking, best first, optionally excluding another
@@ -285,8 +297,8 @@ def select_heads(scores, *, fraction: float | None = None, k: int | None = None,
 
     Exactly one of ``fraction`` (``max(1, int(fraction * N))`` of all N heads, see
     :func:`heads_for_fraction`) and ``k``. With ``exclude_scores``, the top
-    ``int(exclude_fraction * N)`` heads of that ranking (no minimum: under 50 heads the default 0.02
-    excludes none, as in the authors' code) are removed before taking the top; the count stays the
+    ``max(1, int(exclude_fraction * N))`` heads of that ranking (:func:`excluded_count`; the authors' code has no
+    minimum, so under 50 heads its default 0.02 excludes none) are removed before taking the top; the count stays the
     one computed from all N heads. Ties are broken by (layer, head) order, as :func:`top_k_heads`.
 
     Args:
@@ -312,7 +324,7 @@ def select_heads(scores, *, fraction: float | None = None, k: int | None = None,
         if other.shape != scores.shape:
             raise InductionLabError(f"exclude_scores has shape {other.shape} but scores {scores.shape}; give two "
                                     "tables of the same model")
-        excluded = set(top_k_heads(other, int(_fraction(exclude_fraction, "exclude_fraction", zero=True) * total)))
+        excluded = set(top_k_heads(other, excluded_count(total, exclude_fraction)))
     if n > total - len(excluded):
         raise InductionLabError(f"{n} heads requested but only {total - len(excluded)} of {total} remain after "
                                 f"excluding the other ranking's top {len(excluded)}; lower the fraction or k, or "
@@ -335,7 +347,7 @@ def selection_conditions(scores, *, fractions=None, ks=None, exclude_scores=None
 
     * ``<label>-<size>`` — the top heads by ``scores``; kind ``label``;
     * ``<label>-excl-<exclude_label>-<size>`` — only with ``exclude_scores``: the top heads after
-      removing ``exclude_scores``' top ``int(exclude_fraction * N)``; kind ``<label>-excl-<exclude_label>``;
+      removing ``exclude_scores``' top ``max(1, int(exclude_fraction * N))`` (:func:`excluded_count`); kind ``<label>-excl-<exclude_label>``;
     * ``random-<size>-d<d>`` (``random="all"``: uniform over all heads, so a draw may hold top heads,
       as Yin's and Ji-An's controls) or ``random-outside-<size>-d<d>`` (``random="outside-top-n"``:
       outside the top ``exclude_top_n`` by ``scores``, default min(300, N // 2), as
@@ -436,7 +448,7 @@ def ranked_conditions(scores, ks, *, rank_by: str = "induction", exclude_by: str
 
     * ``<rank_by>-<k>`` — the top k by ``scores[rank_by]``;
     * ``<rank_by>-excl-<exclude_by>-<k>`` — with ``exclude_by``: the top k after removing the top
-      ``int(exclude_fraction * N)`` heads by ``scores[exclude_by]`` (:func:`select_heads`, Yin & Steinhardt 2025);
+      ``max(1, int(exclude_fraction * N))`` heads by ``scores[exclude_by]`` (:func:`select_heads`, Yin & Steinhardt 2025);
     * ``random-<k>-d<d>`` (``random="outside-top-n"``: outside the top ``exclude_top_n`` by ``scores[rank_by]``,
       default min(300, N // 2)) or ``random-all-<k>-d<d>`` (``random="all"``: uniform over all heads); kind
       ``random``; draw ``d`` seeded ``seed_for(seed, k, d)`` as in :func:`ablation_conditions`. The

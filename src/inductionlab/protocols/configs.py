@@ -31,7 +31,7 @@ class LagProbeConfig:
     batch_size: int | None = opt(None, "Trials per forward pass.", none="from free GPU memory; 8 on CPU")
     seed: int = opt(0, "Seed of the trials' word orders.", cli=False)                 # a study sets its own
     resample_words: bool = opt(False, "Draw a new word set per trial instead of permuting a fixed set.")
-    pool_size: int = opt(2000, "Words to resample from (with --resample-words).", cli=False)
+    pool_size: int = opt(2000, "Words to resample from (with --resample-words).", cli=False, needs="--resample-words")
     separator: str = opt(" ", 'Between words: " " (each word is its own leading-space token), ", " or "\\n".',
                          escapes=True)
     instruction: str = opt("", "Text after BOS, before the list.")
@@ -315,15 +315,15 @@ class DualRouteConfig:
                         flag="--no-dual-route")
     n_words: int = opt(32, "Word prompts for concept copying, and as many random-token prompts for token copying "
                            "(split evenly over the word lengths).",
-                       source="Feucht et al. 2025 use 1024; fewer here for a CPU run", flag="--route-prompts")
+                       source="Feucht et al. 2025 use 1024; fewer here for a CPU run", flag="--route-prompts", needs="--no-dual-route")
     n_attention: int = opt(32, "Prompts for the value-weighted attention scores.",
-                           source="Feucht et al. 2025 use 2048; fewer here for a CPU run", flag="--route-attention-prompts")
+                           source="Feucht et al. 2025 use 2048; fewer here for a CPU run", flag="--route-attention-prompts", needs="--no-dual-route")
     seq_len: int = opt(30, "Random-token context length around a word.", source="Feucht et al. 2025",
-                       flag="--route-seq-len")
+                       flag="--route-seq-len", needs="--no-dual-route")
     lengths: tuple[int, ...] = opt((2, 3, 4, 5), "Word lengths in tokens, comma-separated.",
-                                   source="Feucht et al. 2025", flag="--route-word-lengths")
-    word_pool: int = opt(50_000, "Most frequent wordfreq words the words are drawn from.", flag="--route-word-pool")
-    rows: int = opt(64, "Heads patched per forward of suffix copies (speed only).", cli=False)
+                                   source="Feucht et al. 2025", flag="--route-word-lengths", needs="--no-dual-route")
+    word_pool: int = opt(50_000, "Most frequent wordfreq words the words are drawn from.", flag="--route-word-pool", needs="--no-dual-route")
+    rows: int = opt(64, "Heads patched per forward of suffix copies (speed only).", cli=False, needs="--no-dual-route")
     seed: int = opt(0, "Seed of the words and contexts.", cli=False)                     # a study sets its own
 
     def validate(self) -> None:
@@ -351,6 +351,7 @@ class TokenLossConfig:
     late: int = opt(500, "Late token.", source="Olsson et al. 2022", flag="--icl-late")
     early: int = opt(50, "Early token.", source="Olsson et al. 2022", flag="--icl-early")
     n_sequences: int | None = opt(None, "Text windows (every condition runs the same ones).", flag="--icl-sequences",
+                                  overrides=("--icl-pilot", "--icl-half-width", "--budget-minutes"),
                                   none="auto: n = ceil((1.96 sigma / h)^2) from a pilot, capped by --budget-minutes "
                                        "and the text")
     half_width: float = opt(0.1, "Target 95% CI half-width (nats) of the claims' paired difference of D, for the "
@@ -408,36 +409,42 @@ class HeadTypeParams:
                                "CMR fit per head, with a transition table, CMR-like share per layer, induction "
                                "concentration and one plot per type (head_types/).", flag="--head-types")
     seq_len: int = opt(50, "Length of S in [BOS] S S for the induction score and the attention CRP.",
-                       source="SPEC §3", flag="--head-types-seq-len")
-    batch_size: int = opt(16, "Sequences of [BOS] S S per checkpoint.", flag="--head-types-batch")
-    n_batches: int = opt(1, "Batches of [BOS] S S.", cli=False)
-    seed: int = opt(0, "Seed of every draw (the same at every checkpoint).", flag="--head-types-seed")
+                       source="SPEC §3", flag="--head-types-seq-len", needs="--head-types")
+    batch_size: int = opt(16, "Sequences of [BOS] S S per checkpoint.", flag="--head-types-batch", needs="--head-types")
+    n_batches: int = opt(1, "Batches of [BOS] S S.", cli=False, needs="--head-types")
+    seed: int = opt(0, "Seed of every draw (the same at every checkpoint).", flag="--head-types-seed",
+                    needs="--head-types")
     n_words: int = opt(8, "Dual-route word prompts (and as many random-token prompts).",
-                       source="Feucht et al. 2025 use 1024; a few per checkpoint here", flag="--head-types-words")
-    n_attention: int = opt(8, "Dual-route value-weighted attention prompts.", flag="--head-types-attention-prompts")
+                       source="Feucht et al. 2025 use 1024; a few per checkpoint here", flag="--head-types-words",
+                       needs="--head-types")
+    n_attention: int = opt(8, "Dual-route value-weighted attention prompts.", flag="--head-types-attention-prompts",
+                           needs="--head-types")
     route_seq_len: int = opt(30, "Random-token context around a dual-route word.", source="Feucht et al. 2025",
-                             cli=False)
+                             cli=False, needs="--head-types")
     word_pool: int = opt(50_000, "Most frequent wordfreq words the dual-route words are drawn from.",
-                         flag="--head-types-word-pool")
-    max_lag: int = opt(8, "Lags -m..m of the attention CRP (±5 are fitted).", source="Ji-An et al. 2024", cli=False)
+                         flag="--head-types-word-pool", needs="--head-types")
+    max_lag: int = opt(8, "Lags -m..m of the attention CRP (±5 are fitted).", source="Ji-An et al. 2024", cli=False,
+                       needs="--head-types")
     n_exps: int = opt(10, "Simulated CMR runs per start position and grid cell (the grid is cached).",
-                      source="Ji-An et al. 2024 used 1,000", flag="--head-types-cmr-runs")
+                      source="Ji-An et al. 2024 used 1,000", flag="--head-types-cmr-runs", needs="--head-types")
     n_starts: int = opt(20, "Start positions of the CMR simulation (fewer: a faster, coarser grid).",
-                        source="Ji-An et al. 2024", flag="--head-types-cmr-starts")
+                        source="Ji-An et al. 2024", flag="--head-types-cmr-starts", needs="--head-types")
     induction_threshold: float = opt(0.4, "A head is an induction head from the first checkpoint where its "
-                                          "induction score is at least this.", flag="--induction-threshold")
+                                          "induction score is at least this.", flag="--induction-threshold",
+                                  needs="--head-types")
     concept_threshold: float = opt(0.05, "... a concept-copying head where concept_copying is at least this.",
-                                   flag="--concept-threshold")
+                                   flag="--concept-threshold", needs="--head-types")
     token_threshold: float = opt(0.05, "... a token-copying head where token_copying is at least this.",
-                                 flag="--token-threshold")
+                                 flag="--token-threshold", needs="--head-types")
     cmr_threshold: float = opt(0.5, "CMR-like: CMR distance below this.",
-                               source="Ji-An et al. 2024", cli=False)
+                               source="Ji-An et al. 2024", cli=False, needs="--head-types")
     top_k: int = opt(5, "Concentration: the share of the positive induction total held by the top k heads.",
-                     flag="--concentration-top")
+                     flag="--concentration-top", needs="--head-types")
 
     def validate(self) -> None:
         """Raises InductionLabError: a count below 1, a threshold outside its range, a lag window the sequence
-        cannot hold."""
+        cannot hold; a leaf set without ``enabled`` (:func:`~inductionlab.checks.check_fields`)."""
+        check_fields(self)
         for name in ("seq_len", "batch_size", "n_batches", "n_words", "n_attention", "route_seq_len", "word_pool",
                      "n_exps", "top_k"):
             if getattr(self, name) < 1:

@@ -20,7 +20,15 @@ keeps a reference to a vector that a later one replaces (lm-eval's own ``steered
   ``L18H6;L17H3`` (``;``, ``+`` or spaces between them; lm-eval splits model_args at commas);
 * ``method``: ``zero`` (default) | ``mean`` | ``sink``; ``positions``: ``all`` (default) | ``last`` (each
   forward's last query);
-* ``seed`` (0), ``draw`` (0).
+* ``seed`` (0), ``draw`` (0);
+* lm-eval's own ``hf`` arguments that act on a model already loaded (:data:`HF_ARGS`: ``max_length``,
+  ``truncation``, ``add_bos_token``, ...); ``batch_size``, ``max_batch_size`` and ``device`` also come from lm-eval's
+  ``--batch_size`` / ``--max_batch_size`` / ``--device`` (one of the two, not both).
+
+Parsed strictly, nothing dropped: an unknown key is refused naming it and the known ones; so is a key of ``hf``
+that only acts when ``hf`` loads the model itself (:data:`HF_LOADING_ARGS`: ``revision``, ``peft``, ...), an empty
+``ablate=``, a key with no value that is a head (``ablate=L0H1,L0H2`` reaches the model as ``ablate=L0H1`` and a key
+``L0H2``: heads are separated by ``;`` or ``+``), and a key given both in ``model_args`` and by lm-eval's option.
 
 ``mean`` replaces a head's output by its mean over a reference batch, made as in ``evaluate``
 (:mod:`inductionlab.studies.evaluate.study`): the first :data:`~inductionlab.protocols.runner.REFERENCE_TRIALS`
@@ -41,6 +49,7 @@ or ``simple_evaluate(model=InductionLabLM(loaded, heads=[(1, 3)]), ...)``.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 
 import torch
@@ -63,6 +72,22 @@ MODEL_NAME = "inductionlab"
 REFERENCE_SEQ_LEN = 50   # T of the mean-ablation reference [BOS] S S: evaluate's induction.seq_len (SPEC §3)
 METHODS = tuple(m for m, need in ABLATION_METHOD_NEEDS.items() if need in (None, "value"))   # zero, mean, sink
 GRAMMAR = "top-K[:SCORE] (e.g. top-10:induction), random-K, or heads like L18H6;L17H3"
+
+#: The model arguments of this model type (text in ``model_args``; ``heads``, ``means``, ``means_source`` and a
+#: ``tokenizer`` object are the Python API's).
+OWN_ARGS = ("pretrained", "ablate", "heads", "method", "positions", "seed", "draw", "dtype", "device", "tokenizer",
+            "means", "means_source")
+#: lm-eval ``hf`` arguments that act on a model loaded by inductionlab (passed on to ``HFLM``).
+HF_ARGS = ("backend", "truncation", "logits_cache", "max_length", "softmax_dtype", "mixed_precision_dtype",
+           "batch_size", "max_batch_size", "add_bos_token", "prefix_token_id", "think_end_token", "enable_thinking",
+           "chat_template_args")
+#: lm-eval ``hf`` arguments that act only when ``hf`` loads the model itself: refused (they would be ignored).
+HF_LOADING_ARGS = ("revision", "subfolder", "use_fast_tokenizer", "trust_remote_code", "parallelize",
+                   "max_memory_per_gpu", "max_cpu_memory", "offload_folder", "tp_plan", "peft", "delta", "autogptq",
+                   "gptqmodel", "gguf_file")
+#: Arguments lm-eval passes from its own options (``--batch_size``, ``--max_batch_size``, ``--device``).
+LM_EVAL_OPTIONS = ("batch_size", "max_batch_size", "device")
+SEPARATORS = "; or +"          # between heads in ablate= / heads= (lm-eval splits model_args at commas)
 
 _TOP = re.compile(r"top-(?P<k>\d+)(?::(?P<score>[a-z_]+))?")
 _RANDOM = re.compile(r"random-(?P<k>\d+)")
@@ -96,6 +121,64 @@ def parse_ablate(spec: str) -> tuple[str, object]:
     if len(set(heads)) != len(heads):
         raise InductionLabError(f"ablate={spec!r} names a head twice; give each once")
     return "heads", heads
+
+
+def parse_heads(value, name: str = "heads") -> list[Head]:
+    """The ``heads`` model argument as ``(layer, head)`` pairs: text in :func:`parse_ablate`'s head grammar
+    (``L0H1;L0H2``) or a sequence of pairs (the Python API, a JSON ``model_args``).
+
+    Raises:
+        InductionLabError: anything else, naming ``name`` and the grammar."""
+    usage = f"give heads like L18H6;L17H3 ({SEPARATORS} between them) or (layer, head) pairs"
+    if isinstance(value, str):
+        if not value.strip():
+            raise InductionLabError(f"{name}= is empty; {usage}, or leave {name} out for the intact model")
+        try:
+            kind, heads = parse_ablate(value)
+        except InductionLabError:
+            kind = None
+        if kind != "heads":
+            raise InductionLabError(f"{name}={value!r} is not a list of heads; {usage}")
+        return heads
+    try:
+        pairs = [tuple(p) for p in value]
+    except TypeError:
+        raise InductionLabError(f"{name}={value!r} is not a list of heads; {usage}") from None
+    if any(len(p) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in p) for p in pairs):
+        raise InductionLabError(f"{name}={value!r} is not a list of heads; {usage}")
+    return [(int(l), int(h)) for l, h in pairs]
+
+
+def check_model_args(args: dict, from_lm_eval: dict | None = None) -> None:
+    """Refuse what the model type would ignore (module docstring): unknown keys (naming the known ones), keys of
+    ``hf`` that act only when it loads the model, a key with no value (a head cut off at a comma), an empty
+    ``ablate=``, a key set both in ``args`` and by lm-eval's own option (``from_lm_eval``, its non-None values).
+
+    Raises:
+        InductionLabError: the first such key, with the fix."""
+    import difflib
+
+    for key, value in args.items():
+        if key in HF_LOADING_ARGS:
+            raise InductionLabError(f"model argument {key}= has no effect with --model {MODEL_NAME} (inductionlab loads "
+                                    "the model itself; lm-eval's hf applies it only to a model it loads); drop it")
+        if key in OWN_ARGS or key in HF_ARGS:
+            continue
+        if value == "" and (_HEAD.fullmatch(str(key).strip()) or _TOP.fullmatch(str(key).strip())
+                            or _RANDOM.fullmatch(str(key).strip())):
+            raise InductionLabError(f"model argument {key!r} has no value: lm-eval splits model_args at commas, so a "
+                                    f"second head after a comma arrives as a key; separate heads with {SEPARATORS} "
+                                    f"(ablate=L0H1;L0H2)")
+        close = difflib.get_close_matches(str(key), OWN_ARGS + HF_ARGS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise InductionLabError(f"unknown model argument {key!r} for --model {MODEL_NAME}; {hint}known: "
+                                f"{', '.join(OWN_ARGS[:9])} and lm-eval hf's {', '.join(HF_ARGS)}")
+    if "ablate" in args and isinstance(args["ablate"], str) and not args["ablate"].strip():
+        raise InductionLabError(f"ablate= is empty; give {GRAMMAR}, or leave ablate out for the intact model")
+    for key, value in (from_lm_eval or {}).items():
+        if value is not None and key in args:
+            raise InductionLabError(f"model argument {key}={args[key]} and lm-eval's --{key} {value} both set {key}; "
+                                    f"give it once (drop {key}= from --model_args or --{key})")
 
 
 def reference_ids(loaded: LoadedModel, seed: int = 0, seq_len: int = REFERENCE_SEQ_LEN) -> torch.Tensor:
@@ -156,9 +239,14 @@ class InductionLabLM(HFLM):
                  method: str = DEFAULT_METHOD, positions: str = "all", seed: int = 0, draw: int = 0,
                  means: torch.Tensor | None = None, means_source: str | None = None, dtype: str | None = "auto",
                  device: str | None = None, tokenizer=None, **kwargs) -> None:
+        check_model_args(dict(kwargs) | ({"ablate": ablate} if isinstance(ablate, str) else {}))
         if ablate is not None and heads is not None:
             raise InductionLabError("InductionLabLM: give ablate= or heads=, not both")
-        sel = parse_ablate(ablate) if ablate not in (None, "", "none") else None
+        if isinstance(pretrained, (str, os.PathLike)) and tokenizer is not None:
+            raise InductionLabError("model argument tokenizer= has no effect with pretrained= a name or path (the "
+                                    "model's own tokenizer is loaded with it); drop it")
+        heads = parse_heads(heads) if heads is not None else None
+        sel = parse_ablate(ablate) if ablate not in (None, "none") else None
         if method not in METHODS:
             raise InductionLabError(f"method={method!r}: use one of {', '.join(METHODS)} (resample and patch need a "
                                     "source run per prompt, which lm-eval requests do not carry)")
@@ -218,6 +306,22 @@ class InductionLabLM(HFLM):
         record.update(selection=f"top-{k}:{score}", scores=hs.params)
         return top_k_heads(hs[score], k)
 
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        """lm-eval's constructor from ``model_args`` text (``key=value,key=value``), refusing what would be dropped
+        (:func:`check_model_args`) before the model loads."""
+        from lm_eval.utils import simple_parse_args_string
+
+        check_model_args(simple_parse_args_string(arg_string), additional_config)
+        return super().create_from_arg_string(arg_string, additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """lm-eval's constructor from ``model_args`` as a mapping (its command line's), checked as
+        :meth:`create_from_arg_string`."""
+        check_model_args(dict(arg_dict), additional_config)
+        return super().create_from_arg_obj(arg_dict, additional_config)
+
     def _intervention(self):
         """The ablation context of one call (a null context when intact)."""
         if not self.heads:
@@ -240,4 +344,5 @@ class InductionLabLM(HFLM):
                 "model_dtype": str(self.loaded.model.dtype), "inductionlab": {"model": ident, **self.intervention}}
 
 
-__all__ = ["MODEL_NAME", "GRAMMAR", "METHODS", "REFERENCE_SEQ_LEN", "InductionLabLM", "parse_ablate", "reference_ids"]
+__all__ = ["MODEL_NAME", "GRAMMAR", "METHODS", "REFERENCE_SEQ_LEN", "OWN_ARGS", "HF_ARGS", "HF_LOADING_ARGS",
+           "InductionLabLM", "parse_ablate", "parse_heads", "check_model_args", "reference_ids"]

@@ -108,6 +108,23 @@ def _file_windows(loaded, cfg: TokenLossConfig, length: int) -> torch.Tensor:
     return icl_score.text_windows(loaded.tokenizer, read_text(path), length, bos_id=loaded.tokenizer.bos_token_id)
 
 
+def text_sha256(cfg: TokenLossConfig) -> str | None:
+    """The SHA-256 of the ``--icl-text`` file's bytes (None for ``demo``): recorded in a run's params, so a resume after
+    the file changed in place is refused instead of measuring windows of two texts.
+
+    Raises:
+        InductionLabError: the file is missing; OSError: it cannot be read."""
+    import hashlib
+
+    if cfg.text == "demo":
+        return None
+    path = Path(cfg.text)
+    if not path.is_file():
+        raise InductionLabError(f"--icl-text {cfg.text}: no such file; give a .txt file or 'demo' (make corpus)")
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def available_windows(loaded, cfg: TokenLossConfig, length: int) -> int:
     """Windows of ``length`` tokens the text provides without overlap: a file's count exactly; the demo corpus's
     estimated as Σ over works of (0.9 × its characters) / (characters per token × length), characters per token

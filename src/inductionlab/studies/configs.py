@@ -83,8 +83,8 @@ class RankingConfig:
     exclude_by: str | None = opt(None, "Another score whose top --exclude-fraction of all heads never enter the ranked "
                                        "selection (e.g. --rank-by fv --exclude-by induction).",
                                  none="no exclusion", source="Yin & Steinhardt 2025", omit_default=True)
-    exclude_fraction: float = opt(0.02, "Fraction of all heads excluded by --exclude-by: the top int(f x heads) "
-                                        "(none under 50 heads at 0.02).", source="Yin & Steinhardt 2025",
+    exclude_fraction: float = opt(0.02, "Fraction of all heads excluded by --exclude-by: the top max(1, int(f x "
+                                        "heads)).", source="Yin & Steinhardt 2025",
                                   needs="--exclude-by", omit_default=True)
     random: str = opt("outside-top-n", "Random control: k heads outside the top N of the ranking (--exclude-top-n; "
                                        "evaluate: per-layer variants draw matched per layer), or k heads of all.",
@@ -103,8 +103,9 @@ class RankingConfig:
         if self.random == "all" and getattr(self, "exclude_top_n", None) is not None:
             raise InductionLabError("--exclude-top-n is for --random outside-top-n; drop it or use that control")
         f = self.exclude_fraction
-        if not 0 <= f < 1:
-            raise InductionLabError(f"--exclude-fraction {f} must be in [0, 1) (a fraction of all heads, e.g. 0.02)")
+        if not 0 < f < 1:
+            raise InductionLabError(f"--exclude-fraction {f} must be in (0, 1) (a fraction of all heads, e.g. 0.02; "
+                                    "it excludes at least one head)")
         for flag, v in (("--rank-by", self.rank_by), ("--exclude-by", self.exclude_by)):
             if v is not None and (not isinstance(v, str) or not v.strip()):
                 raise InductionLabError(f"{flag} {v!r}: give a score name, e.g. {', '.join(SCORE_NAMES[:3])}")
@@ -141,7 +142,9 @@ class RankingConfig:
             InductionLabError: a size larger than the heads left."""
         if self.exclude_by is None:
             return
-        gone = int(self.exclude_fraction * n_total)
+        from ..core.ablation import excluded_count   # here: this module loads no torch
+
+        gone = excluded_count(n_total, self.exclude_fraction)
         for k in ks:
             if k > n_total - gone:
                 raise InductionLabError(f"k={k}: only {n_total - gone} of {n_total} heads remain after excluding the "

@@ -45,6 +45,7 @@ class TokenLossPlan:
     windows: torch.Tensor | None = None
     available: int | None = None
     pilot_windows: torch.Tensor | None = None
+    text_sha256: str | None = None
 
     @property
     def measured(self) -> tuple[int, int]:
@@ -54,7 +55,8 @@ class TokenLossPlan:
         """The run's ``params`` entries (a resumed run with others is refused)."""
         first, last = self.measured
         return {"icl_positions": {"late": self.late, "early": self.early}, "icl_window_tokens": self.length,
-                "icl_measured_tokens": [first, last]}
+                "icl_measured_tokens": [first, last],
+                **({"icl_text_sha256": self.text_sha256} if self.text_sha256 is not None else {})}
 
 
 @dataclass
@@ -79,6 +81,7 @@ def plan(loaded, cfg: TokenLossConfig, seed: int) -> TokenLossPlan:
     length, late, early = P.positions(loaded.model, cfg)
     tl = TokenLossPlan(cfg, length, late, early, seed_for(seed, 11), seed_for(seed, 12))
     tl.measured                                            # raises on positions that do not fit
+    tl.text_sha256 = P.text_sha256(cfg)                    # a file's: a resume after it changed is refused
     if cfg.auto:
         tl.available = P.available_windows(loaded, cfg, length)
         tl.pilot_windows = P.text_windows(loaded, cfg, length, cfg.pilot, tl.pilot_seed)   # checked here, used by measure

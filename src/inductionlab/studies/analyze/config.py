@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from ...checks import check_fields, check_seed
 from ...config import nested, opt, validate_tree
+
+OWNED = {"seed": "--seed", "method": "--method", "positions": "--positions"}   # set by the study (:meth:`protocol`)
 from ...errors import InductionLabError
 from ...protocols.configs import LagProbeConfig
 from ..configs import AblationConfig, HeadScoreConfig, check_lag_headline, check_trials_fit
@@ -33,7 +35,7 @@ class AnalyzeConfig:
     lag: LagProbeConfig = nested(lambda: LagProbeConfig(n_permutations=11, cues="all"),
                                  "The lag probe (SPEC §4): 11 lists per condition, every position cued (500 cues per "
                                  "list, the evidence of the headline; sized by bench/main_job_sizing.py); the seed "
-                                 "protocol is --cues seed --n-permutations 5000.")
+                                 "protocol is --cues seed --n-permutations 5000.", owns=OWNED)
 
     def protocol(self) -> LagProbeConfig:
         """The lag-probe config with the job's seed and method."""

@@ -16,8 +16,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ...core.ablation import (RANKED_RANDOM, Condition, default_exclude_top_n, matched_random_heads, per_layer_top_p,
-                              ranked_conditions, top_k_heads)
+from ...core.ablation import (RANKED_RANDOM, Condition, default_exclude_top_n, excluded_count, matched_random_heads,
+                              per_layer_top_p, ranked_conditions, top_k_heads)
 from ...measures.load_bearing_eval import drops_table
 from ...measures.stats import pooled, put_ci
 from ...protocols.function_probes import summarize_hits
@@ -73,7 +73,7 @@ def load_bearing_conditions(scores, cfg: LoadBearingConfig, seed: int = 0) -> li
       from all heads under ``cfg.random == "all"``).
 
     The heads are ranked by ``cfg.rank_by`` (default induction); with ``cfg.exclude_by`` the top
-    ``int(cfg.exclude_fraction * N)`` heads by that score are never chosen (per layer too). The ranked
+    ``max(1, int(cfg.exclude_fraction * N))`` heads by that score are never chosen (per layer too). The ranked
     conditions' kind and name prefix are ``cfg.label`` (``induction``, ``previous_token``,
     ``fv-excl-induction``).
 
@@ -90,7 +90,7 @@ def load_bearing_conditions(scores, cfg: LoadBearingConfig, seed: int = 0) -> li
     rank, label = np.asarray(scores[cfg.rank_by]), cfg.label
     shape = tuple(rank.shape)
     n_total = shape[0] * shape[1]
-    excluded = [] if cfg.exclude_by is None else top_k_heads(scores[cfg.exclude_by], int(cfg.exclude_fraction * n_total))
+    excluded = [] if cfg.exclude_by is None else top_k_heads(scores[cfg.exclude_by], excluded_count(n_total, cfg.exclude_fraction))
     out: list[tuple[str, Condition]] = []
     for v in cfg.ablate:
         kind, x = parse_variant(v)

@@ -22,11 +22,13 @@ FV_RANKINGS = ("signed", "absolute")
 class SelectionConfig:
     """Which heads are ablated (Yin & Steinhardt 2025's selection, SPEC §10): for each fraction f of all N heads,
     the top ``max(1, int(f·N))`` by induction score and by FV score, each also after excluding the other ranking's
-    top ``int(exclude_fraction·N)``, against random draws of the same count."""
+    top ``max(1, int(exclude_fraction·N))`` (at least one head, so an exclusive arm never equals the plain one),
+    against random draws of the same count."""
     fractions: tuple[float, ...] = opt((0.01, 0.02, 0.05, 0.1), "Fractions of all heads ablated, comma-separated "
                                        "(a fraction giving the count of a smaller one is dropped).",
                                        source="Yin & Steinhardt 2025 (1–20%)")
-    exclude_fraction: float = opt(0.02, "The other ranking's top fraction removed before an exclusive selection.",
+    exclude_fraction: float = opt(0.02, "The other ranking's top fraction removed before an exclusive selection "
+                                        "(max(1, int(f x heads)) heads).",
                                   source="Yin & Steinhardt 2025")
     n_draws: int = opt(2, "Random draws per head count.")
     random: str = opt("all", "Random heads from all heads (Yin; may hold top heads) or from outside the top N by "
@@ -41,8 +43,10 @@ class SelectionConfig:
                 len(set(self.fractions)) != len(self.fractions):
             raise InductionLabError(f"--fractions {','.join(map(str, self.fractions)) or '(none)'}: give distinct "
                                     "fractions in (0, 1], e.g. 0.01,0.02,0.05,0.1")
-        if not 0 <= self.exclude_fraction < 1:
-            raise InductionLabError(f"--exclude-fraction {self.exclude_fraction} must be in [0, 1) (e.g. 0.02)")
+        if not 0 < self.exclude_fraction < 1:
+            raise InductionLabError(f"--exclude-fraction {self.exclude_fraction} must be in (0, 1) (e.g. 0.02; it "
+                                    "excludes max(1, int(f x heads)) heads: 0 would make every exclusive arm the plain "
+                                    "one)")
         check_draws(self.n_draws, "--n-draws")
 
 
@@ -72,11 +76,12 @@ class CMRConfig:
                                "cmr_fits.png; cmr_distance and cmr_like columns in head_scores.csv).", flag="--cmr")
     n_exps: int = opt(10, "Simulated CMR recall runs per start position and grid cell (the grid is computed once "
                           "and cached in the user cache dir; cost grows with it).",
-                      source="Ji-An et al. 2024 used 1,000", flag="--cmr-runs")
-    n_starts: int = opt(20, "Start positions of the CMR simulation (n_s0).", source="Ji-An et al. 2024", cli=False)
+                      source="Ji-An et al. 2024 used 1,000", flag="--cmr-runs", needs="--cmr")
+    n_starts: int = opt(20, "Start positions of the CMR simulation (n_s0).", source="Ji-An et al. 2024", cli=False,
+                      needs="--cmr")
     max_lag: int = opt(8, "Lags -m..m of the attention CRP kept (±5 are fitted).", source="Ji-An et al. 2024",
-                       flag="--crp-max-lag")
-    top: int = opt(12, "Heads (lowest CMR distance) in the small-multiples figure.", flag="--cmr-top")
+                       flag="--crp-max-lag", needs="--cmr")
+    top: int = opt(12, "Heads (lowest CMR distance) in the small-multiples figure.", flag="--cmr-top", needs="--cmr")
 
     def validate(self) -> None:
         check_fields(self)
@@ -93,15 +98,17 @@ class HeadTypesConfig:
     """Parameters of the study (SPEC §10). Defaults size the SmolLM2 run for about 30 min on 2 CPU cores."""
     seed: int = opt(0, "Seed of prompts, trials, random draws and head-score sequences.")
     scores: HeadScoreConfig = nested(HeadScoreConfig, "Attention-pattern head scores (SPEC §3).")
-    fv: FVScoreConfig = nested(FVScoreConfig, "FV score (AIE) per head (Todd et al. 2024).")
+    fv: FVScoreConfig = nested(FVScoreConfig, "FV score (AIE) per head (Todd et al. 2024).", owns={"seed": "--seed"})
     route: DualRouteConfig = nested(DualRouteConfig, "Concept / token induction scores per head (Feucht et al. "
-                                                     "2025): columns of head_scores.csv, rankings for ablation.")
+                                                     "2025): columns of head_scores.csv, rankings for ablation.",
+                                    owns={"seed": "--seed"})
     selection: SelectionConfig = nested(SelectionConfig, "Exclusive ablation (Yin & Steinhardt 2025).")
     probes: ProbesConfig = nested(ProbesConfig, "Few-shot HITS@1 under ablation.")
     icl: TokenLossConfig = nested(TokenLossConfig, "Token-loss ICL score under ablation (claim Y2): D, B and the "
                                                    "single-token benefit; windows sized by a pilot.")
     lag: LagProbeConfig = nested(lambda: LagProbeConfig(n_permutations=16, cues="all:10"),
-                                 "The lag probe under ablation (seed T's p(+1) and temporal factor).")
+                                 "The lag probe under ablation (seed T's p(+1) and temporal factor).",
+                                 owns={"seed": "--seed", "method": "--lag-method"})
     lag_method: str = opt("zero", "Ablation of the heads for the lag probe.", source="seed protocol",
                           choices=ablation_method_names())
     cmr: CMRConfig = nested(CMRConfig, "Attention CRP and CMR fit per head (Ji-An et al. 2024).")

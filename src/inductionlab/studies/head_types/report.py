@@ -177,7 +177,8 @@ def report(res) -> str:
               f"{', '.join(str(v) for v in p['counts'].values())}"
               + (f"; dropped as duplicate counts: {', '.join(f'{100 * f:g}%' for f in p['fractions_dropped'])}"
                  if p["fractions_dropped"] else "") +
-              f"); exclusion of the other ranking's top {100 * cfg.selection.exclude_fraction:g}%; "
+              f"); exclusion of the other ranking's top {100 * cfg.selection.exclude_fraction:g}% "
+              f"({_excluded(res.record)}); "
               f"{cfg.selection.n_draws} random draws per count over "
               f"{'all heads' if cfg.selection.random == 'all' else 'heads outside the top N by induction score'}. "
               f"HITS@1: {cfg.probes.n_prompts} 10-shot prompts per task; ICL benefit: "
@@ -253,3 +254,12 @@ def summary(res) -> list[str]:
     lines += [f"{v.claim} {v.status}: {v.evidence}" + (f" [power: {v.power_line}]" if v.power else "")
               for v in res.verdicts]
     return lines
+
+
+def _excluded(record: dict) -> str:
+    """How many heads the exclusion removed (records before issue 36 have no count: the rule then was int(f·N))."""
+    e = record.get("exclusion")
+    if not e:
+        return "count not recorded"
+    n = e["heads_excluded"]
+    return f"{n} of {e['of_heads']} head{'s' if n != 1 else ''}"

@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from ...config import to_dict
-from ...core.ablation import Condition, selection_conditions
+from ...core.ablation import Condition, excluded_count, selection_conditions
 from ...core.models import LoadedModel, ran_identity
 from ...core.scores import HeadScores
 from ...core.stimuli import seed_for
@@ -375,6 +375,9 @@ def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
                   "fv_random_heads": "seed_for(seed, 3)", "random_draws": "permutation seed_for(seed, count, draw)",
                   "text_windows": "seed_for(seed, 11)", "pilot_windows": "seed_for(seed, 12)"},
         "token_loss": TLS.record(plan.icl, icl_run) | {"cost": pieces["icl_cost"]},
+        "exclusion": {"fraction": plan.cfg.selection.exclude_fraction, "heads_excluded":
+                      excluded_count(hs["induction"].size, plan.cfg.selection.exclude_fraction),
+                      "of_heads": int(hs["induction"].size), "rule": "max(1, int(fraction x heads))"},
         "head_scores": {**{k: v.tolist() for k, v in hs.scores.items()}, "fv": aie.tolist(), "params": hs.params},
         "fv": {"params": fv.params, "tasks": fv.tasks, "p_clean": fv.p_clean.mean(1).tolist(),
                "p_corrupted": fv.p_base.mean(1).tolist()},

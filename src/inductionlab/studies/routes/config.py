@@ -5,9 +5,11 @@ Light (no torch): the command line generates the command's options from :class:`
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 
 from ...checks import check_draws, check_fields, check_method, check_seed
+from ... import config as C
 from ...config import nested, opt, validate_tree
 from ...errors import InductionLabError
 from ...names import SCORE_NAMES, ablation_method_names
@@ -16,6 +18,7 @@ from ..configs import HeadScoreConfig, check_lag_headline, check_trials_fit, sco
 from ..spec import StudySpec
 
 DEFAULT_RANKINGS = ("induction", "concept_copying", "cmr_like", "fv")
+OWNED = {"seed": "--seed", "method": "--method"}   # the protocols' leaves the study sets (:meth:`RoutesConfig.protocols`)
 
 
 @dataclass
@@ -32,7 +35,7 @@ class RoutesSelectionConfig:
     fractions: tuple[float, ...] = opt((0.05,), "Fractions of all heads ablated, comma-separated (k = max(1, "
                                        "int(f x heads))).", source="Yin & Steinhardt 2025 (1-20%)")
     ks: tuple[int, ...] | None = opt(None, "Numbers of heads ablated, comma-separated (instead of --fractions).",
-                                     none="from --fractions")
+                                     none="from --fractions", overrides="--fractions")
     n_draws: int = opt(3, "Random draws of k heads per k.")
     method: str = opt("zero", "Ablation of the heads for the lag probe, serial recall and the copy probe.",
                       source="seed protocol", choices=ablation_method_names())
@@ -44,7 +47,9 @@ class RoutesSelectionConfig:
 
     def validate(self) -> None:
         """Raises InductionLabError: no or repeated rankings, a ranking neither computed nor a column of the scores
-        file (one line naming the file and its columns), bad fractions, ks or draws."""
+        file (one line naming the file and its columns), a scores file no ranking reads, a claim's ranking
+        (``--token-ranking``, ``--concept-ranking``, ``--cmr-ranking``) given but not among the rankings or equal to
+        another claim's, bad fractions, ks or draws."""
         check_fields(self)
         r = self.rankings
         if not r or len(set(r)) != len(r) or any(not isinstance(x, str) or not x.strip() for x in r):
@@ -55,12 +60,17 @@ class RoutesSelectionConfig:
             raise InductionLabError(f"--rankings {', '.join(wanted)}: not head scores this command computes "
                                     f"({', '.join(SCORE_NAMES)}); give --scores-file with those columns (e.g. a study "
                                     "head-types run's head_scores.csv) or drop them from --rankings")
+        if self.scores_file is not None and not wanted:
+            raise InductionLabError(f"--scores-file {self.scores_file}: no --rankings names one of its columns (the "
+                                    f"computed scores {', '.join(SCORE_NAMES)} are the run's own); name a column or "
+                                    "drop the file")
         if wanted:
             columns = score_file_columns(self.scores_file)
             missing = [x for x in wanted if x not in columns]
             if missing:
                 raise InductionLabError(f"--rankings {', '.join(missing)}: --scores-file {self.scores_file} has no "
                                         f"such column; its score columns: {', '.join(columns) or '(none)'}")
+        self._check_roles()
         if self.ks is None:
             if not self.fractions or any(not 0 < f <= 1 for f in self.fractions) or \
                     len(set(self.fractions)) != len(self.fractions):
@@ -73,11 +83,41 @@ class RoutesSelectionConfig:
             raise InductionLabError("--n-draws 0: the claims compare against random heads; give at least 1")
         check_method(self.method)
 
+    def roles(self) -> dict[str, str]:
+        """Flag -> ranking of each claim's role (token: R1, R2; concept: R2; CMR-like: R3)."""
+        return {"--token-ranking": self.token_ranking, "--concept-ranking": self.concept_ranking,
+                "--cmr-ranking": self.cmr_ranking}
+
+    def _check_roles(self) -> None:
+        """A role's ranking given (away from its default) must be one of ``rankings`` (a misspelt or dropped one
+        would leave its claims undecided without a word), and no two roles name the same ranking (claim R2 would
+        compare a ranking with itself)."""
+        defaults = {C.flag_of(f): f.default for f in dataclasses.fields(self)}
+        seen: dict[str, str] = {}
+        for flag, name in self.roles().items():
+            if name not in self.rankings and name != defaults[flag]:
+                raise InductionLabError(f"{flag} {name}: not one of --rankings ({', '.join(self.rankings)}); give one "
+                                        "of them (or add it to --rankings)")
+            if name in seen:
+                raise InductionLabError(f"{seen[name]} and {flag} are both {name}: the claims would compare a ranking "
+                                        "with itself; give each role its own ranking")
+            seen[name] = flag
+
     def sizes(self, n_total: int) -> list[int]:
-        """The head counts ablated: ``ks``, or ``max(1, int(f·N))`` per fraction, distinct, ascending."""
+        """The head counts ablated: ``ks``, or ``max(1, int(f·N))`` per fraction, ascending.
+
+        Raises:
+            InductionLabError: two fractions that give the same count (one of them would do nothing)."""
         if self.ks is not None:
             return sorted(self.ks)
-        return sorted({max(1, int(f * n_total)) for f in self.fractions})
+        counts: dict[int, float] = {}
+        for f in self.fractions:
+            k = max(1, int(f * n_total))
+            if k in counts:
+                raise InductionLabError(f"--fractions {counts[k]:g} and {f:g} both ablate {k} of the model's {n_total} "
+                                        "heads (max(1, int(f x heads))); give fractions of distinct counts or --ks")
+            counts[k] = f
+        return sorted(counts)
 
 
 @dataclass
@@ -88,10 +128,10 @@ class RoutesConfig:
     scores: HeadScoreConfig = nested(HeadScoreConfig, "Attention-pattern head scores (SPEC §3).")
     selection: RoutesSelectionConfig = nested(RoutesSelectionConfig, "Which heads are ablated.")
     lag: LagProbeConfig = nested(lambda: LagProbeConfig(n_permutations=11, cues="all:10"),
-                                 "The all-cue lag probe (p(+1), log-enrichment, temporal factor).")
+                                 "The all-cue lag probe (p(+1), log-enrichment, temporal factor).", owns=OWNED)
     recall: SerialRecallConfig = nested(lambda: SerialRecallConfig(n_trials=32, generate=False),
-                                        "Few-shot serial recall (SPEC §5).")
-    copy: WordCopyConfig = nested(WordCopyConfig, "The word-list copy probe.")
+                                        "Few-shot serial recall (SPEC §5).", owns=OWNED)
+    copy: WordCopyConfig = nested(WordCopyConfig, "The word-list copy probe.", owns=OWNED)
     icl: TokenLossConfig = nested(lambda: TokenLossConfig(sensitivity=None), "Token-loss ICL score under ablation "
                                   "(claim R3): D, B and the single-token benefit; windows sized by a pilot.")
     r2_word_tokens: str = opt("none", "Claim R2's multi-token arm (R2w): the lag probe again, same lists and cues, on "

@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 
 from ...checks import check_fields, check_seed
 from ...config import nested, opt, validate_tree
+
+OWNED = {"seed": "--seed", "method": "--method", "positions": "--positions"}   # set by the study (:meth:`protocols`)
 from ...errors import InductionLabError
 from ...protocols.configs import LagProbeConfig, SerialRecallConfig
 from ..configs import AblationConfig, HeadScoreConfig, check_lag_headline, check_trials_fit, default_ks  # noqa: F401
@@ -26,8 +28,9 @@ class TemporalStudyConfig:
     seed: int = opt(0, "Seed of trials, random draws and head-score sequences.")
     scores: HeadScoreConfig = nested(HeadScoreConfig, "Head scores (SPEC §3).")
     ablation: AblationConfig = nested(AblationConfig, "Top-k induction vs k random heads (SPEC §4).")
-    lag: LagProbeConfig = nested(lambda: LagProbeConfig(n_permutations=64, cues="all:10"), "The lag probe (SPEC §4).")
-    recall: SerialRecallConfig = nested(SerialRecallConfig, "Few-shot serial recall (SPEC §5).")
+    lag: LagProbeConfig = nested(lambda: LagProbeConfig(n_permutations=64, cues="all:10"), "The lag probe (SPEC §4).",
+                                 owns=OWNED)
+    recall: SerialRecallConfig = nested(SerialRecallConfig, "Few-shot serial recall (SPEC §5).", owns=OWNED)
     load_bearing_top: int = opt(10, "Per-head map over the top N induction heads (0 = off).")
     load_bearing_permutations: int | None = opt(None, "Trials per single-head condition.", none="--n-permutations")
 
