@@ -51,7 +51,7 @@ def small(text: Path, **over) -> HeadTypesConfig:
         route=DualRouteConfig(n_words=4, n_attention=4, word_pool=5000),
         selection=SelectionConfig(fractions=(0.1, 0.25), exclude_fraction=0.2),
         probes=ProbesConfig(n_prompts=2), icl=TokenLossConfig(text=str(text), late=40, early=10, n_sequences=3),
-        lag=LagProbeConfig(list_length=20, cue_position=10, n_permutations=4, cues="all:5", pool_size=200))
+        lag=LagProbeConfig(list_length=20, cue_position=10, n_permutations=4, cues="all:5"))
     for k, v in over.items():
         setattr(cfg, k, v)
     return cfg

@@ -9,9 +9,11 @@ No torch import here: the CLI's option types use it before anything heavy is loa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import os
+from typing import Any
 
 from .errors import InductionLabError
 
@@ -95,15 +97,13 @@ def check_fields(cfg, prefix: str = "", *, effects: bool = True) -> None:
     or lists of ints) holds a number of its kind that fits: an integer of 64 bits, a finite float.
     Messages name the CLI flag (``n_draws`` -> ``--n-draws``; ``prefix="icl-"``: ``--icl-late``).
 
-    Then the leaves that would do nothing in the run (:func:`inductionlab.config.check_effects`: ``needs``,
+    Then the leaves that would do nothing in the run (:func:`check_effects`: ``needs``,
     ``overrides``, a sub-config's leaves the config ``owns``), whether set by a flag, a file or the API
     (``effects=False``: not those; a config whose recorded runs hold such values).
 
     Raises:
         TypeError: a field of the wrong type (``"64"``, ``3.5`` for an integer, ``True``).
         InductionLabError: a NaN or infinite float, an integer beyond 64 bits; a leaf with no effect."""
-    from .config import check_effects
-
     for f in dataclasses.fields(cfg):
         kind, optional, many = _field_kinds(f.type)
         if kind is None:
@@ -122,6 +122,91 @@ def check_fields(cfg, prefix: str = "", *, effects: bool = True) -> None:
             check(v, name)
     if effects:
         check_effects(cfg)
+
+
+# ---- leaves that would do nothing: the fields' needs / overrides / owns metadata (inductionlab.config.opt) ----
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:            # type: ignore[misc]
+        return f.default_factory()                  # type: ignore[misc]
+    return dataclasses.MISSING
+
+
+def _is_set(cfg: Any, f: dataclasses.Field) -> bool:
+    """Whether the leaf ``f`` of ``cfg`` is away from its field's default (a flag given, a file's key, the API)."""
+    d = _field_default(f)
+    return d is dataclasses.MISSING or getattr(cfg, f.name) != d
+
+
+def _flag_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")   # as inductionlab.config.flag_of
+
+
+def off(value: Any) -> bool:
+    """Whether a leaf another one ``needs`` is off: False, None, empty."""
+    return value is None or value is False or (isinstance(value, (str, tuple, list)) and not value)
+
+
+def needs_error(flag: str, needed: str) -> InductionLabError:
+    """The one line of a leaf set while the leaf it needs is off (``needed``: that leaf's flag)."""
+    if needed.startswith("--no-"):
+        return InductionLabError(f"{flag} has no effect with {needed}; drop one of them")
+    return InductionLabError(f"{flag} has no effect without {needed}; add {needed} or drop {flag}")
+
+
+def overrides_error(flag: str, other: str) -> InductionLabError:
+    """The one line of two leaves set where ``flag`` decides alone."""
+    return InductionLabError(f"{other} and {flag} conflict: {flag} decides alone, so {other} would be ignored; "
+                             "drop one of them")
+
+
+def check_effects(cfg: Any) -> None:
+    """Refuse a value that would do nothing in the run, whether it came from a flag, a ``--config`` file or the API,
+    by the fields' metadata (one level of the tree: :func:`check_fields` calls it for every config's ``validate()``):
+
+    * a leaf with ``needs`` set (away from its default) while the leaf it needs is off;
+    * a leaf with ``overrides`` set while a leaf it overrides is set too;
+    * a leaf of a sub-config that this config ``owns`` (:func:`nested`) away from the sub-config's default.
+
+    Raises:
+        InductionLabError: the first such leaf, naming its flag (or its key) and the fix.
+        TypeError: ``needs`` / ``overrides`` naming no leaf of the config (a bug in the configs)."""
+    fields = dataclasses.fields(cfg)
+    by_flag = {}
+    for f in fields:
+        if not f.metadata.get("nested"):
+            for name in (_flag_of(f), *f.metadata.get("aliases", ())):
+                by_flag[name] = f
+    for f in fields:
+        md = f.metadata
+        if f.metadata.get("nested"):
+            sub = getattr(cfg, f.name)
+            for path, source in (md.get("owns") or {}).items():
+                *up, last = path.split(".")
+                holder = functools.reduce(getattr, up, sub)
+                leaf = next((x for x in dataclasses.fields(holder) if x.name == last), None)
+                if leaf is None:
+                    raise TypeError(f"{type(cfg).__name__}.{f.name}: owns {path!r}, which is no leaf of it")
+                if _is_set(holder, leaf):
+                    raise InductionLabError(f"config key '{f.name}.{path}' = {getattr(holder, last)!r} is not used: the "
+                                            f"study sets it from {source}; drop it (or set {source})")
+            continue
+        flag = _flag_of(f) if md.get("cli", True) else f"config key '{f.name}'"   # a file's / the API's leaf
+        if md.get("needs"):
+            other = by_flag.get(md["needs"])
+            if other is None:
+                raise TypeError(f"{type(cfg).__name__}.{f.name}: needs {md['needs']}, no leaf of the same config")
+            if _is_set(cfg, f) and off(getattr(cfg, other.name)):
+                raise needs_error(flag, md["needs"])
+        overrides = md.get("overrides")
+        for o in (overrides,) if isinstance(overrides, str) else (overrides or ()):
+            other = by_flag.get(o)
+            if other is None:
+                raise TypeError(f"{type(cfg).__name__}.{f.name}: overrides {o}, no leaf of the same config")
+            if _is_set(cfg, f) and _is_set(cfg, other):
+                raise overrides_error(flag, o)
 
 
 def check_method(method: str) -> None:

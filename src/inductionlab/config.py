@@ -59,7 +59,7 @@ def opt(default: Any = MISSING, help: str = "", *, source: str | None = None, fl
             (given on the command line, or away from its default in a file or through the API) while that leaf
             is off (false, None, empty) is refused (``--lm-eval-limit`` needs ``--lm-eval-tasks``; a ``--no-…``
             flag: this leaf has no effect when that flag is given, ``--route-prompts`` needs
-            ``--no-dual-route``). Checked by :func:`check_effects`.
+            ``--no-dual-route``). Checked by :func:`inductionlab.checks.check_effects`.
         overrides: the flag(s) of other leaves of the same config that this one decides alone: both set, the
             command refuses them (``--span-range`` overrides ``--span-length``).
         omit_default: left out of :func:`to_dict` (records, a run's params) while at its default: an option
@@ -86,7 +86,7 @@ def nested(factory: Callable[[], Any] | None, help: str = "", *, cli: bool = Tru
         owns: leaves of the sub-config (dotted paths below it) that the holding config sets itself, and from
             what (``{"seed": "--seed", "method": "--lag-method"}``: the study runs the protocol with its own seed
             and method): a value given for one of them (a file, the API) would be recorded and not used, so
-            :func:`check_effects` refuses it.
+            :func:`inductionlab.checks.check_effects` refuses it.
     """
     meta = {"help": help, "nested": True, "cli": cli, "shorthand": shorthand, "owns": dict(owns or {})}
     if factory is None:
@@ -190,84 +190,6 @@ def validate_tree(cfg: Any, runs: Callable[[], dict[str, Any]] | None = None, *,
     for value in subs.values():
         if hasattr(value, "validate"):
             value.validate()
-
-
-def _field_default(f: Field) -> Any:
-    if f.default is not MISSING:
-        return f.default
-    if f.default_factory is not MISSING:            # type: ignore[misc]
-        return f.default_factory()                  # type: ignore[misc]
-    return MISSING
-
-
-def _is_set(cfg: Any, f: Field) -> bool:
-    """Whether the leaf ``f`` of ``cfg`` is away from its field's default (a flag given, a file's key, the API)."""
-    d = _field_default(f)
-    return d is MISSING or getattr(cfg, f.name) != d
-
-
-def _off(value: Any) -> bool:
-    return value is None or value is False or (isinstance(value, (str, tuple, list)) and not value)
-
-
-def needs_error(flag: str, needed: str) -> InductionLabError:
-    """The one line of a leaf set while the leaf it needs is off (``needed``: that leaf's flag)."""
-    if needed.startswith("--no-"):
-        return InductionLabError(f"{flag} has no effect with {needed}; drop one of them")
-    return InductionLabError(f"{flag} has no effect without {needed}; add {needed} or drop {flag}")
-
-
-def overrides_error(flag: str, other: str) -> InductionLabError:
-    """The one line of two leaves set where ``flag`` decides alone."""
-    return InductionLabError(f"{other} and {flag} conflict: {flag} decides alone, so {other} would be ignored; "
-                             "drop one of them")
-
-
-def check_effects(cfg: Any) -> None:
-    """Refuse a value that would do nothing in the run, whether it came from a flag, a ``--config`` file or the API,
-    by the fields' metadata (one level of the tree: ``check_fields`` calls it for every config's ``validate()``):
-
-    * a leaf with ``needs`` set (away from its default) while the leaf it needs is off;
-    * a leaf with ``overrides`` set while a leaf it overrides is set too;
-    * a leaf of a sub-config that this config ``owns`` (:func:`nested`) away from the sub-config's default.
-
-    Raises:
-        InductionLabError: the first such leaf, naming its flag (or its key) and the fix.
-        TypeError: ``needs`` / ``overrides`` naming no leaf of the config (a bug in the configs)."""
-    fields = dataclasses.fields(cfg)
-    by_flag = {}
-    for f in fields:
-        if not is_nested(f):
-            for name in (flag_of(f), *f.metadata.get("aliases", ())):
-                by_flag[name] = f
-    for f in fields:
-        md = f.metadata
-        if is_nested(f):
-            sub = getattr(cfg, f.name)
-            for path, source in (md.get("owns") or {}).items():
-                *up, last = path.split(".")
-                holder = get(sub, tuple(up)) if up else sub
-                leaf = next((x for x in dataclasses.fields(holder) if x.name == last), None)
-                if leaf is None:
-                    raise TypeError(f"{type(cfg).__name__}.{f.name}: owns {path!r}, which is no leaf of it")
-                if _is_set(holder, leaf):
-                    raise InductionLabError(f"config key '{f.name}.{path}' = {getattr(holder, last)!r} is not used: the "
-                                            f"study sets it from {source}; drop it (or set {source})")
-            continue
-        flag = flag_of(f)
-        if md.get("needs"):
-            other = by_flag.get(md["needs"])
-            if other is None:
-                raise TypeError(f"{type(cfg).__name__}.{f.name}: needs {md['needs']}, no leaf of the same config")
-            if _is_set(cfg, f) and _off(getattr(cfg, other.name)):
-                raise needs_error(flag, md["needs"])
-        overrides = md.get("overrides")
-        for o in (overrides,) if isinstance(overrides, str) else (overrides or ()):
-            other = by_flag.get(o)
-            if other is None:
-                raise TypeError(f"{type(cfg).__name__}.{f.name}: overrides {o}, no leaf of the same config")
-            if _is_set(cfg, f) and _is_set(cfg, other):
-                raise overrides_error(flag, o)
 
 
 def get(cfg: Any, path: tuple[str, ...]) -> Any:
@@ -483,6 +405,5 @@ def to_dict(cfg: Any) -> dict:
     return plain(cfg)
 
 
-__all__ = ["opt", "nested", "default", "Leaf", "leaves", "validate_tree", "check_effects", "needs_error",
-           "overrides_error", "get", "with_leaf", "coerce", "from_dict", "read_mapping", "load",
+__all__ = ["opt", "nested", "default", "Leaf", "leaves", "validate_tree", "get", "with_leaf", "coerce", "from_dict", "read_mapping", "load",
            "to_dict", "wants", "flag_of", "is_nested", "is_sequence", "hints"]

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import click
 
 from .. import config as C
-from ..checks import check_float, check_int
+from ..checks import check_float, check_int, needs_error, off, overrides_error
 from ..errors import InductionLabError
 
 
@@ -183,12 +183,12 @@ def build_config(cls_or_cfg, kw: dict, config_file: str | None = None) -> Any:
     for flag, g in groups.items():         # given at its default value too (the config's own check sees values)
         md = g[0].field.metadata
         needed = groups.get(md.get("needs") or "")
-        if needed and flag in flags and C._off(C.get(cfg, needed[0].path)):
-            raise C.needs_error(flag, md["needs"])
+        if needed and flag in flags and off(C.get(cfg, needed[0].path)):
+            raise needs_error(flag, md["needs"])
         overrides = md.get("overrides")
         for o in (overrides,) if isinstance(overrides, str) else (overrides or ()):
             if flag in flags and o in flags:
-                raise C.overrides_error(flag, o)
+                raise overrides_error(flag, o)
     return cfg
 
 
