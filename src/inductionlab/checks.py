@@ -183,6 +183,8 @@ def check_effects(cfg: Any) -> None:
         md = f.metadata
         if f.metadata.get("nested"):
             sub = getattr(cfg, f.name)
+            if not dataclasses.is_dataclass(sub) or isinstance(sub, type):
+                continue                                 # validate_tree refuses it, naming the field
             for path, source in (md.get("owns") or {}).items():
                 *up, last = path.split(".")
                 holder = functools.reduce(getattr, up, sub)
