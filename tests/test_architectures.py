@@ -188,6 +188,9 @@ def _tokenizer():
                                   bos_token="<|endoftext|>")
 
 
+WINDOW = {"gemma2": 12, "gpt_neo": 4096}     # sliding windows of the command-line models
+
+
 @pytest.fixture(scope="module", params=["gemma2", "gpt_neo"])
 def cli_model(request, tmp_path_factory):
     """A tiny model of the architecture saved with ``save_pretrained``, with :func:`_tokenizer`."""
@@ -198,9 +201,9 @@ def cli_model(request, tmp_path_factory):
     cfg.vocab_size = len(tok)
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
         setattr(cfg, k, tok.eos_token_id)
-    for k in ("sliding_window", "window_size"):          # a window longer than the probes' sequences
+    for k in ("sliding_window", "window_size"):          # Gemma 2: shorter than the score sequences (17 tokens)
         if getattr(cfg, k, None):
-            setattr(cfg, k, 4096)
+            setattr(cfg, k, WINDOW[request.param])
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg)
     d = tmp_path_factory.mktemp(request.param)
@@ -214,12 +217,19 @@ def test_analyze_from_the_command_line(cli_model, tmp_path):
     out = tmp_path / "run"
     r = CliRunner().invoke(main, ["analyze", "--model", str(d), "--out", str(out), "--n-permutations", "2",
                                   "--list-length", "16", "--cue-position", "8", "--ks", "1", "--n-draws", "1",
-                                  "--score-seq-len", "8", "--score-batch-size", "2", "--top", "2", "--quiet",
+                                  "--score-seq-len", "8", "--score-batch-size", "2", "--top", "2", "--cues", "seed", "--quiet",
                                   "--dtype", "float32"])
     assert r.exit_code == 0, r.output
     res = json.loads((out / "results.json").read_text())
     assert res["model"]["model_type"] == arch
     assert len(res["heads"]["induction"]) == 2 and len(res["heads"]["induction"][0]) == 4
+    # a sliding window shorter than the sequences is said in the record (and on the terminal), not passed over
+    windows = [w for w in res.get("warnings", []) if "sliding attention window of 12 tokens" in w]
+    if WINDOW[arch] < 17:
+        assert any(w.startswith("the head scores: sequences of 17 tokens") for w in windows), res.get("warnings")
+        assert "warning: the head scores" in r.output
+    else:
+        assert "warnings" not in res
 
 
 def test_study_head_types_from_the_command_line(cli_model, tmp_path):

@@ -243,3 +243,35 @@ def _check_patterns(model, ids, patterns, dtype) -> None:
         if diff > tol:
             raise _refuse(model, f"reports other attention maps than its attention function computes (layer {layer}: "
                                  f"{diff:.3g}; the model edits the probabilities outside the attention function)")
+
+
+_SLIDING = ("sliding_attention", "local", "chunked_attention")
+
+
+def sliding_window(config) -> int | None:
+    """The attention window of the model's sliding-window layers (keys further back than it are masked), or
+    None when no layer slides: ``sliding_window`` (Mistral, Gemma 2/3, Qwen2 with ``use_sliding_window``),
+    ``window_size`` (GPT-Neo's local layers) or ``attention_window_size``, counted only where the config's
+    ``layer_types`` / ``attention_layers`` name a sliding or local layer (when it lists them)."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(cfg, "use_sliding_window", True) is False:
+        return None
+    w = next((v for k in ("sliding_window", "window_size", "attention_window_size")
+              if isinstance(v := getattr(cfg, k, None), int) and not isinstance(v, bool) and v > 0), None)
+    types = getattr(cfg, "layer_types", None) or getattr(cfg, "attention_layers", None)
+    if w is None or (types is not None and not any(t in _SLIDING for t in types)):
+        return None
+    return w
+
+
+def window_note(config, tokens: int, what: str) -> str | None:
+    """The warning a run records when ``what``'s sequences of ``tokens`` tokens are longer than the model's
+    sliding window (:func:`sliding_window`): its sliding layers cannot attend back over the whole sequence, so
+    a lag, an induction score or a copy further back than the window is measured through the other layers
+    only. None when the window covers the sequences (or nothing slides)."""
+    w = sliding_window(config)
+    if w is None or tokens <= w:
+        return None
+    return (f"{what}: sequences of {tokens} tokens are longer than the model's sliding attention window of {w} "
+            f"tokens: its sliding-window layers see only the last {w} tokens, so what lies further back is measured "
+            "through its full-attention layers only")
