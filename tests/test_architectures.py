@@ -250,3 +250,33 @@ def test_study_head_types_from_the_command_line(cli_model, tmp_path):
     assert r.exit_code == 0, r.output
     res = json.loads((out / "results.json").read_text())
     assert res["model"]["model_type"] == arch
+
+
+@pytest.mark.parametrize("model_type, reason", [("diffllama", DIFFERENTIAL), ("mamba", NO_ATTENTION)])
+def test_the_api_refuses_before_a_forward(model_type, reason):
+    """A model built without load_model: ablate() refuses it up front, with the same one line."""
+    model, why = A.build(model_type)
+    if model is None:
+        pytest.skip(why)
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
+    with pytest.raises(UnsupportedArchitecture, match=reason):
+        with ablate(model, [(0, 0)]):
+            model(input_ids=A.probe_ids())
+    handle.remove()
+    assert calls == []
+
+
+@pytest.mark.parametrize("new_decoder", [False, True])
+def test_falcon_with_alibi_is_measured_exactly(new_decoder):
+    """Falcon with ALiBi adds its position bias to the mask it asks transformers to materialise
+    (``allow_is_causal_skip=False``): the instrumentation's mask honours that, so it is measured like the rest."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = A.tiny_config("falcon")
+    cfg.alibi, cfg.new_decoder_architecture = True, new_decoder
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    check_supported(model)
+    values = dict(part.split("=") for part in _compare(model).split())
+    assert all(float(v) <= ATOL for v in values.values()), values

@@ -101,12 +101,13 @@ def _dispatch(module, query, key, value, attention_mask, **kwargs):
 def _mask(*args, **kwargs):
     """The mask function of our attention: None where SDPA's own test says plain causal attention
     needs no mask (no padding; :func:`transformers.masking_utils.sdpa_mask` with
-    ``allow_is_causal_skip``), else eager's additive ``[B, 1, Q, K]`` mask. A None mask is made
+    ``allow_is_causal_skip``) and the model allows the skip, else eager's additive ``[B, 1, Q, K]`` mask (a model
+    that adds a bias to it, Falcon's ALiBi, passes ``allow_is_causal_skip=False``). A None mask is made
     causal by the attention call only on the paths that need one (eager, mask edits), so the
     ``[Q, K]`` mask is not built for the fused and SDPA paths (67 MB at 4,097 tokens in fp32)."""
-    kwargs.pop("allow_is_causal_skip", None)
+    allow = kwargs.pop("allow_is_causal_skip", True)     # False: the model adds to the mask (Falcon's ALiBi)
     skip = {k: v for k, v in kwargs.items() if k != "dtype"}
-    if sdpa_mask(*args, allow_is_causal_skip=True, **skip) is None:
+    if allow and sdpa_mask(*args, allow_is_causal_skip=True, **skip) is None:
         return None
     return eager_mask(*args, **kwargs)
 

@@ -3,14 +3,16 @@
 A model is measured when each of its layers runs one softmax attention through the ``"inductionlab"``
 attention function (:mod:`inductionlab.core.attention`) and what the instrumentation reads and writes
 there is what the model computes: a head is then one slice of the output projection's input, and one
-attention map. Anything else is refused with one line naming the reason, before anything is written
-(:func:`~inductionlab.core.models.load_model` calls :func:`check_supported` on every model it loads).
+attention map. Anything else is refused with one line naming the reason, before anything is written:
+:func:`load_model` here (``inductionlab.load_model``, the command line, lm-eval's model type) and the study
+engine's opening call :func:`check_supported`; every instrumentation context runs checks 1-3
+(:mod:`inductionlab.core.architecture`, no forward).
 
 The checks, in order (each refusal raises :class:`~inductionlab.core.attention.UnsupportedArchitecture`):
 
-1. **no attention** — a state-space or recurrent model (:data:`NO_ATTENTION`, or no module whose class
+1. **no attention** — a state-space or recurrent model (:data:`~inductionlab.core.architecture.NO_ATTENTION`, or no module whose class
    name holds ``Attention``, ``Attn`` or ``MLA``): "has no attention layers";
-2. **differential attention** (:data:`DIFFERENTIAL`): a head's output is the difference of two softmax maps
+2. **differential attention** (:data:`~inductionlab.core.architecture.DIFFERENTIAL`): a head's output is the difference of two softmax maps
    normalised over the group — "a head is two maps", so neither one slice nor one map names it;
 3. **one head grid** — the config gives one number of layers and heads (not per-layer sizes);
 4. **causal** — the logits before the last position do not move when the last token changes (an encoder
@@ -37,30 +39,22 @@ checks each measured one against an independent hook reference.
 from __future__ import annotations
 
 import contextlib
-import re
+import os
+import weakref
 
 import torch
 
 from ..errors import InductionLabError
+from ..names import DEFAULT_MODEL
+from .architecture import refusal, static_reason
 from .attention import UnsupportedArchitecture, _model_attention_modules
-from .models import attention_shape
+from .models import LoadedModel, attention_shape
+from .models import load_model as _load
 
 PROBE_TOKENS = 8
 
-# model types whose layers hold no softmax attention (transformers' state-space and recurrent models)
-NO_ATTENTION = {"mamba": "Mamba (state-space)", "mamba2": "Mamba-2 (state-space)",
-                "falcon_mamba": "Falcon-Mamba (state-space)", "rwkv": "RWKV (linear recurrence)",
-                "xlstm": "xLSTM (recurrent)"}
-# model types whose heads are differences of two softmax maps (Ye et al. 2024, "Differential Transformer")
-DIFFERENTIAL = {"diffllama"}
-
-_ATTENTION_CLASS = re.compile(r"Attention|Attn|MLA")     # class names of attention modules (any kind)
+_CHECKED: "weakref.WeakSet" = weakref.WeakSet()     # models that passed, once per model
 _OUT_PROJ = ("o_proj", "out_proj", "dense", "c_proj", "wo", "Wo", "o")
-
-
-def _refuse(model, reason: str) -> UnsupportedArchitecture:
-    mt = getattr(model.config, "model_type", "?")
-    return UnsupportedArchitecture(f"{type(model).__name__} ({mt}) {reason}")
 
 
 def _tol(dtype: torch.dtype, scale: float) -> float:
@@ -81,23 +75,6 @@ def _probe_ids(vocab: int, device) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     lo = min(8, max(vocab // 4, 1))
     return torch.randint(lo, max(vocab - 1, lo + 1), (1, PROBE_TOKENS), generator=g).to(device)
-
-
-def static_reason(model) -> str | None:
-    """Checks 1-3 (no forward): the refusal reason, or None."""
-    mt = getattr(model.config, "model_type", "")
-    if mt in NO_ATTENTION or not any(_ATTENTION_CLASS.search(type(m).__name__) for m in model.modules()):
-        what = NO_ATTENTION.get(mt, "a model without attention modules")
-        return f"has no attention layers ({what}): there is no head to score or ablate"
-    if mt in DIFFERENTIAL:
-        return ("uses differential attention: a head is two maps (two softmax patterns subtracted, then "
-                "normalised over the group), so neither one output slice nor one attention map names it")
-    try:
-        attention_shape(model.config)
-    except Exception as e:  # noqa: BLE001 - transformers' per-layer configs raise their own kinds
-        detail = " ".join(str(e).split())[:160]
-        return f"has no single head grid: its config gives sizes per layer ({type(e).__name__}: {detail})"
-    return None
 
 
 def _out_projection(module, width: int):
@@ -139,9 +116,11 @@ def check_supported(model) -> None:
     from .instrument import ablate, eval_mode, instrument, unwrap_model
 
     model = unwrap_model(model)
+    if model in _CHECKED:
+        return
     reason = static_reason(model)
     if reason:
-        raise _refuse(model, reason)
+        raise refusal(model, reason)
     shape = attention_shape(model.config)
     L, H = shape["n_layers"], shape["n_heads"]
     dtype, device = _dtype(model), _device(model)
@@ -153,27 +132,27 @@ def check_supported(model) -> None:
         scale = float(plain.abs().max())
         moved = float((model(input_ids=alt).logits.float()[:, :-1] - plain[:, :-1]).abs().max())
         if moved > _tol(dtype, scale):
-            raise _refuse(model, f"is not causal: changing the last token moves the earlier positions' logits by "
+            raise refusal(model, f"is not causal: changing the last token moves the earlier positions' logits by "
                                  f"{moved:.3g} (bidirectional attention, e.g. an encoder or a config with is_decoder "
                                  "off); the probes read next-token predictions of a causal LM")
         modules = _model_attention_modules(model)
         if not modules:
-            raise _refuse(model, "does not dispatch through transformers' attention interface (no attention module "
+            raise refusal(model, "does not dispatch through transformers' attention interface (no attention module "
                                  "carries a layer index), so no head can be instrumented")
         try:
             with instrument(model, keep_patterns=True, need_probs=True, strict=False) as inst:
                 same = model(input_ids=ids).logits.float()
         except UnsupportedArchitecture as e:
-            raise _refuse(model, f"does not dispatch through transformers' attention interface ({e})") from None
+            raise refusal(model, f"does not dispatch through transformers' attention interface ({e})") from None
         except InductionLabError:
             raise
         except Exception as e:  # noqa: BLE001 - a model's own code failing under the registered function
-            raise _refuse(model, f"does not run through transformers' attention interface with the instrumentation "
+            raise refusal(model, f"does not run through transformers' attention interface with the instrumentation "
                                  f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
         _check_calls(model, inst.layer_calls, L, H)
         diff = float((same - plain).abs().max())
         if diff > _tol(dtype, scale):
-            raise _refuse(model, f"does not reproduce its own forward through transformers' attention interface "
+            raise refusal(model, f"does not reproduce its own forward through transformers' attention interface "
                                  f"(logits differ by {diff:.3g})")
         _check_patterns(model, ids, inst.patterns, dtype)
         widths = {layer: calls[0][0] * calls[0][1] for layer, calls in inst.layer_calls.items()}
@@ -185,7 +164,7 @@ def check_supported(model) -> None:
                 if proj is not None:
                     projections[layer] = proj
         if len(projections) < L:
-            raise _refuse(model, "has no output projection of its heads' outputs that the instrumentation can find (a "
+            raise refusal(model, "has no output projection of its heads' outputs that the instrumentation can find (a "
                                  "Linear named o_proj, out_proj, dense, c_proj, wo or o taking heads x head size), so a "
                                  "head cannot be checked to be one slice of it (e.g. a mixture of attention experts)")
         with ablate(model, [(layer, 0) for layer in range(L)], strict=False):
@@ -194,30 +173,46 @@ def check_supported(model) -> None:
             ref = model(input_ids=ids).logits.float()
         diff = float((ours - ref).abs().max())
         if diff > _tol(dtype, scale):
-            raise _refuse(model, f"changes a head's output on its way to the output projection (zeroing head 0 "
+            raise refusal(model, f"changes a head's output on its way to the output projection (zeroing head 0 "
                                  f"inside attention and zeroing its slice of the projection's input differ by "
                                  f"{diff:.3g} in the logits: a norm, gate or mix of heads sits between them)")
+    _CHECKED.add(model)
+
+
+def load_model(spec: str | os.PathLike = DEFAULT_MODEL, **kw) -> LoadedModel:
+    """:func:`inductionlab.core.models.load_model` (same arguments and identity record), then the architecture
+    policy (:func:`check_supported`) on the loaded model: the package's ``inductionlab.load_model`` and the
+    command line's loader.
+
+    Raises:
+        UnsupportedArchitecture: (an InductionLabError) the architecture would not be measured exactly
+            (:func:`check_supported`): one line, before anything is written.
+        InductionLabError, TypeError: what :func:`~inductionlab.core.models.load_model` raises.
+    """
+    loaded = _load(spec, **kw)
+    check_supported(loaded.model)
+    return loaded
 
 
 def _check_calls(model, layer_calls: dict, L: int, H: int) -> None:
     """Check 5: every layer called once with ``H`` query heads."""
     if not layer_calls:
-        raise _refuse(model, "does not dispatch through transformers' attention interface (its attention never "
+        raise refusal(model, "does not dispatch through transformers' attention interface (its attention never "
                              "called the registered function)")
     missing = [layer for layer in range(L) if layer not in layer_calls]
     if missing:
         shown = ", ".join(map(str, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        raise _refuse(model, f"is a hybrid: layer(s) {shown} of {L} run no softmax attention through transformers' "
+        raise refusal(model, f"is a hybrid: layer(s) {shown} of {L} run no softmax attention through transformers' "
                              "attention interface (state-space, recurrent or linear-attention layers), and a head of "
                              "such a layer cannot be named in the layer x head grid")
     twice = {layer: len(c) for layer, c in layer_calls.items() if len(c) != 1}
     if twice:
         layer, n = next(iter(twice.items()))
-        raise _refuse(model, f"runs layer {layer}'s attention {n} times in one forward (a weight-shared loop or a "
+        raise refusal(model, f"runs layer {layer}'s attention {n} times in one forward (a weight-shared loop or a "
                              "second attention per layer), so a head is not one map")
     heads = {c[0][0] for c in layer_calls.values()}
     if heads != {H}:
-        raise _refuse(model, f"has {sorted(heads)} query heads per attention call, not the config's {H}: the head "
+        raise refusal(model, f"has {sorted(heads)} query heads per attention call, not the config's {H}: the head "
                              "grid does not match its layers")
 
 
@@ -237,41 +232,9 @@ def _check_patterns(model, ids, patterns, dtype) -> None:
     tol = 1e-4 if dtype == torch.float32 else 1e-2
     for layer, (a, p) in enumerate(zip(attentions, patterns)):
         if p is None or tuple(a.shape) != tuple(p.shape):
-            raise _refuse(model, f"reports attention maps of another shape than its attention function computes "
+            raise refusal(model, f"reports attention maps of another shape than its attention function computes "
                                  f"(layer {layer}), so a head's pattern cannot be read")
         diff = float((a.float().cpu() - p.float()).abs().max())
         if diff > tol:
-            raise _refuse(model, f"reports other attention maps than its attention function computes (layer {layer}: "
+            raise refusal(model, f"reports other attention maps than its attention function computes (layer {layer}: "
                                  f"{diff:.3g}; the model edits the probabilities outside the attention function)")
-
-
-_SLIDING = ("sliding_attention", "local", "chunked_attention")
-
-
-def sliding_window(config) -> int | None:
-    """The attention window of the model's sliding-window layers (keys further back than it are masked), or
-    None when no layer slides: ``sliding_window`` (Mistral, Gemma 2/3, Qwen2 with ``use_sliding_window``),
-    ``window_size`` (GPT-Neo's local layers) or ``attention_window_size``, counted only where the config's
-    ``layer_types`` / ``attention_layers`` name a sliding or local layer (when it lists them)."""
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if getattr(cfg, "use_sliding_window", True) is False:
-        return None
-    w = next((v for k in ("sliding_window", "window_size", "attention_window_size")
-              if isinstance(v := getattr(cfg, k, None), int) and not isinstance(v, bool) and v > 0), None)
-    types = getattr(cfg, "layer_types", None) or getattr(cfg, "attention_layers", None)
-    if w is None or (types is not None and not any(t in _SLIDING for t in types)):
-        return None
-    return w
-
-
-def window_note(config, tokens: int, what: str) -> str | None:
-    """The warning a run records when ``what``'s sequences of ``tokens`` tokens are longer than the model's
-    sliding window (:func:`sliding_window`): its sliding layers cannot attend back over the whole sequence, so
-    a lag, an induction score or a copy further back than the window is measured through the other layers
-    only. None when the window covers the sequences (or nothing slides)."""
-    w = sliding_window(config)
-    if w is None or tokens <= w:
-        return None
-    return (f"{what}: sequences of {tokens} tokens are longer than the model's sliding attention window of {w} "
-            f"tokens: its sliding-window layers see only the last {w} tokens, so what lies further back is measured "
-            "through its full-attention layers only")

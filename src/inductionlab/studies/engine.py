@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
+from transformers import PreTrainedModel
 
 from ..checks import check_loaded, check_type
 from ..core.ablation import RANDOM_DRAWS, Condition
@@ -47,7 +48,8 @@ from ..core.finite import check_finite_weights, finite_outputs
 from ..core.models import agree_dtype, announce_dtype, params_identity, ran_identity
 from ..core.placement import check_weights_present
 from ..core.scores import HeadScores, compute_head_scores
-from ..core.support import window_note
+from ..core.architecture import window_note
+from ..core.support import check_supported
 from ..protocols.runner import Probe, Trials, residual_cache
 from ..runtime.distributed import Dist
 from ..runtime.runs import timed, versions
@@ -385,7 +387,8 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
     Raises:
         TypeError: ``loaded`` not a loaded model, ``cfg`` not a ``spec.config`` (a dict included).
         InductionLabError: a bad config, a bad ``out`` (a file, holding another run, inside an input), what
-            the study's ``prepare`` refuses for this model — all before anything is written.
+            the study's ``prepare`` refuses for this model, an architecture the instrumentation would not
+            measure exactly (:func:`~inductionlab.core.support.check_supported`) — all before anything is written.
         TypeError: (a bug in the study) ``spec`` names no Study, ``prepare`` returns no StudyPlan.
     """
     t0 = time.perf_counter()
@@ -402,6 +405,8 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
     if loaded is not None:
         agree_dtype(loaded, opts.dist)               # torchrun: every rank in rank 0's dtype
         check_finite_weights(loaded.model, f"model {loaded.identity.get('spec') or loaded.identity.get('name')}")
+        if isinstance(loaded.model, PreTrainedModel):
+            check_supported(loaded.model)            # the architecture policy (once per model): one line
     plan = study.prepare(loaded, cfg)                # model-dependent checks: nothing written yet
     check_type(plan, StudyPlan, f"{spec.kind}: the plan of prepare()")
     params = dict(plan.params) | {"random_draws": RANDOM_DRAWS}
