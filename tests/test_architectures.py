@@ -55,7 +55,8 @@ EXPECTED = {
                      "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3", "gemma3_text", "llama", "olmo", "olmo2",
                      "olmo3", "olmoe", "stablelm", "starcoder2", "cohere", "cohere2", "granite", "granitemoe",
                      "gpt_bigcode", "codegen", "smollm3", "helium", "glm", "exaone4", "persimmon", "falcon",
-                     "gpt_oss", "gpt_neo", "deepseek_v2", "deepseek_v3", "vaultgemma", "mllama", "llama4_text"),
+                     "gpt_oss", "gpt_neo", "deepseek_v2", "deepseek_v3", "vaultgemma", "mllama", "llama4_text",
+                     "doge"),
                     MEASURED),
     **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv"), NO_ATTENTION),
     "diffllama": DIFFERENTIAL,
@@ -67,7 +68,6 @@ EXPECTED = {
     "bitnet": SLICE,
     "jetmoe": NO_PROJ,
     "dory": LOOP,
-    "doge": NOT_REPRODUCED,
     "laguna": HEADS,
 }
 

@@ -576,9 +576,9 @@ class Instrumentation:
         return torch.exp(logit - lse.float()) * (slot >= 0)[:, None, :]
 
     def _base(self, module, kwargs):
-        """The kernel when the fused one does not run: the module's own ``eager_attention_forward``
-        when probabilities are needed (or softcapping, or a model loaded with eager attention),
-        else transformers' SDPA. Raises UnsupportedArchitecture: eager needed but not found."""
+        """The kernel when the fused one does not run: a :data:`LEGACY_ATTN` module's own ``_attn``; else the
+        module's own ``eager_attention_forward`` when probabilities are needed (or softcapping, or a model loaded
+        with eager attention), else transformers' SDPA. Raises UnsupportedArchitecture: eager needed but not found."""
         if _legacy(module):
             return _legacy_kernel
         if self.need_probs or kwargs.get("softcap") is not None or self._orig_impl == "eager":
