@@ -54,6 +54,7 @@ OVERRIDES = {
     "dots3_note": {"num_key_value_heads": 4},
     "dots3_note_text": {"num_key_value_heads": 4},
     "xmod": {"default_language": None},
+    "nemotron": {"num_key_value_heads": 2},         # its default None breaks its own attention
 }
 
 

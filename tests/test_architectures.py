@@ -56,7 +56,7 @@ EXPECTED = {
                      "olmo3", "olmoe", "stablelm", "starcoder2", "cohere", "cohere2", "granite", "granitemoe",
                      "gpt_bigcode", "codegen", "smollm3", "helium", "glm", "exaone4", "persimmon", "falcon",
                      "gpt_oss", "gpt_neo", "deepseek_v2", "deepseek_v3", "vaultgemma", "mllama", "llama4_text",
-                     "doge"),
+                     "doge", "nemotron"),
                     MEASURED),
     **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv"), NO_ATTENTION),
     "diffllama": DIFFERENTIAL,
