@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "load_model": "core.models", "LoadedModel": "core.models",
+    "load_model": "core.support", "LoadedModel": "core.models",
     "instrument": "core.instrument", "ablate": "core.instrument", "HeadIntervention": "core.instrument",
     "compute_head_scores": "core.scores", "HeadScores": "core.scores", "induction_sequence": "core.scores",
     "ScoreSequences": "core.scores",

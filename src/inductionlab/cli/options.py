@@ -173,7 +173,8 @@ def load_from_options(kw: dict):
 
     import torch
 
-    from ..core.models import check_device, load_model
+    from ..core.models import check_device
+    from ..core.support import load_model
 
     model, dtype, device = kw.pop("model"), kw.pop("dtype"), kw.pop("device")
     device_map, threads = kw.pop("device_map", None), kw.pop("threads", None)

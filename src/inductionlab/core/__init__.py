@@ -3,6 +3,12 @@
 * ``models`` — :func:`~inductionlab.core.models.load_model` (embedded packages, GGUF, checkpoints),
   :class:`~inductionlab.core.models.LoadedModel` with its identity, and :func:`~inductionlab.core.models.forward`
   (the one call that asks for the logits of some positions only, ``logits_to_keep``).
+* ``support`` — the supported-architecture policy: :func:`~inductionlab.core.support.check_supported` (a model
+  is measured exactly or refused in one line naming why: no attention, differential attention, a hybrid, not
+  causal, no dispatch through transformers' attention interface, a head not one slice of the output
+  projection) and :func:`~inductionlab.core.support.load_model` (``models.load_model`` with the policy: the
+  package's and the command line's loader); ``architecture`` — its checks that need no forward (every context
+  runs them) and the sliding window a run warns about.
 * ``instrument`` — the contexts that hook attention (the one place that does): per-head
   probabilities and outputs, :func:`~inductionlab.core.instrument.ablate`; built on
   ``attention`` (the attention function registered in transformers and one context's state, its

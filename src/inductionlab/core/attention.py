@@ -101,12 +101,13 @@ def _dispatch(module, query, key, value, attention_mask, **kwargs):
 def _mask(*args, **kwargs):
     """The mask function of our attention: None where SDPA's own test says plain causal attention
     needs no mask (no padding; :func:`transformers.masking_utils.sdpa_mask` with
-    ``allow_is_causal_skip``), else eager's additive ``[B, 1, Q, K]`` mask. A None mask is made
+    ``allow_is_causal_skip``) and the model allows the skip, else eager's additive ``[B, 1, Q, K]`` mask (a model
+    that adds a bias to it, Falcon's ALiBi, passes ``allow_is_causal_skip=False``). A None mask is made
     causal by the attention call only on the paths that need one (eager, mask edits), so the
     ``[Q, K]`` mask is not built for the fused and SDPA paths (67 MB at 4,097 tokens in fp32)."""
-    kwargs.pop("allow_is_causal_skip", None)
+    allow = kwargs.pop("allow_is_causal_skip", True)     # False: the model adds to the mask (Falcon's ALiBi)
     skip = {k: v for k, v in kwargs.items() if k != "dtype"}
-    if sdpa_mask(*args, allow_is_causal_skip=True, **skip) is None:
+    if allow and sdpa_mask(*args, allow_is_causal_skip=True, **skip) is None:
         return None
     return eager_mask(*args, **kwargs)
 
@@ -169,13 +170,55 @@ def gather_targets(weights: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return out * valid[:, None, :]
 
 
+# Attention modules that compute attention in a method of their own instead of dispatching through
+# AttentionInterface, each checked against the hook reference (tests/test_architectures.py): class name ->
+# the name of its layer-index attribute. Their ``_attn(query [B, H, Q, D], key, value [B, H_kv, K, D],
+# attention_mask) -> (out [B, H, Q, D], weights [B, H, Q, K])`` is routed through the context while it is
+# open (:meth:`Instrumentation.attach`), and is the kernel the context runs (:func:`_legacy_kernel`).
+LEGACY_ATTN = {"GPTNeoSelfAttention": "layer_id"}
+
+
+def _legacy(module) -> bool:
+    return type(module).__name__ in LEGACY_ATTN
+
+
+def _legacy_kernel(module, query, key, value, attention_mask, **kwargs):
+    """The module's own ``_attn`` in the attention-function convention: ``(out [B, Q, H, D], weights)``."""
+    out, weights = type(module)._attn(module, query, key, value, attention_mask)
+    return out.transpose(1, 2), weights
+
+
+def _legacy_entry(module):
+    """The ``_attn`` set on a legacy module's instance while a context is open: :func:`_dispatch`, with its
+    output back in the module's ``[B, H, Q, D]``."""
+    def _attn(query, key, value, attention_mask=None):
+        out, weights = _dispatch(module, query, key, value, attention_mask)
+        return out.transpose(1, 2), weights
+    return _attn
+
+
 def _model_attention_modules(model) -> dict[int, int]:
-    """id(module) -> layer index for every attention module that carries ``layer_idx``."""
+    """id(module) -> layer index for every attention module that carries ``layer_idx`` (or is a
+    :data:`LEGACY_ATTN` module, with its own layer-index attribute)."""
     mods = {}
     for name, m in model.named_modules():
-        if name.endswith(("attn", "attention", "self_attn")) and hasattr(m, "layer_idx") and isinstance(m.layer_idx, int):
+        if _legacy(m) and isinstance(getattr(m, LEGACY_ATTN[type(m).__name__], None), int):
+            mods[id(m)] = getattr(m, LEGACY_ATTN[type(m).__name__])
+        elif name.endswith(("attn", "attention", "self_attn")) and hasattr(m, "layer_idx") and isinstance(m.layer_idx, int):
             mods[id(m)] = m.layer_idx
     return mods
+
+
+def attention_modules(model) -> dict[int, torch.nn.Module]:
+    """Layer index -> the attention module the instrumentation hooks in that layer (the first one found
+    with that index: a module carrying ``layer_idx`` and named ``*attn`` / ``*attention``, or a
+    :data:`LEGACY_ATTN` module)."""
+    ids = _model_attention_modules(model)
+    out: dict[int, torch.nn.Module] = {}
+    for m in model.modules():
+        if id(m) in ids:
+            out.setdefault(ids[id(m)], m)
+    return out
 
 
 CACHE_TAG = "_inductionlab_interventions"   # attribute set on a KV cache: the interventions it was computed under
@@ -264,6 +307,7 @@ class Instrumentation:
         # target probability from its log-sum-exp; no [B, H, Q, K] pattern is built
         self.fused_reductions = bool(reductions) and not keep_patterns and need_probs is None
         self.calls = 0
+        self.layer_calls: dict[int, list[tuple[int, int]]] = {}   # layer -> (query heads, value head size) per call
         self.fused_calls = 0     # attention calls that ran the fused kernel (reductions from its log-sum-exp)
         self._forward_pos: tuple[torch.Tensor, int, int] | None = None   # (abs [B, Ktot], past, T)
         self._pos_cache: dict[tuple[int, int, int], Positions] = {}
@@ -296,18 +340,25 @@ class Instrumentation:
                                           "only architectures that dispatch through transformers' AttentionInterface are supported")
         self._register(modules)
         self._orig_impl = model.config._attn_implementation
+        legacy = [m for m in model.modules() if id(m) in modules and _legacy(m)]
         hook = model.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
         post = model.register_forward_hook(self._post_forward, with_kwargs=True)
         try:
-            model.set_attn_implementation(FUNCTION_NAME)
-            if model.config._attn_implementation != FUNCTION_NAME:
-                raise UnsupportedArchitecture(f"{type(model).__name__} does not support setting its attention "
-                                              "implementation through AttentionInterface")
+            for m in legacy:                    # their own _attn, routed through the context
+                m._attn = _legacy_entry(m)
+            if len(legacy) < len(modules):
+                model.set_attn_implementation(FUNCTION_NAME)
+                if model.config._attn_implementation != FUNCTION_NAME:
+                    raise UnsupportedArchitecture(f"{type(model).__name__} does not support setting its attention "
+                                                  "implementation through AttentionInterface")
             yield
         finally:
             hook.remove()
             post.remove()
-            model.set_attn_implementation(self._orig_impl)
+            for m in legacy:
+                m.__dict__.pop("_attn", None)
+            if len(legacy) < len(modules):
+                model.set_attn_implementation(self._orig_impl)
             with _ACTIVE_LOCK:
                 for mid in modules:
                     _ACTIVE.pop(mid, None)
@@ -377,6 +428,8 @@ class Instrumentation:
 
     def _plain_attention(self, module, query, key, value, attention_mask, **kwargs):
         """The model's own attention for a forward of another thread (see :func:`_dispatch`)."""
+        if _legacy(module):
+            return _legacy_kernel(module, query, key, value, attention_mask)
         eager = kwargs.get("softcap") is not None or self._orig_impl == "eager"
         fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None) if eager else None
         if fn is None:
@@ -471,10 +524,10 @@ class Instrumentation:
         return slot, torch.where(q_ok, qa, torch.full_like(qa, -1))
 
     # -- the fused kernel: attention and target probabilities from the log-sum-exp -----------
-    def _fused_ok(self, module, query, kwargs) -> bool:
+    def _fused_ok(self, module, query, value, kwargs) -> bool:
         return (self.fused_reductions and _FLASH_CPU is not None and query.device.type == "cpu"
                 and self._orig_impl != "eager" and kwargs.get("softcap") is None and kwargs.get("s_aux") is None
-                and not module.training)
+                and value.shape[-1] == query.shape[-1] and not module.training and not _legacy(module))
 
     def _plain_causal(self, mask: torch.Tensor) -> bool:
         """:func:`_is_plain_causal`, checked once per forward for the mask every layer shares
@@ -523,9 +576,11 @@ class Instrumentation:
         return torch.exp(logit - lse.float()) * (slot >= 0)[:, None, :]
 
     def _base(self, module, kwargs):
-        """The kernel when the fused one does not run: the module's own ``eager_attention_forward``
-        when probabilities are needed (or softcapping, or a model loaded with eager attention),
-        else transformers' SDPA. Raises UnsupportedArchitecture: eager needed but not found."""
+        """The kernel when the fused one does not run: a :data:`LEGACY_ATTN` module's own ``_attn``; else the
+        module's own ``eager_attention_forward`` when probabilities are needed (or softcapping, or a model loaded
+        with eager attention), else transformers' SDPA. Raises UnsupportedArchitecture: eager needed but not found."""
+        if _legacy(module):
+            return _legacy_kernel
         if self.need_probs or kwargs.get("softcap") is not None or self._orig_impl == "eager":
             fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
             if fn is None:
@@ -545,12 +600,13 @@ class Instrumentation:
         """
         self.calls += 1
         B, H, Q, _ = query.shape
+        self.layer_calls.setdefault(layer, []).append((H, value.shape[-1]))
         K = key.shape[-2]
         pos = self._positions(B, Q, K, query.device)
         ivs = self.by_layer.get(layer, ())
         cuts = [(i, iv, m) for i, iv, m in ivs if m.cut is not None]
         replaces = [(i, iv, m) for i, iv, m in ivs if m.replace is not None]
-        kernel = None if self._fused_ok(module, query, kwargs) else self._base(module, kwargs)   # None: fused
+        kernel = None if self._fused_ok(module, query, value, kwargs) else self._base(module, kwargs)   # None: fused
         mask, row_dead = self._edit_mask(cuts, attention_mask, pos, query, K, kernel)             # 1.
         out, weights, fused = self._kernel(kernel, module, query, key, value, mask, kwargs, bool(cuts))  # 2.
         if self.capture_value_norms:

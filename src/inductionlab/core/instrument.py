@@ -61,6 +61,7 @@ import torch
 
 from ..errors import InductionLabError
 from ..names import DEFAULT_METHOD
+from .architecture import refuse_static
 from .attention import (CACHE_TAG, FUNCTION_NAME, AlreadyInstrumented, Instrumentation, NoOpIntervention,
                         StaleKVCache, UnsupportedArchitecture, gather_targets)
 from .methods import (ABLATION_METHODS, METHODS, AblationMethod, HeadIntervention, Positions, ablation_method,
@@ -147,10 +148,13 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
             interventions in one call; another thread's: one context per model at a time).
         StaleKVCache: (from a forward in the block) a KV cache with cached positions computed
             under other interventions, e.g. a plain forward's cache reused inside :func:`ablate`.
-        UnsupportedArchitecture: the model never called the registered attention function.
+        UnsupportedArchitecture: the model has no attention layers, uses differential attention or has no
+            single head grid (:func:`~inductionlab.core.architecture.refuse_static`, before anything runs), or it
+            never called the registered attention function.
         NoOpIntervention: (``strict``) an intervention provably did nothing.
     """
     model = unwrap_model(model)
+    refuse_static(model)          # no attention, differential attention, no single head grid: one line
     inst = Instrumentation(model, list(interventions), reductions or {}, keep_patterns,
                            capture_head_means, need_probs, capture_heads, mean_positions, capture_value_norms)
     with inst.attach(), eval_mode(model):
@@ -346,6 +350,7 @@ def ablate(model, heads: Iterable[tuple[int, int]], method: str = DEFAULT_METHOD
         raise InductionLabError("ablate(): heads is empty, so nothing would be ablated; pass at least one "
                                 "(layer, head) pair, or run the model without ablate() for the intact model")
     model = unwrap_model(model)
+    refuse_static(model)          # before the head grid is read: a model without one is refused by name
     m = ablation_method(method)
     if m.needs == "edges":
         raise InductionLabError(f"{method} needs edges; use instrument(model, [HeadIntervention(layer, head, "

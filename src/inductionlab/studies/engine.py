@@ -25,7 +25,8 @@ The engine owns everything around the science, once for every study:
    :meth:`Context.piece` / :meth:`Context.arrays` (one JSON / arrays computation); a forward pass whose logits
    hold a NaN or an inf stops the run with one line naming the module where they first appear;
 3. the closing: ``result(plan, pieces)``, the **one results header** (:data:`HEADER`: kind, model, params,
-   versions, distributed, resumed, timings) before the study's own record, ``write(out, result)``
+   versions, distributed, resumed, timings; and ``warnings`` when a probe's or the head scores' sequences
+   are longer than the model's sliding attention window) before the study's own record, ``write(out, result)``
    (rank 0), then results.json and timing.json (:meth:`~inductionlab.studies.run.StudyRun.finish`).
 """
 
@@ -39,6 +40,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
+from transformers import PreTrainedModel
 
 from ..checks import check_loaded, check_type
 from ..core.ablation import RANDOM_DRAWS, Condition
@@ -46,6 +48,8 @@ from ..core.finite import check_finite_weights, finite_outputs
 from ..core.models import agree_dtype, announce_dtype, params_identity, ran_identity
 from ..core.placement import check_weights_present
 from ..core.scores import HeadScores, compute_head_scores
+from ..core.architecture import window_note
+from ..core.support import check_supported
 from ..protocols.runner import Probe, Trials, residual_cache
 from ..runtime.distributed import Dist
 from ..runtime.runs import timed, versions
@@ -95,6 +99,16 @@ class Context:
         # every probe keyed above, held for the context's life: a freed probe's id() is reused by the next object
         # of its kind, which would be served the freed one's trials (a lag probe got the ICL windows once)
         self._held: dict[int, Probe] = {}
+        self.warnings: list[str] = []            # results.json's "warnings": sequences longer than a sliding window
+
+    def _window(self, tokens: int, what: str) -> None:
+        """Record (and say once) that ``what``'s sequences outrun the model's sliding window
+        (:func:`~inductionlab.core.support.window_note`)."""
+        model = getattr(self.loaded, "model", None)
+        note = window_note(model.config, tokens, what) if hasattr(model, "config") else None
+        if note and note not in self.warnings:
+            self.warnings.append(note)
+            self.log(f"warning: {note}")
 
     def _hold(self, probe: Probe) -> int:
         """``id(probe)``, the key of its trials and residual cache, with ``probe`` held so that the id stays its own."""
@@ -147,6 +161,7 @@ class Context:
         key = self._hold(probe)
         if key not in self._trials:
             self._trials[key] = probe.build_trials(self.loaded)
+            self._window(int(self._trials[key].tensors["ids"].shape[-1]), f"the {probe.name} probe")
         return self._trials[key]
 
     def head_scores(self, cfg: HeadScoreConfig, seed: int, pool=None) -> HeadScores:
@@ -155,6 +170,7 @@ class Context:
         tokenizer's ordinary ids)."""
         run, model = self.run, self.loaded
         seqs = cfg.sequences(seed, pool)
+        self._window(2 * cfg.seq_len + 1, "the head scores")     # [BOS] S S
 
         def compute():
             with self.progress(cfg.batch_size * cfg.n_batches, "head scores", "seq") as update:
@@ -371,7 +387,8 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
     Raises:
         TypeError: ``loaded`` not a loaded model, ``cfg`` not a ``spec.config`` (a dict included).
         InductionLabError: a bad config, a bad ``out`` (a file, holding another run, inside an input), what
-            the study's ``prepare`` refuses for this model — all before anything is written.
+            the study's ``prepare`` refuses for this model, an architecture the instrumentation would not
+            measure exactly (:func:`~inductionlab.core.support.check_supported`) — all before anything is written.
         TypeError: (a bug in the study) ``spec`` names no Study, ``prepare`` returns no StudyPlan.
     """
     t0 = time.perf_counter()
@@ -388,6 +405,8 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
     if loaded is not None:
         agree_dtype(loaded, opts.dist)               # torchrun: every rank in rank 0's dtype
         check_finite_weights(loaded.model, f"model {loaded.identity.get('spec') or loaded.identity.get('name')}")
+        if isinstance(loaded.model, PreTrainedModel):
+            check_supported(loaded.model)            # the architecture policy (once per model): one line
     plan = study.prepare(loaded, cfg)                # model-dependent checks: nothing written yet
     check_type(plan, StudyPlan, f"{spec.kind}: the plan of prepare()")
     params = dict(plan.params) | {"random_draws": RANDOM_DRAWS}
@@ -400,15 +419,16 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
         announce_dtype(ran_identity(loaded), opts.log, run.is_main)
     if run.resumed and opts.log is not None and run.is_main:
         opts.log(f"resuming {out}: finished pieces are loaded, the rest computed")
+    ctx = Context(run, loaded, opts)
     with finite_outputs(loaded.model) if loaded is not None else contextlib.nullcontext():
-        pieces = study.phases(plan, Context(run, loaded, opts))   # a NaN logit: one line naming where it starts
+        pieces = study.phases(plan, ctx)             # a NaN logit: one line naming where it starts
     res = study.result(plan, pieces)
     if res.verdicts and "verdicts" not in res.record:
         res.record["verdicts"] = [v.to_dict() for v in res.verdicts]
     model = ran_identity(loaded) if loaded is not None else plan.model
     res.record = {"kind": spec.kind, "model": model, "params": run.params, "versions": versions(),
                   "distributed": (opts.dist or Dist()).record(), "resumed": run.resumed, "timings": run.timings,
-                  **res.record}
+                  **({"warnings": ctx.warnings} if ctx.warnings else {}), **res.record}
     res.timings = run.timings
     run.finish(res.record, lambda: study.write(out, res))
     return res
