@@ -3,8 +3,6 @@ self-contained HTML page of a finished run; guide: docs/view.md)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from ..errors import InductionLabError
@@ -37,12 +35,10 @@ def view_cmd(run_dir, text, out, model, no_model, dtype, device):
     refuse_conflicts(("--model", "--no-model", no_model and model is not None),
                      ("--text", "--no-model", no_model and text is not None),
                      ("--dtype", "--no-model", no_model and dtype is not None))
-    from ..runtime.outputs import check_output_file
-    from ..studies.view import read_run, run_model, write_view
+    from ..studies.view import check_out, read_run, run_model, write_view
 
-    path = Path(out) if out is not None else Path(run_dir) / "view.html"
-    view = read_run(run_dir)                       # a finished run, before any model loads
-    check_output_file(path, "--out")
+    path = check_out(run_dir, out)                 # the page's path and a finished run, before any model loads
+    view = read_run(run_dir)
     loaded = None
     if not no_model:
         spec = run_model(view)

@@ -305,7 +305,8 @@ CURVES = (("lag_curves.csv", None, "Lag curve, seed cue", "lag", "p(word at lag)
 
 
 def curve_figures(curves: dict[str, pd.DataFrame]) -> dict[str, object]:
-    """The lag curves (lags −10..10 shown; zoom out for all) and the serial-position curve, from the tables."""
+    """The lag curves (lags −10..10 shown; zoom out for all) and the serial-position curve, from the tables; keyed
+    by the file's stem and the measure shown (``lag_cues_curve-prob``: the div ``curve-lag_cues_curve-prob``)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -323,7 +324,7 @@ def curve_figures(curves: dict[str, pd.DataFrame]) -> dict[str, object]:
             fig.add_traces(_band_traces(df, x, c, COLOURS[i % len(COLOURS)]))
         fig.update_layout(title=title, xaxis_title=x, yaxis_title=ylabel, width=620, height=380,
                           xaxis={"range": [-10.5, 10.5]}, margin={"t": 45})
-        figs[f"{file}:{measure}"] = fig
+        figs[file.removesuffix(".csv") + (f"-{measure}" if measure else "")] = fig
     sp = curves.get("serial_position.csv")
     if sp is not None and not sp.empty:
         measures = list(dict.fromkeys(sp["measure"]))
@@ -336,7 +337,7 @@ def curve_figures(curves: dict[str, pd.DataFrame]) -> dict[str, object]:
             fig.update_xaxes(title_text="cue position", row=1, col=j)
         fig.update_layout(title="Serial-position curve", width=max(620, 330 * len(measures)), height=380,
                           margin={"t": 60})
-        figs["serial_position.csv"] = fig
+        figs["serial_position"] = fig
     return figs
 
 
@@ -379,7 +380,7 @@ def render(view: RunView) -> str:
     curves = curve_figures(view.curves)
     if curves:
         parts += ["<h2>Lag probe</h2><div class='grid'>"]
-        parts += [f"<div class='cell'>{_figure_html(f, 'curve-' + re.sub(r'[^a-z0-9]+', '-', k))}</div>"
+        parts += [f"<div class='cell'>{_figure_html(f, f'curve-{k}')}</div>"
                   for k, f in curves.items()]
         parts.append("</div>")
     data = json.dumps(page_data(view), separators=(",", ":")).replace("</", "<\\/")
@@ -387,6 +388,23 @@ def render(view: RunView) -> str:
             f"<style>{CSS}</style><script>{get_plotlyjs()}</script></head><body>\n" + "\n".join(parts)
             + f"\n<script type='application/json' id='view-data'>{data}</script>\n<script>{GLUE_JS}</script>"
             "\n</body></html>\n")
+
+
+def check_out(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """The page's path (``out``, default ``RUN_DIR/view.html``), checked before anything is read or loaded: a
+    file that can be written (:func:`~inductionlab.runtime.outputs.check_output_file`) and, where it exists, an
+    HTML page (a page is replaced; a run's results.json, say, is not).
+
+    Raises:
+        InductionLabError: a directory, a path under a file or in a folder that cannot be written, an existing
+            file that is not ``.html`` / ``.htm``."""
+    from ..runtime.outputs import check_output_file
+
+    path = check_output_file(Path(out) if out is not None else Path(run_dir) / "view.html", "--out")
+    if path.exists() and path.suffix.lower() not in (".html", ".htm"):
+        raise InductionLabError(f"--out {path} exists and is not an HTML page; pass a new file or an .html file "
+                                "to replace")
+    return path
 
 
 def write_view(run_dir: str | os.PathLike, out: str | os.PathLike | None = None, loaded=None,
@@ -403,14 +421,15 @@ def write_view(run_dir: str | os.PathLike, out: str | os.PathLike | None = None,
     Returns: the path written.
 
     Raises:
-        InductionLabError: as :func:`read_run` and :func:`add_model_patterns`; ``text`` without a model."""
+        InductionLabError: as :func:`check_out`, :func:`read_run` and :func:`add_model_patterns`; ``text``
+            without a model."""
     if text is not None and loaded is None:
         raise InductionLabError("--text needs the run's model to compute its patterns; drop --no-model (or pass "
                                 "--model)")
+    path = check_out(run_dir, out)
     view = read_run(run_dir)
     if loaded is not None:
         add_model_patterns(view, loaded, text)
-    path = Path(out) if out is not None else Path(run_dir) / "view.html"
     atomic_write_text(path, render(view))
     return path
 
@@ -534,4 +553,4 @@ GLUE_JS = r"""
 """
 
 __all__ = ["PatternSet", "RunView", "read_run", "run_model", "check_model", "add_model_patterns", "render",
-           "write_view", "encode_patterns", "TOP_KEYS", "MAX_TEXT_TOKENS"]
+           "check_out", "write_view", "encode_patterns", "TOP_KEYS", "MAX_TEXT_TOKENS"]
