@@ -125,6 +125,32 @@ def test_page_with_model_holds_every_head_on_both_sequences(run_dir, tiny, pages
     np.testing.assert_allclose(decode(text), eager_attention(tiny.model, text_ids).reshape(L * H, 12, 12), atol=2e-5)
 
 
+def test_a_run_without_stored_patterns(run_dir, tiny, tmp_path):
+    """A head-types-like run (no attention_patterns.npz; head_scores.csv with the signed FV score and the CMR
+    distance): the model's patterns on the induction score's first [BOS] S S of the run's seed and seq_len,
+    every head; an FV map with a diverging scale centred on 0."""
+    import pandas as pd
+
+    from inductionlab.core.scores import induction_sequence
+
+    run = tmp_path / "ht"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("attention_patterns.npz", "lag_*", "serial_*"))
+    scores = pd.read_csv(run / "head_scores.csv")
+    scores["fv"] = np.linspace(-0.02, 0.05, len(scores))
+    scores["cmr_distance"] = np.linspace(0.3, 2.0, len(scores))
+    scores.to_csv(run / "head_scores.csv", index=False)
+    page = write_view(run, loaded=tiny)
+    assert page == run / "view.html"
+    (seq,) = page_data(page)["sequences"]
+    ids = induction_sequence(tiny, seq_len=8, seed=0).numpy()
+    assert seq["tokens"] == [tiny.tokenizer.decode([int(i)]) for i in ids] and len(seq["heads"]) == L * H
+    np.testing.assert_allclose(decode(seq), eager_attention(tiny.model, ids).reshape(L * H, 17, 17), atol=2e-5)
+    html = page.read_text()
+    fv = json.loads(re.search(r'Plotly.newPlot\(\s*"score-fv",\s*(\[.*?\]),\s*\{', html, re.S).group(1))[0]
+    assert fv["zmid"] == 0 and fv["z"][1][7] == pytest.approx(scores["fv"].iloc[15])
+    assert 'id="score-cmr_distance"' in html and 'id="curve-' not in html
+
+
 def test_report_links_the_view(run_dir):
     assert "view.html" in (run_dir / "report.md").read_text()
 
@@ -183,7 +209,7 @@ def _browser_or_skip() -> str:
     missing = ([] if exe else ["Debian's chromium (apt-get install chromium, as root)"]) + \
               ([] if importlib.util.find_spec("playwright") else ["the Python package playwright (pip install playwright)"])
     if missing:
-        why = "browser test needs " + " and ".join(missing) + "; `make test` installs them where it runs as root"
+        why = "browser test needs " + " and ".join(missing) + "; `make test` installs what is missing where it runs as root"
         if os.environ.get("CI"):
             pytest.fail(why)
         pytest.skip(why)

@@ -282,12 +282,14 @@ def _band_traces(df: pd.DataFrame, x: str, cond: str, colour: str, row=None) -> 
     import plotly.graph_objects as go
 
     d = df[df["condition"] == cond].sort_values(x)
+    xs = d[x].to_numpy()
+    f4 = lambda c: d[c].to_numpy(np.float32)     # noqa: E731  (float32: plotly stores it as 4 bytes, not as text)
     traces = []
     if {"ci_low", "ci_high"} <= set(d.columns) and d["ci_low"].notna().any():
-        traces.append(go.Scatter(x=list(d[x]) + list(d[x])[::-1], y=list(d["ci_high"]) + list(d["ci_low"])[::-1],
+        traces.append(go.Scatter(x=np.concatenate([xs, xs[::-1]]), y=np.concatenate([f4("ci_high"), f4("ci_low")[::-1]]),
                                  fill="toself", fillcolor=colour, opacity=0.2, line={"width": 0}, hoverinfo="skip",
                                  legendgroup=cond, showlegend=False))
-    traces.append(go.Scatter(x=d[x], y=d["mean"], mode="lines+markers", marker={"size": 4}, name=cond,
+    traces.append(go.Scatter(x=xs, y=f4("mean"), mode="lines+markers", marker={"size": 4}, name=cond,
                              line={"color": colour}, legendgroup=cond, showlegend=row in (None, 1)))
     return traces
 
@@ -342,10 +344,22 @@ def curve_figures(curves: dict[str, pd.DataFrame]) -> dict[str, object]:
 
 
 def page_data(view: RunView) -> dict:
-    """The JSON the glue script reads: the sequences (tokens, heads, encoded patterns) and the top-k rule."""
-    return {"top_keys": TOP_KEYS,
+    """The JSON the glue script reads: the sequences (tokens, heads, encoded patterns), the top-k rule and the head
+    shown first (:func:`first_head`)."""
+    return {"top_keys": TOP_KEYS, "first_head": first_head(view),
             "sequences": [{"name": s.name, "tokens": list(s.tokens), "heads": [list(h) for h in s.heads],
                            "note": s.note, "patterns": encode_patterns(s.patterns)} for s in view.sequences]}
+
+
+def first_head(view: RunView) -> list[int] | None:
+    """The head the page opens on: the run's top stored head (analyze: the top induction head), else the head of
+    highest induction score, else the first head of the first sequence."""
+    if view.stored is not None and len(view.stored["heads"]):
+        return [int(x) for x in view.stored["heads"][0]]
+    if view.scores is not None and "induction" in view.scores.columns and view.scores["induction"].notna().any():
+        r = view.scores.loc[view.scores["induction"].idxmax()]
+        return [int(r["layer"]), int(r["head"])]
+    return [int(x) for x in view.sequences[0].heads[0]] if view.sequences else None
 
 
 def _figure_html(fig, div_id: str) -> str:
@@ -363,7 +377,7 @@ def render(view: RunView) -> str:
              "<p class='how'>Made by <code>inductionlab view</code> from the run directory; opens offline. "
              "Hover a token (or a row of the pattern) to make it the query: each key's background shows the "
              f"attention weight on it, the {TOP_KEYS} largest are outlined. Click a cell of a score map to show "
-             "that head.</p>", "<h2>Attention patterns</h2>"]
+             "that head.</p>", "<div class='panes'><div class='pane'>", "<h2>Attention patterns</h2>"]
     if view.sequences:
         parts += ["<div class='controls'><label>sequence <select id='seq-select'></select></label> "
                   "<label>head <select id='head-select'></select></label> <span id='seq-note'></span></div>",
@@ -372,11 +386,13 @@ def render(view: RunView) -> str:
     else:
         parts.append("<p class='msg'>The run stored no attention patterns and the view was made without the model: "
                      "run <code>inductionlab view RUN_DIR</code> with the run's model at hand.</p>")
+    parts.append("</div>")
     if view.scores is not None:
         figs = score_figures(view.scores, view.shape)
-        parts += ["<h2>Head scores</h2><div class='grid'>"]
+        parts += ["<div class='pane scores'><h2>Head scores</h2><div class='grid'>"]
         parts += [f"<div class='cell'>{_figure_html(f, f'score-{n}')}</div>" for n, f in figs.items()]
-        parts.append("</div>")
+        parts.append("</div></div>")
+    parts.append("</div>")
     curves = curve_figures(view.curves)
     if curves:
         parts += ["<h2>Lag probe</h2><div class='grid'>"]
@@ -441,8 +457,10 @@ h2 { font-size: 1.1em; border-bottom: 1px solid #ddd; margin-top: 1.4em; }
 .how, #seq-note, #query-info { color: #555; font-size: 0.9em; }
 .msg { color: #a33; min-height: 1.2em; }
 .grid { display: flex; flex-wrap: wrap; gap: 0.5em; }
-.tokens { line-height: 2.1; font-family: ui-monospace, monospace; font-size: 0.85em; max-width: 1100px; }
-.tokens span { padding: 2px 3px; margin: 1px; border-radius: 3px; cursor: default; white-space: pre;
+.panes { display: flex; flex-wrap: wrap; gap: 1.5em; align-items: flex-start; }
+.pane { max-width: 640px; } .pane.scores { flex: 1; max-width: none; min-width: 320px; }
+.tokens { line-height: 1.9; font-family: ui-monospace, monospace; font-size: 0.85em; }
+.tokens span { display: inline-block; padding: 0 3px; margin: 1px; border-radius: 3px; cursor: default; white-space: pre;
                border: 1px solid transparent; }
 .tokens span.query { border-color: #1f77b4; box-shadow: 0 0 0 1px #1f77b4; }
 .tokens span.top { border: 2px solid #000; }
@@ -540,7 +558,8 @@ GLUE_JS = r"""
     if (!head || !showHead(head[0], head[1])) showHead(...D.sequences[S.seq].heads[0]);
   });
   $('head-select').addEventListener('change', (e) => { const [l, h] = e.target.value.split(',').map(Number); showHead(l, h); });
-  fillHeads(); drawTokens(); showHead(...D.sequences[0].heads[0]);
+  fillHeads(); drawTokens();
+  if (!D.first_head || !showHead(...D.first_head)) showHead(...D.sequences[0].heads[0]);
   document.getElementById('pattern-plot').on('plotly_hover', (ev) => {
     const q = ev.points[0].y; if (q !== S.query) setQuery(q); });
   window.addEventListener('load', () => {
