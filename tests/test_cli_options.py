@@ -29,7 +29,8 @@ NEW = {("analyze", ("--config",)), ("evaluate", ("--config",)), ("study temporal
          "--induction-threshold", "--concept-threshold", "--token-threshold", "--concentration-top")},
        *{(c, (f,)) for c in ("analyze", "study temporal")                     # issue 34: lag-probe words of
          for f in ("--word-tokens", "--word-lags")}}                           # several tokens
-HAND_WRITTEN = {"lm-eval"}          # issue 27: lm-eval's own CLI with the model type inductionlab registered
+HAND_WRITTEN = {"lm-eval",           # issue 27: lm-eval's own CLI with the model type inductionlab registered
+                "view"}              # issue 37: the interactive page of a finished run
 GONE = {("study temporal", ("--shots",))}
 CHANGED = {
     ("evaluate", ("--method",), "type"),                          # free text -> a choice, as in every command

@@ -148,16 +148,16 @@ def main() -> None:
         hf_logging.disable_progress_bar()
 
 
-# Sub-commands: the hand-written families (corpus, curriculum, train, lm-eval) live next to the API they
+# Sub-commands: the hand-written families (corpus, curriculum, train, lm-eval, view) live next to the API they
 # wrap; every study's command is generated from its spec (studies/<name>/config.py), so a new study folder
 # is a new command with no code here — except where a hand-written command of the same name fronts the spec
 # (telemetry: its runs are positional arguments, which a generated command has not). Registered explicitly (no import cycle: those modules never import this one).
 def _register() -> None:
     from ..studies.spec import specs
-    from . import data as cli_data, lm_eval as cli_lm_eval, train as cli_train
+    from . import data as cli_data, lm_eval as cli_lm_eval, train as cli_train, view as cli_view
     from .generate import study_command
 
-    for module in (cli_data, cli_train, cli_lm_eval):
+    for module in (cli_data, cli_train, cli_lm_eval, cli_view):
         for command in module.COMMANDS:
             main.add_command(command)
     for spec in specs():

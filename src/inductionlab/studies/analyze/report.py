@@ -84,8 +84,14 @@ def analyze_report(res) -> str:
                                           if getattr(res, "patterns", None) is not None else "")
               + (", `lag_curves_corrected.csv`, `lag_curve_corrected.png`"
                                           if res.lag.has_corrected else "")
-              + ("".join(f", `{f}`" for f in CUE_FILES) if serial_position.has_cues(res.lag) else "") + ".", ""]
+              + ("".join(f", `{f}`" for f in CUE_FILES) if serial_position.has_cues(res.lag) else "") + ".", "",
+              VIEW_LINE, ""]
     return "\n".join(lines)
+
+
+#: The report's pointer to the interactive page (written by ``inductionlab view``, not by the run).
+VIEW_LINE = ("Interactive view (attention patterns with token hover, click a head on the score maps, the lag curves): "
+             "[`view.html`](view.html), written by `inductionlab view RUN_DIR` (docs/view.md).")
 
 
 def _pattern_titles(p: dict) -> list[str]:

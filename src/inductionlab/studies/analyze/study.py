@@ -105,7 +105,8 @@ def _patterns(loaded: LoadedModel, scores: HeadScores, cfg: AnalyzeConfig) -> di
     first ``[BOS] S S`` sequence (:func:`~inductionlab.core.scores.induction_sequence`, the job's seed).
 
     Returns: ``patterns`` float32 ``[n, T, T]``, ``heads`` ``[n, 2]`` (layer, head), ``kind`` (``induction`` /
-    ``random``), ``induction`` (each head's induction score), ``input_ids`` ``[T]``, ``seq_len`` (S's length),
+    ``random``), ``induction`` (each head's induction score), ``input_ids`` ``[T]``, ``tokens`` ``[T]`` (each id
+    decoded on its own: the page of ``inductionlab view`` shows them without the model), ``seq_len`` (S's length),
     ``bos`` (1: position 0 is BOS), ``seed``."""
     ind = scores["induction"]
     top = top_k_heads(ind, min(PATTERN_TOP, ind.size))
@@ -117,7 +118,8 @@ def _patterns(loaded: LoadedModel, scores: HeadScores, cfg: AnalyzeConfig) -> di
     return {"patterns": attention_patterns(loaded.model, ids, heads), "heads": np.asarray(heads, dtype=np.int64),
             "kind": np.asarray(["induction"] * len(top) + ["random"] * len(rand)),
             "induction": np.asarray([ind[l, h] for l, h in heads], dtype=np.float64),
-            "input_ids": ids.numpy(), "seq_len": np.asarray(T), "bos": np.asarray(bos), "seed": np.asarray(cfg.seed)}
+            "input_ids": ids.numpy(), "tokens": np.asarray([loaded.tokenizer.decode([int(i)]) for i in ids], dtype=str),
+            "seq_len": np.asarray(T), "bos": np.asarray(bos), "seed": np.asarray(cfg.seed)}
 
 
 def _self_check(loaded: LoadedModel, seed: int) -> dict:
