@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from inductionlab.errors import InductionLabError
-from inductionlab.measures.overlap import (head_overlap, mean_percentile, percentiles, rank_correlation, top_count,
+from inductionlab.measures.overlap import (estimate_agreement, head_overlap, mean_percentile, percentiles, rank_correlation, top_count,
                                            top_overlap)
 
 # 10 heads as 2 layers x 5. Head i (flat, layer-major) has score 9 - i in A, B_i in B.
@@ -87,3 +87,20 @@ def test_head_overlap_row():
 def test_overlap_errors(call, match):
     with pytest.raises(InductionLabError, match=match):
         call()
+
+
+def test_estimate_agreement_by_hand():
+    """Exact: heads 0..5 of a 2 x 3 table scored 6, 5, 4, 3, 2, 1 (flat order). The estimate swaps the exact top
+    head (flat 0) to the bottom: top-2 exact {0, 1}, top-2 estimate {1, 2} -> recall 1/2; head 0 is the one miss,
+    exact rank 1, estimate rank 6."""
+    exact = np.array([[6.0, 5, 4], [3, 2, 1]])
+    est = np.array([[0.0, 5, 4], [3, 2, 1]])
+    r = estimate_agreement(est, exact, ks=(2, 0.5), n_misses=3)
+    assert [x["recall"] for x in r["recall"]] == [0.5, 2 / 3]          # 50 % of 6 heads: k = 3, {0,1,2} vs {1,2,3}
+    assert [x["label"] for x in r["recall"]] == ["2", "50%"]
+    assert r["misses"] == [{"layer": 0, "head": 0, "exact_rank": 1, "estimate_rank": 6, "exact": 6.0, "estimate": 0.0}]
+    assert r["spearman"] == pytest.approx(stats.spearmanr(est.ravel(), exact.ravel()).statistic)
+    assert estimate_agreement(exact, exact)["misses"] == []
+    with pytest.raises(InductionLabError, match="top k"):
+        estimate_agreement(est, exact, ks=(0,))
+    assert estimate_agreement(est, exact, ks=(10,))["recall"][0] == {"k": 6, "label": "6", "recall": 1.0}

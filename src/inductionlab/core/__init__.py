@@ -23,6 +23,10 @@
 * ``patching`` — batched activation patching of a prompt's last tokens (one forward scores many patch sets:
   :func:`~inductionlab.core.patching.patched_last_logits`; the FV, dual-route and function-probe protocols'
   kernel).
+* ``attribution`` — gradient attribution of every head at once: attribution patching (AtP, with AtP*'s GradDrop:
+  :func:`~inductionlab.core.attribution.attribution_patching`) and per-head direct logit attribution with the final
+  norm's scale frozen (:func:`~inductionlab.core.attribution.direct_logit_attribution`).
+* ``anatomy`` — where a model keeps its attention modules, output projections, MLPs, final norm and unembedding.
 * ``placement`` — where a model runs (:func:`~inductionlab.core.placement.execution_device`), offloaded
   models included; a model on the ``meta`` device with nothing to load its weights is refused.
 * ``stimuli`` — word pools, seeds and random token sequences.

@@ -269,12 +269,16 @@ class Instrumentation:
             call, for each head of ``capture_heads`` (see :func:`~inductionlab.core.instrument.head_outputs`).
         value_norms: list (per layer) of float32 ``[B, n_kv_heads, K]``, the L2 norm of each key slot's value
             vector in the last call, if ``capture_value_norms`` (value-weighted attention; slots as ``patterns``).
+        probes: layer -> ``(probe, out)`` of the last call, if ``grad_probes``: ``probe`` a zero leaf tensor
+            ``[B, Q, H, D]`` added to the layer's (edited) head outputs, so ``torch.autograd.grad(metric, probe)``
+            is d metric / d (each query head's output, the input of ``o_proj``); ``out`` those outputs, detached
+            (see :mod:`inductionlab.core.attribution`). The forward must run with gradients enabled.
         calls: number of attention calls seen (per forward: one per layer).
     """
 
     def __init__(self, model, interventions: Sequence[HeadIntervention], reductions: Mapping[str, torch.Tensor],
                  keep_patterns: bool, capture_head_means: bool, need_probs: bool | None, capture_heads=(),
-                 mean_positions="all", capture_value_norms: bool = False):
+                 mean_positions="all", capture_value_norms: bool = False, grad_probes: bool = False):
         self.model = model
         self.shape = attention_shape(model.config)
         L, H = self.shape["n_layers"], self.shape["n_heads"]
@@ -302,6 +306,8 @@ class Instrumentation:
         self.captured: dict[tuple[int, int], torch.Tensor] = {}
         self.capture_value_norms = capture_value_norms
         self.value_norms: list[torch.Tensor | None] = [None] * L
+        self.grad_probes = grad_probes
+        self.probes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.need_probs = bool(reductions) or keep_patterns if need_probs is None else need_probs
         # reductions alone: the attention from the fused kernel (SDPA's CPU flash attention) and the
         # target probability from its log-sum-exp; no [B, H, Q, K] pattern is built
@@ -612,6 +618,10 @@ class Instrumentation:
         if self.capture_value_norms:
             self.value_norms[layer] = value.detach().float().norm(dim=-1).cpu()
         out, weights, zeroed = self._edit_output(replaces, out, weights, row_dead, pos)           # 3.
+        if self.grad_probes:                       # d(metric)/d(out) lands on the probe: attribution patching
+            probe = torch.zeros_like(out, requires_grad=True)
+            self.probes[layer] = (probe, out.detach())
+            out = out + probe
         self._reductions(layer, pos, out, weights, fused, row_dead, zeroed)                       # 4.
         return out, weights
 

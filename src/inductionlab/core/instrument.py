@@ -113,7 +113,8 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
                reductions: Mapping[str, torch.Tensor] | None = None, keep_patterns: bool = False,
                capture_head_means: bool = False, need_probs: bool | None = None,
                strict: bool = True, capture_heads: Iterable[tuple[int, int]] = (),
-               mean_positions="all", capture_value_norms: bool = False) -> Iterator[Instrumentation]:
+               mean_positions="all", capture_value_norms: bool = False,
+               grad_probes: bool = False) -> Iterator[Instrumentation]:
     """Point ``model`` at the inductionlab attention function for the duration of the block.
 
     Args:
@@ -130,6 +131,9 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
             ``inst.captured`` (the source run of activation patching; :func:`head_outputs`).
         capture_value_norms: keep each layer's value-vector norms ``[B, n_kv_heads, K]`` of the last call in
             ``inst.value_norms`` (value-weighted attention, Kobayashi et al. 2020; slots as ``patterns``).
+        grad_probes: add a zero leaf tensor to each layer's head outputs (``inst.probes``), whose gradient
+            after a forward with gradients enabled is the metric's gradient with respect to every query head's
+            output (attribution patching, :mod:`inductionlab.core.attribution`).
         need_probs: force (True) or forbid (False) the eager path; default: eager only when
             probabilities are needed or the model was loaded with eager attention.
         strict: on exit, raise :class:`NoOpIntervention` if an intervention changed nothing.
@@ -156,7 +160,8 @@ def instrument(model, interventions: Iterable[HeadIntervention] = (), *,
     model = unwrap_model(model)
     refuse_static(model)          # no attention, differential attention, no single head grid: one line
     inst = Instrumentation(model, list(interventions), reductions or {}, keep_patterns,
-                           capture_head_means, need_probs, capture_heads, mean_positions, capture_value_norms)
+                           capture_head_means, need_probs, capture_heads, mean_positions, capture_value_norms,
+                           grad_probes)
     with inst.attach(), eval_mode(model):
         yield inst
     if inst.calls == 0 and (inst.interventions or inst.reduction_targets):

@@ -18,6 +18,11 @@ heads are B's top heads).
 
 **Rank correlation**: Spearman's ρ over all N heads (``scipy.stats.spearmanr``; NaN when a table
 is constant).
+
+**An estimate against the exact score** (attribution patching against activation patching,
+:func:`estimate_agreement`): ρ, the top-k recall ``|top-k exact ∩ top-k estimate| / k`` (k = 10 and
+k = 5 % of the heads, as :func:`top_count`), and the largest misses: the exact top-k heads the estimate
+ranks lowest, with both ranks (1 = the top).
 """
 
 from __future__ import annotations
@@ -108,3 +113,40 @@ def head_overlap(a, b, names: tuple[str, str] = ("a", "b"), *, top_fraction: flo
     return {"a": names[0], "b": names[1], **top_overlap(a, b, top_fraction),
             "a_top_pct_in_b": mean_percentile(a, b, percentile_fraction),
             "b_top_pct_in_a": mean_percentile(b, a, percentile_fraction), "spearman": rho, "spearman_p": p}
+
+
+def estimate_agreement(estimate, exact, *, ks=(10, 0.05), n_misses: int = 5) -> dict:
+    """How well an estimated score table ranks the heads of an exact one (higher = more of the effect).
+
+    Args:
+        estimate, exact: ``[n_layers, n_heads]`` tables of one model (e.g. AtP's and the exact FV AIE).
+        ks: top sizes: an int is a count of heads (at most N: a larger one is N), a float in (0, 1) a fraction of
+            them (:func:`top_count`).
+        n_misses: how many misses to list (of the largest k's top set).
+
+    Returns: ``{"spearman": ρ, "recall": [{"k": k, "label": "10" or "5%", "recall": x}, ...],
+    "misses": [{"layer", "head", "exact_rank", "estimate_rank", "exact", "estimate"}, ...]}``; ranks are 1-based
+    (ties by (layer, head) order); misses are the top-k exact heads outside the estimate's top k, worst first.
+
+    Raises: InductionLabError as :func:`top_overlap`, a k < 1."""
+    est, ex = _tables(estimate, exact)
+    N = ex.size
+    rank_est = np.empty(N, dtype=int)
+    rank_est[_top(est, N)] = np.arange(1, N + 1)
+    rank_ex = np.empty(N, dtype=int)
+    rank_ex[_top(ex, N)] = np.arange(1, N + 1)
+    recall, k_max = [], 0
+    for k in ks:
+        frac = isinstance(k, float) and 0 < k < 1
+        n = top_count(N, k) if frac else min(int(k), N)
+        if n < 1:
+            raise InductionLabError(f"top k = {k!r}: give a count >= 1 or a fraction in (0, 1)")
+        hit = len(set(_top(ex, n).tolist()) & set(_top(est, n).tolist()))
+        recall.append({"k": n, "label": f"{k:.0%}" if frac else str(n), "recall": hit / n})
+        k_max = max(k_max, n)
+    H = ex.shape[1]
+    top = [int(i) for i in _top(ex, k_max) if rank_est[i] > k_max]
+    top.sort(key=lambda i: (-rank_est[i], i))
+    misses = [{"layer": i // H, "head": i % H, "exact_rank": int(rank_ex[i]), "estimate_rank": int(rank_est[i]),
+               "exact": float(ex.flat[i]), "estimate": float(est.flat[i])} for i in top[:n_misses]]
+    return {"spearman": rank_correlation(est, ex)[0], "recall": recall, "misses": misses}

@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.anatomy import OUTPUT_PROJECTIONS, attention_module, decoder_layer, output_projection
 from ..core.instrument import HeadIntervention, instrument, unwrap_model
 from ..core.models import attention_shape, forward
 from ..core.patching import patched_last_logits
@@ -49,10 +50,6 @@ from ..core.placement import execution_device
 from ..errors import InductionLabError
 from ..measures.stats import Z95
 from .icl_tasks import Prompt, Task, make_prompts
-
-#: Output projections of attention modules, by attribute name (Llama/Qwen2/Gemma: o_proj; GPT-NeoX:
-#: dense; GPT-2: c_proj; OPT/BART-style: out_proj).
-OUTPUT_PROJECTIONS = ("o_proj", "dense", "c_proj", "out_proj")
 
 
 @dataclass(frozen=True)
@@ -87,43 +84,7 @@ def task_prompts(tasks: Mapping[str, Task], tokenizer, *, shots: int = 10, n_pro
 
 
 # ---------------------------------------------------------------------------------------------
-# The model's attention modules
-
-
-def attention_module(model, layer: int) -> torch.nn.Module:
-    """The attention module of ``layer``, as the instrumentation finds it
-    (:func:`~inductionlab.core.attention.attention_modules`).
-
-    Raises: InductionLabError when the model has none with that index."""
-    from ..core.attention import attention_modules
-
-    model = unwrap_model(model)
-    m = attention_modules(model).get(layer)
-    if m is not None:
-        return m
-    raise InductionLabError(f"{type(model).__name__}: no attention module with layer_idx {layer}")
-
-
-def output_projection(model, layer: int) -> torch.nn.Module:
-    """The output projection of ``layer``'s attention (its input: the query heads' outputs side by side,
-    ``[..., n_heads · head_dim]``)."""
-    attn = attention_module(model, layer)
-    for name in OUTPUT_PROJECTIONS:
-        if isinstance(getattr(attn, name, None), torch.nn.Module):
-            return getattr(attn, name)
-    raise InductionLabError(f"{type(attn).__name__}: no output projection named one of {', '.join(OUTPUT_PROJECTIONS)}")
-
-
-def decoder_layer(model, layer: int) -> torch.nn.Module:
-    """The decoder block holding ``layer``'s attention (its output: the residual stream after ``layer``): the
-    entry of the layer list on the attention module's path (``model.layers.3`` of ``model.layers.3.self_attn``;
-    GPT-Neo's ``transformer.h.3`` of ``transformer.h.3.attn.attention``)."""
-    model = unwrap_model(model)
-    attn = attention_module(model, layer)
-    names = {id(m): n for n, m in model.named_modules()}
-    parts = names[id(attn)].split(".")
-    last = max((i for i, p in enumerate(parts) if p.isdigit()), default=len(parts) - 2)
-    return model.get_submodule(".".join(parts[:last + 1]))     # the block: the entry of the layer list
+# The model's attention modules (looked up in :mod:`inductionlab.core.anatomy`, re-exported here)
 
 
 def head_writes(model, layer: int, values: torch.Tensor) -> torch.Tensor:
