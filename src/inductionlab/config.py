@@ -37,7 +37,7 @@ def opt(default: Any = MISSING, help: str = "", *, source: str | None = None, fl
         aliases: tuple[str, ...] = (), choices: tuple[str, ...] | None = None, none: str | None = None,
         cli: bool = True, factory: Callable[[], Any] | None = None, metavar: str | None = None,
         escapes: bool = False, needs: str | None = None, overrides: str | None = None,
-        omit_default: bool = False) -> Any:
+        omit_default: bool = False, size: Callable[[Any], int] | None = None) -> Any:
     """A leaf of a config tree: a dataclass field with what the command line and the docs need.
 
     Args:
@@ -61,10 +61,15 @@ def opt(default: Any = MISSING, help: str = "", *, source: str | None = None, fl
             (``--span-range`` overrides ``--span-length``).
         omit_default: left out of :func:`to_dict` (records, a run's params) while at its default: an option
             added to a config after runs were recorded keeps their params, so they still resume.
+        size: for a count, the bytes one unit of it makes the run hold, as a function of the config it sits in
+            (``lambda c: TOKEN_BYTES * c.trial_tokens`` for trials): every config's ``validate()`` refuses a value
+            whose total is more than a quarter of physical memory (:func:`inductionlab.checks.check_sizes`, the
+            one memory check of every count; ``tests/test_bad_inputs_sizes.py`` walks every integer option).
     """
     meta = {"help": help, "source": source, "flag": flag, "aliases": tuple(aliases), "choices": choices,
             "none": none, "cli": cli, "metavar": metavar,
-            "escapes": escapes, "needs": needs, "overrides": overrides, "omit_default": omit_default}
+            "escapes": escapes, "needs": needs, "overrides": overrides, "omit_default": omit_default,
+            "size": size}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from transformers import LlamaConfig
 
 from .. import config as C
+from ..checks import TOKEN_BYTES, check_fields
 from ..config import nested, opt
 from ..data.curriculum import CurriculumConfig
 from ..errors import InductionLabError
@@ -87,7 +88,8 @@ class TrainConfig:
     seq_len: int = opt(1024, "Context length in tokens (paper: 1024).")
     tokens: int = opt(0, "Token budget; steps = tokens // tokens_per_update.")
     tokens_per_update: int = opt(65536, "Tokens per optimizer update (paper: 2^16).")
-    micro_batch_size: int = opt(8, "Sequences per forward pass per process (memory knob only).")
+    micro_batch_size: int = opt(8, "Sequences per forward pass per process (memory knob only).",
+                                size=lambda c: TOKEN_BYTES * c.seq_len)
     # AdamW and schedule (paper): beta 0.9/0.999, wd 0.1, peak 1e-3, 3% warm-up then cosine.
     lr: float = opt(1e-3, "Peak learning rate (paper: 1e-3).")
     min_lr_ratio: float = opt(0.1, "Cosine ends at this fraction of the peak (decision: 0.1, Chinchilla).")
@@ -106,7 +108,8 @@ class TrainConfig:
     # Bi-Induct curriculum (SPEC §6), nested: the same fields as `inductionlab curriculum preview`
     curriculum: CurriculumConfig = nested(CurriculumConfig, "Bi-Induct curriculum (SPEC §6).", shorthand="variant")
     # Checkpoints (SPEC §7): log-spaced plus an optional dense window, plus rolling resume points.
-    log_checkpoints: int = opt(12, "Number of log-spaced checkpoints; step 0 and the last are added (decision).")
+    log_checkpoints: int = opt(12, "Number of log-spaced checkpoints; step 0 and the last are added (decision).",
+                               size=lambda c: 72)        # the schedule's float64 point and its entry in a set
     dense_start: int = opt(0, "Dense checkpoint window start (steps).")
     dense_end: int = opt(0, "Dense checkpoint window end (steps).")
     dense_every: int = opt(0, "Checkpoint every N steps inside the dense window (0 = no window).")
@@ -117,7 +120,8 @@ class TrainConfig:
                           flag="--telemetry/--no-telemetry")
     telemetry_seq_len: int = opt(50, "Half length in tokens of the repeated random sequence of the induction "
                                       "score (the probe is 2x this + BOS; must fit --seq-len).")
-    telemetry_batch: int = opt(16, "Sequences per telemetry probe.")
+    telemetry_batch: int = opt(16, "Sequences per telemetry probe.",
+                               size=lambda c: TOKEN_BYTES * (2 * c.telemetry_seq_len + 1))
     induction_threshold: float = opt(0.4, "An induction head scores above this (emergence step; decision).")
     eval_tokens: int = opt(65536, "Held-out tokens for perplexity; 0 = no perplexity (decision: 65536).")
     # Distributed (torchrun) and logging
@@ -154,6 +158,7 @@ class TrainConfig:
             raise InductionLabError("no output directory; pass --out DIR")
         if self.preset not in PRESETS:
             raise InductionLabError(f"unknown model preset {self.preset!r}; use one of {', '.join(PRESETS)}")
+        check_fields(self)               # numbers that fit; every count within memory (opt(size=...))
         for f in fields(self):
             v = getattr(self, f.name)
             if f.type == "float" and not math.isfinite(v):
