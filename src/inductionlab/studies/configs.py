@@ -62,6 +62,20 @@ class HeadScoreConfig:
         if self.n_batches < 1:
             raise InductionLabError(f"score n_batches={self.n_batches} must be >= 1")
 
+    def check_model_fit(self, loaded) -> None:
+        """The sequences ``[BOS] S S`` fit the model's context (the engine calls this before the run opens).
+
+        Raises:
+            InductionLabError: ``1 + 2 x seq_len`` tokens beyond the context, naming the largest ``--score-seq-len``."""
+        from ..core.models import attention_shape   # here: this module loads no torch
+
+        ctx = attention_shape(loaded.model.config)["max_position_embeddings"]
+        bos = int(getattr(loaded.tokenizer, "bos_token_id", None) is not None)
+        n = bos + 2 * self.seq_len
+        if ctx and n > ctx:
+            raise InductionLabError(f"--score-seq-len {self.seq_len}: a head-score sequence [BOS] S S of {n} tokens "
+                                    f"exceeds the model's context of {ctx}; use --score-seq-len <= {(ctx - bos) // 2}")
+
     def sequences(self, seed: int, pool=None):
         """These sequences as :func:`~inductionlab.core.scores.compute_head_scores` takes them: a
         :class:`~inductionlab.core.scores.ScoreSequences` with the study's ``seed`` and the ids ``pool`` random

@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from ..checks import check_loaded, check_type
 from ..core.ablation import RANDOM_DRAWS, Condition
-from ..core.finite import check_finite_weights, finite_outputs
+from ..core.finite import check_finite_weights, check_nonzero_weights, finite_outputs
 from ..core.models import agree_dtype, announce_dtype, params_identity, ran_identity
 from ..core.placement import check_weights_present
 from ..core.scores import HeadScores, compute_head_scores
@@ -351,6 +351,24 @@ def _inputs(spec: StudySpec, loaded, cfg) -> list:
     return found + [get(cfg, tuple(p.split("."))) for p in spec.inputs]
 
 
+def check_model_fit(cfg, loaded) -> None:
+    """Call ``check_model_fit(loaded)`` of every node of the config tree ``cfg`` that has one (a nested config that
+    needs the model to be checked: :meth:`~inductionlab.studies.configs.HeadScoreConfig.check_model_fit`), so a
+    study's ``prepare`` need not repeat it and it runs before the run directory is opened.
+
+    Raises:
+        InductionLabError: what a node refuses for this model."""
+    import dataclasses
+
+    check = getattr(cfg, "check_model_fit", None)
+    if callable(check):
+        check(loaded)
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            check_model_fit(v, loaded)
+
+
 def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | None = None):
     """Run (or resume) the study ``spec`` on ``loaded`` with ``cfg`` and write the run directory ``out``.
 
@@ -387,7 +405,10 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
     StudyRun.check_out(out, opts.overwrite, inputs=inputs)
     if loaded is not None:
         agree_dtype(loaded, opts.dist)               # torchrun: every rank in rank 0's dtype
-        check_finite_weights(loaded.model, f"model {loaded.identity.get('spec') or loaded.identity.get('name')}")
+        what = f"model {loaded.identity.get('spec') or loaded.identity.get('name')}"
+        check_finite_weights(loaded.model, what)
+        check_nonzero_weights(loaded.model, what)
+        check_model_fit(cfg, loaded)                 # every sub-config's own model check (the head scores' context)
     plan = study.prepare(loaded, cfg)                # model-dependent checks: nothing written yet
     check_type(plan, StudyPlan, f"{spec.kind}: the plan of prepare()")
     params = dict(plan.params) | {"random_draws": RANDOM_DRAWS}

@@ -80,8 +80,9 @@ class ICLScoreConfig:
 @dataclass
 class InductionLossConfig:
     """Induction loss on ``[BOS] S S`` (SPEC §3), first vs second copy."""
-    seq_len: int = opt(50, "T of the induction-loss sequences [BOS] S S.", flag="--induction-seq-len")
-    n_sequences: int = opt(16, "Induction-loss sequences.", cli=False)
+    seq_len: int = opt(50, "T of the induction-loss sequences [BOS] S S.", flag="--induction-seq-len",
+                       size=lambda c: TOKEN_BYTES * 2 * c.n_sequences)
+    n_sequences: int = opt(16, "Induction-loss sequences.", cli=False, size=lambda c: TOKEN_BYTES * (2 * c.seq_len + 1))
     batch_size: int = opt(16, "Sequences per forward pass.", cli=False, size=lambda c: TOKEN_BYTES * (2 * c.seq_len + 1))
 
     def validate(self) -> None:
@@ -97,8 +98,8 @@ class RecallConfig:
     """Associative recall in the model's own tokens (:func:`inductionlab.protocols.icl_score.associative_recall`):
     ``n_pairs`` random key-value pairs, then the same pairs shuffled; top-1 accuracy of each value."""
     n_pairs: int = opt(8, "Key-value pairs per associative-recall sequence (then the same pairs shuffled).",
-                       flag="--recall-pairs")
-    n_sequences: int = opt(32, "Associative-recall sequences.", cli=False)
+                       flag="--recall-pairs", size=lambda c: TOKEN_BYTES * 4 * c.n_sequences)
+    n_sequences: int = opt(32, "Associative-recall sequences.", cli=False, size=lambda c: TOKEN_BYTES * (4 * c.n_pairs + 1))
     batch_size: int = opt(16, "Sequences per forward pass.", cli=False, size=lambda c: TOKEN_BYTES * (4 * c.n_pairs + 1))
 
     def validate(self) -> None:
