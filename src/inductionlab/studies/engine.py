@@ -41,6 +41,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..checks import check_loaded, check_type
+from ..errors import InductionLabError
 from ..core.ablation import RANDOM_DRAWS, Condition
 from ..core.finite import check_finite_weights, check_nonzero_weights, finite_outputs
 from ..core.models import agree_dtype, announce_dtype, params_identity, ran_identity
@@ -369,6 +370,28 @@ def check_model_fit(cfg, loaded) -> None:
             check_model_fit(v, loaded)
 
 
+def _check_reads_out(spec: StudySpec, cfg, out: Path) -> None:
+    """A run told to take what ``out`` holds (the spec's ``reads_out`` leaf set: Bi-Induct's ``--partial``) needs a
+    run there: refused before anything is written when ``out`` holds none.
+
+    Raises:
+        InductionLabError: the leaf set and no ``study.json`` in ``out``."""
+    if spec.reads_out is None:
+        return
+    from ..config import flag_of, get
+
+    path = tuple(spec.reads_out.split("."))
+    if not get(cfg, path):
+        return
+    import dataclasses
+
+    parent = get(cfg, path[:-1])
+    flag = flag_of(next(f for f in dataclasses.fields(parent) if f.name == path[-1]))
+    if not (out / "study.json").is_file():
+        raise InductionLabError(f"{flag} takes the runs {out} already holds, but it holds no {spec.kind} run; start "
+                                f"it without {flag}")
+
+
 def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | None = None):
     """Run (or resume) the study ``spec`` on ``loaded`` with ``cfg`` and write the run directory ``out``.
 
@@ -403,6 +426,7 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
     out = Path(out)
     inputs = _inputs(spec, loaded, cfg)
     StudyRun.check_out(out, opts.overwrite, inputs=inputs)
+    _check_reads_out(spec, cfg, out)
     if loaded is not None:
         agree_dtype(loaded, opts.dist)               # torchrun: every rank in rank 0's dtype
         what = f"model {loaded.identity.get('spec') or loaded.identity.get('name')}"
