@@ -111,6 +111,19 @@ def check_sizes(cfg, prefix: str = "") -> None:
         check_fits(value * per, name, value, f"{value:,} x {per:,} bytes")
 
 
+def check_utf8(text: str, name: str) -> str:
+    """``text`` (a command-line value) is valid UTF-8: Python's UTF-8 mode passes an undecodable byte through as a
+    lone surrogate (``\\udcff``), which a tokenizer cannot encode.
+
+    Raises:
+        InductionLabError: naming ``name``, the first bad byte and its position."""
+    for i, ch in enumerate(text):
+        if "\ud800" <= ch <= "\udfff":
+            byte = f"byte 0x{ord(ch) - 0xDC00:02x}" if "\udc80" <= ch <= "\udcff" else f"U+{ord(ch):04X}"
+            raise InductionLabError(f"{name}: the text is not valid UTF-8 ({byte} at character {i}); pass UTF-8 text")
+    return text
+
+
 def check_seed(seed, name: str = "--seed") -> int:
     """A seed torch's and numpy's generators take: an integer in 0 .. 2**63 - 1."""
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and not 0 <= seed <= INT64_MAX:

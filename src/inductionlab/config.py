@@ -75,6 +75,39 @@ def opt(default: Any = MISSING, help: str = "", *, source: str | None = None, fl
     return dataclasses.field(default=default, metadata=meta)
 
 
+def renamed_keywords(renamed: dict[str, tuple[str, ...]], until: str) -> Callable[[type], type]:
+    """A class decorator (after ``@dataclass``) keeping a config's former keywords working for one minor version:
+    ``renamed`` maps an old keyword to the path of the leaf that holds it now (``"ks": ("ablation", "ks")``);
+    ``Config(ks=(5, 10))`` sets that leaf and warns (``DeprecationWarning``) with the new spelling and ``until``,
+    the release that removes it. An old keyword beside its new leaf given explicitly: the old one wins, as
+    given last.
+
+    Raises (from the wrapped constructor): TypeError for any other unknown keyword, as the dataclass's own."""
+    import warnings
+
+    def wrap(cls: type) -> type:
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kw):
+            old = {k: kw.pop(k) for k in list(kw) if k in renamed}
+            init(self, *args, **kw)
+            for k, v in old.items():
+                path = renamed[k]
+                new = f"{cls.__name__}({path[0]}={type(get(self, path[:1])).__name__}({'.'.join(path[1:])}=...))" \
+                    if len(path) > 1 else f"{cls.__name__}({path[0]}=...)"
+                warnings.warn(f"{cls.__name__}({k}=...) is deprecated and will be removed in {until}; use {new}",
+                              DeprecationWarning, stacklevel=2)
+                updated = with_leaf(self, path, v)
+                for f in dataclasses.fields(cls):
+                    object.__setattr__(self, f.name, getattr(updated, f.name))
+
+        cls.__init__ = __init__
+        cls.renamed_keywords = dict(renamed)
+        return cls
+    return wrap
+
+
 def nested(factory: Callable[[], Any] | None, help: str = "", *, cli: bool = True,
            shorthand: str | None = None) -> Any:
     """A sub-config (a dataclass) of a config tree; its leaves are options of the commands that hold it.

@@ -173,7 +173,7 @@ def load_from_options(kw: dict):
 
     import torch
 
-    from ..core.models import check_device, load_model
+    from ..core.models import check_device, check_device_map, load_model
 
     model, dtype, device = kw.pop("model"), kw.pop("dtype"), kw.pop("device")
     device_map, threads = kw.pop("device_map", None), kw.pop("threads", None)
@@ -183,6 +183,8 @@ def load_from_options(kw: dict):
         torch.set_num_threads(threads)
     if not device_map:
         check_device(device)
+    else:
+        check_device_map(device_map)
     return load_model(model, dtype=dtype, device=device, device_map=device_map)
 
 

@@ -6,12 +6,15 @@ file hash or revision, dtype, shape of the attention) that every result stores.
 
 from __future__ import annotations
 
+import contextlib
+import copy as copy_module
+import itertools
 import os
 import pickle
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from safetensors import SafetensorError
@@ -183,6 +186,28 @@ def with_dtype_choice(model: dict, loaded: LoadedModel) -> dict:
     return {**model, "dtype_choice": choice} if choice else dict(model)
 
 
+@contextlib.contextmanager
+def float32_model(model) -> Iterator[Any]:
+    """``model`` in float32 for a computation whose result must not depend on the dtype it runs in (the head
+    scores that select heads: the same command picks the same heads in float32 and bfloat16). A model whose
+    floating weights are all float32 (or that has none) is yielded as it is; another is copied (``deepcopy``, then
+    every floating tensor widened: bfloat16 and float16 widen exactly) and the copy dropped on exit, the model itself untouched. A
+    model dispatched with offload hooks (weights loaded per forward) cannot be copied: it is yielded as it is.
+
+    Yields: a ``torch.nn.Module`` whose floating parameters and buffers are float32 (or ``model``)."""
+    floats = [t for t in itertools.chain(model.parameters(), model.buffers()) if t.is_floating_point()]
+    if all(t.dtype == torch.float32 for t in floats) or any(t.is_meta for t in floats):
+        yield model
+        return
+    copy = copy_module.deepcopy(model)
+    # Module._apply, not .float(): transformers refuses .float() / .to(dtype) on a model loaded from a GGUF file
+    copy._apply(lambda t: t.float() if t.is_floating_point() else t)
+    try:
+        yield copy
+    finally:
+        del copy
+
+
 def attention_shape(config) -> dict:
     """Layers, query heads, KV heads and head_dim of a (text) config.
 
@@ -200,6 +225,33 @@ def attention_shape(config) -> dict:
             "vocab_size": int(cfg.vocab_size),
             "max_position_embeddings": getattr(cfg, "max_position_embeddings", None)
             or getattr(cfg, "n_positions", None)}
+
+
+#: accelerate's placement strategies a ``device_map`` may name (else it names one device).
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device_map(device_map: str, option: str = "--device-map") -> None:
+    """The one check of a ``device_map`` string before anything loads: a placement strategy
+    (:data:`DEVICE_MAP_STRATEGIES`) or one device that exists here (:func:`check_device`: ``cuda:0`` on a torch
+    without CUDA is refused in one line instead of transformers' traceback after loading began).
+
+    Raises:
+        InductionLabError: ``meta`` (no data), a device that does not exist or is not a device."""
+    if not isinstance(device_map, str):
+        raise InductionLabError(f"{option} must be text (auto, balanced, sequential, cpu, cuda:N), got "
+                                f"{type(device_map).__name__}")
+    if device_map in DEVICE_MAP_STRATEGIES:
+        return
+    if device_map == "meta":   # refused here: transformers' own error for it changes between releases
+        raise InductionLabError("device map 'meta' leaves weights unloaded: the meta device holds no data, so "
+                                "every weight would stay there; use device_map 'auto' or 'cpu', or leave it unset")
+    try:
+        torch.device(device_map)
+    except (RuntimeError, TypeError):
+        raise InductionLabError(f"{option} {device_map!r}: use {', '.join(DEVICE_MAP_STRATEGIES)} or one device "
+                                "(cpu, cuda, cuda:N)") from None
+    check_device(device_map, option)
 
 
 def check_device(device: str, option: str = "--device") -> torch.device:
@@ -415,9 +467,8 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dt
         raise InductionLabError(f"unknown dtype {dtype!r}; use one of auto, float32, bfloat16, float16")
     if not device_map:
         check_device(device)
-    elif device_map == "meta":   # refused here: transformers' own error for it changes between releases
-        raise InductionLabError("device map 'meta' leaves weights unloaded: the meta device holds no data, so "
-                                "every weight would stay there; use device_map 'auto' or 'cpu', or leave it unset")
+    else:
+        check_device_map(device_map, "device_map")
     # where the model runs, for dtype="auto" (a device_map spreads it over the GPUs if there are any)
     run_on = device if not device_map else ("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from ..checks import TOKEN_BYTES, check_ablation_positions, check_fields, check_method
@@ -411,8 +412,18 @@ class TokenLossConfig:
 
     def validate(self) -> None:
         """Raises InductionLabError: positions out of order, fewer than 2 windows (a CI needs two), a half-width
-        or budget <= 0, an unknown method, a sensitivity arm equal to the primary method."""
+        or budget <= 0, an unknown method, a sensitivity arm equal to the primary method; the demo corpus not
+        installed or a ``--icl-text`` that is no file (checked here, before a model loads)."""
         check_fields(self)
+        if self.text == "demo":
+            from ..data.corpus import demo_archive     # here: the CLI's options read this module
+
+            try:
+                demo_archive()          # a fresh clone without `make corpus`: the message gives the command
+            except InductionLabError as e:
+                raise InductionLabError(f"--icl-text demo: {e}") from None
+        elif not Path(self.text).is_file():
+            raise InductionLabError(f"--icl-text {self.text}: no such file; give a .txt file or 'demo' (make corpus)")
         check_method(self.method)
         if not 1 <= self.early < self.late:
             raise InductionLabError(f"--icl-early {self.early} and --icl-late {self.late}: need 1 <= early < late")

@@ -44,7 +44,7 @@ from ..checks import check_loaded, check_type
 from ..errors import InductionLabError
 from ..core.ablation import RANDOM_DRAWS, Condition
 from ..core.finite import check_finite_weights, check_nonzero_weights, finite_outputs
-from ..core.models import agree_dtype, announce_dtype, params_identity, ran_identity
+from ..core.models import agree_dtype, announce_dtype, float32_model, params_identity, ran_identity
 from ..core.placement import check_weights_present
 from ..core.scores import HeadScores, compute_head_scores
 from ..protocols.runner import Probe, Trials, residual_cache
@@ -152,15 +152,17 @@ class Context:
 
     def head_scores(self, cfg: HeadScoreConfig, seed: int, pool=None) -> HeadScores:
         """The head scores (SPEC §3) of ``cfg`` as the piece ``scores``: computed once, then loaded; sharded
-        over the ranks; timed as ``head_scores``. ``pool``: ids the random tokens are drawn from (None: the
+        over the ranks; timed as ``head_scores``. Computed in float32 whatever dtype the model runs in
+        (:func:`~inductionlab.core.models.float32_model`), so the heads a study ranks, excludes and draws around are
+        the same in float32 and bfloat16. ``pool``: ids the random tokens are drawn from (None: the
         tokenizer's ordinary ids)."""
         run, model = self.run, self.loaded
         seqs = cfg.sequences(seed, pool)
 
         def compute():
-            with self.progress(cfg.batch_size * cfg.n_batches, "head scores", "seq") as update:
-                hs = compute_head_scores(model.model, seqs, tokenizer=model.tokenizer, progress=update,
-                                         dist=run.dist)
+            with self.progress(cfg.batch_size * cfg.n_batches, "head scores", "seq") as update, \
+                    float32_model(model) as m32:             # the heads a study selects: the same in every dtype
+                hs = compute_head_scores(m32, seqs, tokenizer=model.tokenizer, progress=update, dist=run.dist)
             return {"scores": hs.scores, "induction_loss": hs.induction_loss, "params": hs.params}
         def scores(raw) -> HeadScores:               # a piece of another shape raises here: recomputed
             table = {k: np.asarray(v, dtype=float) for k, v in raw["scores"].items()}

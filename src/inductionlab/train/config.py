@@ -27,6 +27,10 @@ from ..config import nested, opt
 from ..data.curriculum import CurriculumConfig
 from ..errors import InductionLabError
 
+#: Attention kernels the trainer accepts (transformers' names): eager, sdpa, flex_attention run on any device;
+#: the flash kernels need CUDA and their package (:func:`check_attn_implementation`).
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
+
 # name -> (layers, hidden, MLP, query heads, KV heads). Paper sizes from the Bi-Induct paper
 # (0.13B and 1B); 0.5B is our interpolation (decision); cpu-* train in minutes on 2 CPU cores.
 PRESETS: dict[str, tuple[int, int, int, int, int]] = {
@@ -104,7 +108,8 @@ class TrainConfig:
     seed: int = opt(0, "Seed of model init, data stream and telemetry probes.")
     deterministic: bool = opt(False, "torch.use_deterministic_algorithms (bit-identical resume on CPU).",
                               flag="--deterministic/--no-deterministic")
-    attn_implementation: str = opt("sdpa", "Training attention kernel (telemetry uses its own).")
+    attn_implementation: str = opt("sdpa", "Training attention kernel (telemetry uses its own): "
+                                           + ", ".join(ATTN_IMPLEMENTATIONS) + ".")
     # Bi-Induct curriculum (SPEC §6), nested: the same fields as `inductionlab curriculum preview`
     curriculum: CurriculumConfig = nested(CurriculumConfig, "Bi-Induct curriculum (SPEC §6).", shorthand="variant")
     # Checkpoints (SPEC §7): log-spaced plus an optional dense window, plus rolling resume points.
@@ -189,6 +194,7 @@ class TrainConfig:
                                     f"{self.induction_threshold}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise InductionLabError(f"unknown precision {self.precision!r}; use auto, fp32 or bf16")
+        check_attn_implementation(self.attn_implementation)
         if self.parallel not in ("ddp", "fsdp"):
             raise InductionLabError(f"unknown parallel mode {self.parallel!r}; use ddp or fsdp")
         if not isinstance(self.curriculum, CurriculumConfig):
@@ -249,6 +255,26 @@ class TrainConfig:
         """The fields that define *which* run this is (everything except logging and paths)."""
         skip = {"out", "progress", "tensorboard", "log_every", "micro_batch_size", "parallel"}
         return {k: v for k, v in self.to_dict().items() if k not in skip}
+
+
+def check_attn_implementation(name: str) -> None:
+    """``name`` is an attention kernel transformers runs for a Llama model here: one of
+    :data:`ATTN_IMPLEMENTATIONS`; a flash-attention kernel also needs CUDA and its package (checked up front:
+    transformers' own error comes only when the model is built, after the run directory is opened).
+
+    Raises:
+        InductionLabError: an unknown name, or a flash kernel without CUDA or its package."""
+    if name not in ATTN_IMPLEMENTATIONS:
+        raise InductionLabError(f"--attn-implementation {name!r}: use one of {', '.join(ATTN_IMPLEMENTATIONS)}")
+    if name.startswith("flash_attention"):
+        import importlib.util
+
+        import torch
+
+        package = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}[name]
+        if not torch.cuda.is_available() or importlib.util.find_spec(package) is None:
+            raise InductionLabError(f"--attn-implementation {name} needs a CUDA GPU and the {package} package; use "
+                                    "sdpa (the default) or eager")
 
 
 def _flag(name: str) -> str:

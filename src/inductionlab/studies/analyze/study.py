@@ -29,7 +29,7 @@ from ...protocols import lag_probe
 from ...protocols.lag_probe import LagProbeConfig, LagProbeResult
 from ..configs import check_trial_ids, default_ks
 from ..engine import Context, Phase, StudyResult, run_study
-from ..spec import RunOptions, Study, StudyPlan
+from ..spec import RunOptions, Study, StudyPlan, run_options
 from .config import SPEC, AnalyzeConfig
 from .report import summary, write
 
@@ -159,16 +159,19 @@ def _patterns_record(p: dict) -> dict:
             "random_head": "random_heads(shape, 1, exclude=the induction heads shown, seed=seed)"}
 
 
-def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, opts: RunOptions | None = None) -> AnalyzeResult:
+def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, opts: RunOptions | None = None,
+            **legacy) -> AnalyzeResult:
     """Run (or resume) the main job on ``loaded`` and write the run directory ``out``
     (:func:`~inductionlab.studies.engine.run_study` of :data:`~inductionlab.studies.analyze.config.SPEC`).
+    ``legacy``: the run keywords of 0.1's first API (``overwrite``, ``progress``, ``on_checkpoint``, ``dist``,
+    ``log``), taken with a DeprecationWarning until 0.2 (:func:`~inductionlab.studies.spec.run_options`).
 
     Raises:
         InductionLabError: bad config (:meth:`AnalyzeConfig.validate`), what :func:`prepare` refuses, ``out``
             holding another run (other options, or another model: path, weight hashes, dtype that runs).
         TypeError: ``loaded`` not a LoadedModel, ``cfg`` not an AnalyzeConfig (a dict included).
     """
-    return run_study(SPEC, loaded, cfg, out, opts)
+    return run_study(SPEC, loaded, cfg, out, run_options(opts, legacy, "analyze"))
 
 
 STUDY: Study[AnalyzeConfig, Plan, AnalyzeResult] = Study(prepare, phases, result, write, summary)
