@@ -15,8 +15,9 @@ line instead of a ``RecursionError`` traceback, a ``MemoryError`` or a hang:
 
 :class:`DocumentError` is an :class:`~inductionlab.errors.InductionLabError`, hence a
 ``ValueError``: a caller that treats a damaged resume piece as absent (``except ValueError``) treats
-a too-deep or too-large piece the same way. Parse errors keep their own types
-(``json.JSONDecodeError``, ``yaml.YAMLError``, ``tomllib.TOMLDecodeError``).
+a too-deep or too-large piece the same way. Parse errors keep their own types (``yaml.YAMLError``,
+``tomllib.TOMLDecodeError``); a JSON one is a :class:`JSONDocumentError`, both a ``DocumentError`` (one line
+naming the file, line and column) and a ``json.JSONDecodeError``.
 """
 
 from __future__ import annotations

@@ -187,21 +187,39 @@ def with_dtype_choice(model: dict, loaded: LoadedModel) -> dict:
 
 
 @contextlib.contextmanager
-def float32_model(model) -> Iterator[Any]:
-    """``model`` in float32 for a computation whose result must not depend on the dtype it runs in (the head
-    scores that select heads: the same command picks the same heads in float32 and bfloat16). A model whose
-    floating weights are all float32 (or that has none) is yielded as it is; another is copied (``deepcopy``, then
-    every floating tensor widened: bfloat16 and float16 widen exactly) and the copy dropped on exit, the model itself untouched. A
-    model dispatched with offload hooks (weights loaded per forward) cannot be copied: it is yielded as it is.
+def float32_model(loaded) -> Iterator[Any]:
+    """The model of ``loaded`` (a :class:`LoadedModel`, or a bare module) in float32, for a computation whose result
+    must not depend on the dtype the model runs in: the head scores that select heads, so the same command picks
+    the same heads in float32 and bfloat16.
 
-    Yields: a ``torch.nn.Module`` whose floating parameters and buffers are float32 (or ``model``)."""
+    * floating weights all float32 (or none, or offloaded to the meta device): the model itself;
+    * else, when ``loaded`` names what it was loaded from (``identity["spec"]``, on one device): that source loaded
+      again in float32 (:func:`load_model`), its weight files' sha256 checked equal: the same weights a float32 run
+      holds. Widening the bfloat16 weights is not enough: they were rounded on loading (SmolLM2's Q4_1 GGUF), and
+      the rounding alone reorders near-tied heads (the top-10 boundary moved on SmolLM2);
+    * else (a model built in memory): a copy with every floating tensor widened (``Module._apply``; transformers
+      refuses ``.float()`` on a GGUF-loaded model).
+
+    The copy is dropped on exit; the model itself is never changed.
+
+    Yields: a ``torch.nn.Module`` whose floating parameters are float32 (or the model, as said above)."""
+    module = isinstance(loaded, torch.nn.Module)         # (a causal LM's .model is its decoder: not a LoadedModel)
+    model = loaded if module else loaded.model
+    identity = {} if module else (getattr(loaded, "identity", None) or {})
     floats = [t for t in itertools.chain(model.parameters(), model.buffers()) if t.is_floating_point()]
     if all(t.dtype == torch.float32 for t in floats) or any(t.is_meta for t in floats):
         yield model
         return
-    copy = copy_module.deepcopy(model)
-    # Module._apply, not .float(): transformers refuses .float() / .to(dtype) on a model loaded from a GGUF file
-    copy._apply(lambda t: t.float() if t.is_floating_point() else t)
+    device = execution_device(model)
+    one_device = len({t.device for t in model.parameters()}) == 1
+    copy = None
+    if identity.get("spec") and one_device:
+        again = load_model(identity["spec"], dtype="float32", device=str(device))
+        if again.identity.get("sha256") == identity.get("sha256"):
+            copy = again.model
+    if copy is None:
+        copy = copy_module.deepcopy(model)
+        copy._apply(lambda t: t.float() if t.is_floating_point() else t)
     try:
         yield copy
     finally:

@@ -89,8 +89,8 @@ class TokenShards:
         if not mf.is_file():
             raise InductionLabError(f"{path} is not a prepared corpus (no manifest.json); "
                                     "run: inductionlab corpus prepare SOURCE --out DIR")
-        manifest = read_json(mf, "corpus manifest")           # the one bounded reader: one line if damaged
         try:
+            manifest = read_json(mf, "corpus manifest")       # the one bounded reader
             fmt = manifest["format"]
             tok = manifest["tokenizer"]
             counts = manifest["splits"]
