@@ -63,14 +63,17 @@ def _roots(tmp: Path):
     shards = tmp / "shards"
     shards.mkdir(exist_ok=True)
     (shards / "manifest.json").write_text("{}")
+    text = tmp / "text.txt"                                 # not the demo corpus: a fresh clone has none
+    text.write_text("some natural text\n")
     for spec in specs():
         cfg = C.default(spec.config)
         if spec.config is TelemetryConfig:
             cfg = dataclasses.replace(cfg, runs=("run",), head_types=dataclasses.replace(cfg.head_types, enabled=True))
         elif spec.command == "study routes":
-            cfg = C.with_leaf(cfg, ("selection", "rankings"), ("induction", "anti_induction"))
+            cfg = C.with_leaf(C.with_leaf(cfg, ("selection", "rankings"), ("induction", "anti_induction")),
+                              ("icl", "text"), str(text))
         elif spec.command == "study head-types":
-            cfg = C.with_leaf(cfg, ("cmr", "enabled"), True)
+            cfg = C.with_leaf(C.with_leaf(cfg, ("cmr", "enabled"), True), ("icl", "text"), str(text))
         elif spec.command == "study bi-induct":
             cfg = C.with_leaf(cfg, ("shards",), str(shards))
         yield spec.command, cfg
@@ -134,6 +137,7 @@ def victim(tmp_path):
 
 
 MISSING_MODEL = "/nonexistent/model"       # a count refused first: the model is never looked at
+TEXT = "text.txt"                          # written in the test's folder: no demo corpus needed
 
 CLI_CASES = [
     (["study", "head-types", MISSING_MODEL, "--fv-zero-shot-prompts", BILLION], "--fv-zero-shot-prompts"),
@@ -156,6 +160,9 @@ CLI_CASES = [
 @pytest.mark.parametrize("out", ["absent", "victim"])
 def test_cli_refuses_a_billion_before_the_model(args, flag, out, tmp_path, victim, memory, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / TEXT).write_text("some natural text\n")
+    if args[0] == "study":
+        args = [*args, "--icl-text", TEXT]
     target = tmp_path / "absent" if out == "absent" else victim
     before = _digest(victim)
     line = refused([*args, "--out", target], rf"{flag} 1,000,000,000: .* more than a quarter of this machine's", tmp_path)

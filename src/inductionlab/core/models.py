@@ -200,7 +200,8 @@ def float32_model(loaded) -> Iterator[Any]:
     * else (a model built in memory): a copy with every floating tensor widened (``Module._apply``; transformers
       refuses ``.float()`` on a GGUF-loaded model).
 
-    The copy is dropped on exit; the model itself is never changed.
+    The copy is dropped on exit; the model itself is never changed. A device without room for the float32 copy
+    (``torch.OutOfMemoryError`` on loading it) gets the model as it runs.
 
     Yields: a ``torch.nn.Module`` whose floating parameters are float32 (or the model, as said above)."""
     module = isinstance(loaded, torch.nn.Module)         # (a causal LM's .model is its decoder: not a LoadedModel)
@@ -214,8 +215,12 @@ def float32_model(loaded) -> Iterator[Any]:
     one_device = len({t.device for t in model.parameters()}) == 1
     copy = None
     if identity.get("spec") and one_device:
-        again = load_model(identity["spec"], dtype="float32", device=str(device))
-        if again.identity.get("sha256") == identity.get("sha256"):
+        try:
+            again = load_model(identity["spec"], dtype="float32", device=str(device))
+        except torch.OutOfMemoryError:           # no room for a float32 copy: the model as it runs
+            yield model
+            return
+        if all(again.identity.get(k) == identity.get(k) for k in ("sha256", "revision")):
             copy = again.model
     if copy is None:
         copy = copy_module.deepcopy(model)
