@@ -327,7 +327,8 @@ def test_old_analyze_config_keywords():
     with pytest.warns(DeprecationWarning, match=r"AnalyzeConfig\(ks=...\) is deprecated and will be removed in 0.2; "
                                                 r"use AnalyzeConfig\(ablation=AblationConfig\(ks=...\)\)"):
         old = AnalyzeConfig(ks=(1, 2), n_draws=3, score_seq_len=12, method="mean")
-    new = AnalyzeConfig(ablation=AblationConfig(ks=(1, 2), n_draws=3, method="mean"), scores=HeadScoreConfig(seq_len=12))
+    new = AnalyzeConfig(ablation=AblationConfig(ks=(1, 2), n_draws=3, method="mean"),
+                        scores=HeadScoreConfig(seq_len=12))
     assert old == new
     with pytest.raises(TypeError, match="unexpected keyword argument 'kz'"):
         AnalyzeConfig(kz=(1,))

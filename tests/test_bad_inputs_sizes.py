@@ -165,7 +165,8 @@ def test_cli_refuses_a_billion_before_the_model(args, flag, out, tmp_path, victi
         args = [*args, "--icl-text", TEXT]
     target = tmp_path / "absent" if out == "absent" else victim
     before = _digest(victim)
-    line = refused([*args, "--out", target], rf"{flag} 1,000,000,000: .* more than a quarter of this machine's", tmp_path)
+    line = refused([*args, "--out", target], rf"{flag} 1,000,000,000: .* more than a quarter of this machine's",
+                   tmp_path)
     assert "GiB" in line
     assert not (tmp_path / "absent").exists()
     assert _digest(victim) == before

@@ -98,8 +98,9 @@ class TokenShards:
             vocab_size, eos_id, sep_id = (_manifest_int(tok[k], k) for k in ("vocab_size", "eos_id", "sep_id"))
             bos_id = None if tok.get("bos_id") is None else _manifest_int(tok["bos_id"], "bos_id")
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
-            raise InductionLabError(f"{mf} is corrupt ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e!r}); "
-                                    "prepare the corpus again") from None
+            first = str(e).splitlines()[0] if str(e) else repr(e)
+            raise InductionLabError(f"{mf} is corrupt ({type(e).__name__}: {first}); prepare the corpus "
+                                    "again") from None
         if dtype.kind not in "ui" or dtype.itemsize > 8:
             raise InductionLabError(f"{mf} is corrupt (token dtype {dtype.name!r} is no integer type); prepare the "
                                     "corpus again")

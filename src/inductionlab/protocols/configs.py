@@ -344,8 +344,8 @@ class DualRouteConfig:
                        source="Feucht et al. 2025 use 1024; fewer here for a CPU run", flag="--route-prompts",
                        size=lambda c: TOKEN_BYTES * 2 * c.prompt_tokens)
     n_attention: int = opt(32, "Prompts for the value-weighted attention scores.",
-                           source="Feucht et al. 2025 use 2048; fewer here for a CPU run", flag="--route-attention-prompts",
-                           size=lambda c: TOKEN_BYTES * c.prompt_tokens)
+                           source="Feucht et al. 2025 use 2048; fewer here for a CPU run",
+                           flag="--route-attention-prompts", size=lambda c: TOKEN_BYTES * c.prompt_tokens)
     seq_len: int = opt(30, "Random-token context length around a word.", source="Feucht et al. 2025",
                        flag="--route-seq-len", size=lambda c: TOKEN_BYTES * 2 * (2 * c.n_words + c.n_attention))
     lengths: tuple[int, ...] = opt((2, 3, 4, 5), "Word lengths in tokens, comma-separated.",

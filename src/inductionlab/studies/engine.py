@@ -153,9 +153,9 @@ class Context:
     def head_scores(self, cfg: HeadScoreConfig, seed: int, pool=None) -> HeadScores:
         """The head scores (SPEC §3) of ``cfg`` as the piece ``scores``: computed once, then loaded; sharded
         over the ranks; timed as ``head_scores``. Computed in float32 whatever dtype the model runs in
-        (:func:`~inductionlab.core.models.float32_model`: the source loaded again in float32), so the heads a study ranks, excludes and draws around are
-        the same in float32 and bfloat16. ``pool``: ids the random tokens are drawn from (None: the
-        tokenizer's ordinary ids)."""
+        (:func:`~inductionlab.core.models.float32_model`: the source loaded again in float32), so the heads a
+        study ranks, excludes and draws around are the same in float32 and bfloat16. ``pool``: ids the random
+        tokens are drawn from (None: the tokenizer's ordinary ids)."""
         run, model = self.run, self.loaded
         seqs = cfg.sequences(seed, pool)
 

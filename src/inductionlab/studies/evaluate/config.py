@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...checks import (ABLATION_POSITIONS, TOKEN_BYTES, check_ablation_positions, check_draws, check_fields, check_method,
+from ...checks import (ABLATION_POSITIONS, TOKEN_BYTES, check_ablation_positions, check_draws, check_fields,
+                       check_method,
                        check_seed)
 from ...config import nested, opt, validate_tree
 from ...errors import InductionLabError
@@ -64,7 +65,8 @@ class ICLScoreConfig:
     window: int = opt(1, "Tokens averaged at each position (more = less noise per window).",
                       source="Olsson et al. 2022", flag="--icl-window")
     n_sequences: int = opt(16, "Held-out windows for the ICL score.", flag="--icl-sequences")
-    batch_size: int = opt(2, "Windows per forward pass.", cli=False, size=lambda c: TOKEN_BYTES * min(c.late + 1, 1 << 17))
+    batch_size: int = opt(2, "Windows per forward pass.", cli=False,
+                          size=lambda c: TOKEN_BYTES * min(c.late + 1, 1 << 17))
 
     def validate(self) -> None:
         check_fields(self)
@@ -83,7 +85,8 @@ class InductionLossConfig:
     seq_len: int = opt(50, "T of the induction-loss sequences [BOS] S S.", flag="--induction-seq-len",
                        size=lambda c: TOKEN_BYTES * 2 * c.n_sequences)
     n_sequences: int = opt(16, "Induction-loss sequences.", cli=False, size=lambda c: TOKEN_BYTES * (2 * c.seq_len + 1))
-    batch_size: int = opt(16, "Sequences per forward pass.", cli=False, size=lambda c: TOKEN_BYTES * (2 * c.seq_len + 1))
+    batch_size: int = opt(16, "Sequences per forward pass.", cli=False,
+                          size=lambda c: TOKEN_BYTES * (2 * c.seq_len + 1))
 
     def validate(self) -> None:
         check_fields(self)
@@ -99,8 +102,10 @@ class RecallConfig:
     ``n_pairs`` random key-value pairs, then the same pairs shuffled; top-1 accuracy of each value."""
     n_pairs: int = opt(8, "Key-value pairs per associative-recall sequence (then the same pairs shuffled).",
                        flag="--recall-pairs", size=lambda c: TOKEN_BYTES * 4 * c.n_sequences)
-    n_sequences: int = opt(32, "Associative-recall sequences.", cli=False, size=lambda c: TOKEN_BYTES * (4 * c.n_pairs + 1))
-    batch_size: int = opt(16, "Sequences per forward pass.", cli=False, size=lambda c: TOKEN_BYTES * (4 * c.n_pairs + 1))
+    n_sequences: int = opt(32, "Associative-recall sequences.", cli=False,
+                           size=lambda c: TOKEN_BYTES * (4 * c.n_pairs + 1))
+    batch_size: int = opt(16, "Sequences per forward pass.", cli=False,
+                          size=lambda c: TOKEN_BYTES * (4 * c.n_pairs + 1))
 
     def validate(self) -> None:
         check_fields(self)
@@ -169,7 +174,8 @@ class LmEvalConfig:
                                   size=lambda c: TOKEN_BYTES * 64 * (c.limit or 1),       # a shot of >= 64 tokens
                                   needs="--lm-eval-tasks")
     limit: int | None = opt(50, "lm-eval test documents per task.", flag="--lm-eval-limit", needs="--lm-eval-tasks")
-    batch_size: int = opt(8, "lm-eval batch size.", cli=False, size=lambda c: TOKEN_BYTES * 64)        # a request of >= 64 tokens
+    batch_size: int = opt(8, "lm-eval batch size.", cli=False,
+                          size=lambda c: TOKEN_BYTES * 64)                      # a request of >= 64 tokens
     ablated: bool = opt(True, "Run the lm-eval tasks intact only (the flag sets ablated false), not also under every "
                               "ablation condition of the load-bearing test.", flag="--no-lm-eval-ablated",
                         omit_default=True)

@@ -76,7 +76,8 @@ class CMRConfig:
                                "cmr_fits.png; cmr_distance and cmr_like columns in head_scores.csv).", flag="--cmr")
     n_exps: int = opt(10, "Simulated CMR recall runs per start position and grid cell (the grid is computed once "
                           "and cached in the user cache dir; cost grows with it).",
-                      source="Ji-An et al. 2024 used 1,000", flag="--cmr-runs", size=lambda c: CMR_RUN_BYTES * c.n_starts)
+                      source="Ji-An et al. 2024 used 1,000", flag="--cmr-runs",
+                      size=lambda c: CMR_RUN_BYTES * c.n_starts)
     n_starts: int = opt(20, "Start positions of the CMR simulation (n_s0).", source="Ji-An et al. 2024", cli=False,
                         size=lambda c: CMR_RUN_BYTES * c.n_exps)
     max_lag: int = opt(8, "Lags -m..m of the attention CRP kept (±5 are fitted).", source="Ji-An et al. 2024",
