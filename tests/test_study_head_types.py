@@ -114,8 +114,10 @@ def test_cmr_files_and_columns(study):
 
 
 def test_crp_lag_window_must_fit_the_score_sequences(tmp_path):
+    text = tmp_path / "text.txt"                  # --icl-text must name a file: validate() checks it
+    text.write_text("some words\n")
     with pytest.raises(InductionLabError, match="--crp-max-lag"):
-        small(tmp_path, cmr=CMRConfig(enabled=True, max_lag=20)).validate()
+        small(text, cmr=CMRConfig(enabled=True, max_lag=20)).validate()
 
 
 def test_the_fv_column_is_the_aie_over_tasks_and_prompts(study):

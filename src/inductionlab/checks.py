@@ -18,6 +18,7 @@ from typing import Any
 from .errors import InductionLabError
 
 INT64_MAX = 2 ** 63 - 1
+TOKEN_BYTES = 16   # one token of a trial held while a run runs: its id and its list / mask id, int64 each
 MAX_DRAWS = 1000   # random-head draws per k / variant: each is a full pass over the trials and a checkpoint piece
 
 
@@ -61,6 +62,70 @@ def check_float(value, name: str, *, lo: float | None = None, hi: float | None =
     return value
 
 
+def physical_memory() -> int | None:
+    """Bytes of physical memory (None where the platform does not say): the bound of up-front
+    size checks (a plan or a trial set that cannot fit is refused before any work)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits(need: int, option: str, value, what: str) -> None:
+    """The one memory check of a count: ``need`` bytes (what ``option`` = ``value`` makes the run hold) must fit
+    in a quarter of this machine's physical memory.
+
+    Raises:
+        InductionLabError: one line naming ``option``, its value, ``what`` it holds, the GiB needed and the
+            machine's memory, and the fix (a lower value)."""
+    mem = physical_memory()
+    if mem and need > mem // 4:
+        shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+        raise InductionLabError(f"{option} {shown}: {what} need {need / 2**30:.1f} GiB, more than a quarter of this "
+                                f"machine's {mem / 2**30:.0f} GiB; lower {option}")
+
+
+def check_sizes(cfg, prefix: str = "") -> None:
+    """Every count leaf of the dataclass ``cfg`` (a field declared with ``opt(size=...)``: the bytes one unit of
+    it makes the run hold, a function of ``cfg``) fits :func:`check_fits`. Called by :func:`check_fields`, so
+    every config's ``validate()`` refuses an oversized count before a model loads or a file is written. A size
+    that cannot be worked out (another field is itself invalid) is skipped: that field's own check refuses it.
+
+    Raises:
+        InductionLabError: a count whose need is more than a quarter of physical memory, naming its flag."""
+    over = []                       # (how far from its default, field, value, bytes per unit) of every count too large
+    for f in dataclasses.fields(cfg):
+        size = f.metadata.get("size")
+        value = getattr(cfg, f.name)
+        if size is None or isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            continue
+        try:
+            per = int(size(cfg))
+        except (InductionLabError, ArithmeticError, ValueError, TypeError, AttributeError):
+            continue
+        mem = physical_memory()
+        if mem and int(value) * per > mem // 4:
+            default = f.default if isinstance(f.default, numbers.Integral) and f.default > 0 else 1
+            over.append((int(value) / default, f, int(value), per))
+    if over:                        # counts multiply: blame the one moved furthest from its default
+        _, f, value, per = max(over, key=lambda o: o[0])
+        name = f.metadata.get("flag") or _flag(f.name, prefix)
+        check_fits(value * per, name, value, f"{value:,} x {per:,} bytes")
+
+
+def check_utf8(text: str, name: str) -> str:
+    """``text`` (a command-line value) is valid UTF-8: Python's UTF-8 mode passes an undecodable byte through as a
+    lone surrogate (``\\udcff``), which a tokenizer cannot encode.
+
+    Raises:
+        InductionLabError: naming ``name``, the first bad byte and its position."""
+    for i, ch in enumerate(text):
+        if "\ud800" <= ch <= "\udfff":
+            byte = f"byte 0x{ord(ch) - 0xDC00:02x}" if "\udc80" <= ch <= "\udcff" else f"U+{ord(ch):04X}"
+            raise InductionLabError(f"{name}: the text is not valid UTF-8 ({byte} at character {i}); pass UTF-8 text")
+    return text
+
+
 def check_seed(seed, name: str = "--seed") -> int:
     """A seed torch's and numpy's generators take: an integer in 0 .. 2**63 - 1."""
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and not 0 <= seed <= INT64_MAX:
@@ -94,7 +159,8 @@ def _field_kinds(annotation) -> tuple[type | None, bool, bool]:
 
 def check_fields(cfg, prefix: str = "", *, effects: bool = True) -> None:
     """Every ``int`` / ``float`` field of the dataclass ``cfg`` (also optional ones, and tuples
-    or lists of ints) holds a number of its kind that fits: an integer of 64 bits, a finite float.
+    or lists of ints) holds a number of its kind that fits: an integer of 64 bits, a finite float;
+    then every count of it fits in memory (:func:`check_sizes`).
     Messages name the CLI flag (``n_draws`` -> ``--n-draws``; ``prefix="icl-"``: ``--icl-late``).
 
     Then the leaves that would do nothing in the run (:func:`check_effects`: ``needs``,
@@ -103,7 +169,8 @@ def check_fields(cfg, prefix: str = "", *, effects: bool = True) -> None:
 
     Raises:
         TypeError: a field of the wrong type (``"64"``, ``3.5`` for an integer, ``True``).
-        InductionLabError: a NaN or infinite float, an integer beyond 64 bits; a leaf with no effect."""
+        InductionLabError: a NaN or infinite float, an integer beyond 64 bits, a count too large for memory; a
+            leaf with no effect."""
     for f in dataclasses.fields(cfg):
         kind, optional, many = _field_kinds(f.type)
         if kind is None:
@@ -120,6 +187,7 @@ def check_fields(cfg, prefix: str = "", *, effects: bool = True) -> None:
                 check(x, name)
         else:
             check(v, name)
+    check_sizes(cfg, prefix)
     if effects:
         check_effects(cfg)
 

@@ -37,7 +37,7 @@ def opt(default: Any = MISSING, help: str = "", *, source: str | None = None, fl
         aliases: tuple[str, ...] = (), choices: tuple[str, ...] | None = None, none: str | None = None,
         cli: bool = True, factory: Callable[[], Any] | None = None, metavar: str | None = None,
         escapes: bool = False, needs: str | None = None, overrides: str | tuple[str, ...] | None = None,
-        omit_default: bool = False) -> Any:
+        omit_default: bool = False, size: Callable[[Any], int] | None = None) -> Any:
     """A leaf of a config tree: a dataclass field with what the command line and the docs need.
 
     Args:
@@ -64,13 +64,51 @@ def opt(default: Any = MISSING, help: str = "", *, source: str | None = None, fl
             command refuses them (``--span-range`` overrides ``--span-length``).
         omit_default: left out of :func:`to_dict` (records, a run's params) while at its default: an option
             added to a config after runs were recorded keeps their params, so they still resume.
+        size: for a count, the bytes one unit of it makes the run hold, as a function of the config it sits in
+            (``lambda c: TOKEN_BYTES * c.trial_tokens`` for trials): every config's ``validate()`` refuses a value
+            whose total is more than a quarter of physical memory (:func:`inductionlab.checks.check_sizes`, the
+            one memory check of every count; ``tests/test_bad_inputs_sizes.py`` walks every integer option).
     """
     meta = {"help": help, "source": source, "flag": flag, "aliases": tuple(aliases), "choices": choices,
             "none": none, "cli": cli, "metavar": metavar,
-            "escapes": escapes, "needs": needs, "overrides": overrides, "omit_default": omit_default}
+            "escapes": escapes, "needs": needs, "overrides": overrides, "omit_default": omit_default,
+            "size": size}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def renamed_keywords(renamed: dict[str, tuple[str, ...]], until: str) -> Callable[[type], type]:
+    """A class decorator (after ``@dataclass``) keeping a config's former keywords working for one minor version:
+    ``renamed`` maps an old keyword to the path of the leaf that holds it now (``"ks": ("ablation", "ks")``);
+    ``Config(ks=(5, 10))`` sets that leaf and warns (``DeprecationWarning``) with the new spelling and ``until``,
+    the release that removes it. An old keyword beside its new leaf given explicitly: the old one wins, as
+    given last.
+
+    Raises (from the wrapped constructor): TypeError for any other unknown keyword, as the dataclass's own."""
+    import warnings
+
+    def wrap(cls: type) -> type:
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kw):
+            old = {k: kw.pop(k) for k in list(kw) if k in renamed}
+            init(self, *args, **kw)
+            for k, v in old.items():
+                path = renamed[k]
+                new = f"{cls.__name__}({path[0]}={type(get(self, path[:1])).__name__}({'.'.join(path[1:])}=...))" \
+                    if len(path) > 1 else f"{cls.__name__}({path[0]}=...)"
+                warnings.warn(f"{cls.__name__}({k}=...) is deprecated and will be removed in {until}; use {new}",
+                              DeprecationWarning, stacklevel=2)
+                updated = with_leaf(self, path, v)
+                for f in dataclasses.fields(cls):
+                    object.__setattr__(self, f.name, getattr(updated, f.name))
+
+        cls.__init__ = __init__
+        cls.renamed_keywords = dict(renamed)
+        return cls
+    return wrap
 
 
 def nested(factory: Callable[[], Any] | None, help: str = "", *, cli: bool = True,

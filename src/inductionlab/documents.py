@@ -15,8 +15,9 @@ line instead of a ``RecursionError`` traceback, a ``MemoryError`` or a hang:
 
 :class:`DocumentError` is an :class:`~inductionlab.errors.InductionLabError`, hence a
 ``ValueError``: a caller that treats a damaged resume piece as absent (``except ValueError``) treats
-a too-deep or too-large piece the same way. Parse errors keep their own types
-(``json.JSONDecodeError``, ``yaml.YAMLError``, ``tomllib.TOMLDecodeError``).
+a too-deep or too-large piece the same way. Parse errors keep their own types (``yaml.YAMLError``,
+``tomllib.TOMLDecodeError``); a JSON one is a :class:`JSONDocumentError`, both a ``DocumentError`` (one line
+naming the file, line and column) and a ``json.JSONDecodeError``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ MAX_VALUES = 1_000_000      # values of a YAML / TOML document once its aliases 
 
 class DocumentError(InductionLabError):
     """A document that is too large, too deeply nested, not UTF-8 or not a regular file."""
+
+
+class JSONDocumentError(DocumentError, json.JSONDecodeError):
+    """A JSON document that does not parse: one line naming the file, line and column. Also a
+    ``json.JSONDecodeError``, so a caller that treats a damaged file as absent (a checkpoint piece computed again)
+    keeps doing so."""
+
+    def __init__(self, message: str, e: json.JSONDecodeError):
+        json.JSONDecodeError.__init__(self, e.msg, e.doc, e.pos)
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return self.args[0]
 
 
 def _size(n: int) -> str:
@@ -151,6 +165,10 @@ def loads_json(text: str, what: str = "JSON", path: str | os.PathLike = "", max_
         return json.loads(text)
     except RecursionError:
         raise _too_deep(what, path, None, max_depth) from None
+    except json.JSONDecodeError as e:
+        where = f"{path}" if path else what
+        raise JSONDocumentError(f"{where}: {what} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
+                                "repair or recreate it", e) from None
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON file", *, max_bytes: int = MAX_BYTES,

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import click
 
 from .. import config as C
-from ..checks import check_float, check_int, needs_error, off, overrides_error
+from ..checks import check_float, check_int, check_utf8, needs_error, off, overrides_error
 from ..errors import InductionLabError
 
 
@@ -29,7 +29,8 @@ def _param(leaf_key: str) -> str:
 
 class LeafType(click.ParamType):
     """An option's text as its leaf's annotation (:func:`inductionlab.config.coerce`: ``1e6`` is an int,
-    ``5,10,20`` a tuple), refusing NaN, infinities and integers beyond 64 bits with one line naming the flag."""
+    ``5,10,20`` a tuple), refusing NaN, infinities, integers beyond 64 bits and text that is not UTF-8 with one
+    line naming the flag."""
 
     def __init__(self, annotation, escapes: bool = False):
         self.annotation, self.escapes = annotation, escapes
@@ -41,6 +42,7 @@ class LeafType(click.ParamType):
         flag = param.opts[0] if param is not None and param.opts else "value"
         if not isinstance(value, str):
             return value
+        check_utf8(value, flag)
         if self.escapes:
             value = value.replace("\\n", "\n")
         try:

@@ -173,7 +173,7 @@ def load_from_options(kw: dict):
 
     import torch
 
-    from ..core.models import check_device
+    from ..core.models import check_device, check_device_map
     from ..core.support import load_model
 
     model, dtype, device = kw.pop("model"), kw.pop("dtype"), kw.pop("device")
@@ -184,6 +184,8 @@ def load_from_options(kw: dict):
         torch.set_num_threads(threads)
     if not device_map:
         check_device(device)
+    else:
+        check_device_map(device_map)
     return load_model(model, dtype=dtype, device=device, device_map=device_map)
 
 

@@ -51,6 +51,20 @@ def check_finite_weights(model: torch.nn.Module, what: str = "the model") -> Non
                                 "from it is NaN or inf; repair or re-download the checkpoint")
 
 
+def check_nonzero_weights(model: torch.nn.Module, what: str = "the model") -> None:
+    """Refuse a degenerate model whose every weight matrix is zero: its logits do not depend on its input, so
+    no head can be scored or ablated (the self-check would blame the instrumentation). Weights on the meta device
+    are skipped; a model without matrices (a fake) passes.
+
+    Raises:
+        InductionLabError: ``<what>: every one of its N weight matrices is zero; ...``."""
+    mats = [p for p in model.parameters() if p.dim() >= 2 and not p.is_meta]
+    if mats and not any(bool(p.detach().any()) for p in mats):
+        raise InductionLabError(f"{what}: every one of its {len(mats)} weight matrices is zero, so its output does not "
+                                "depend on its input and no head can be measured; load a trained (or randomly "
+                                "initialised) checkpoint")
+
+
 def _tensor(out: Any) -> torch.Tensor | None:
     if isinstance(out, torch.Tensor):
         return out

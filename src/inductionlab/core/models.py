@@ -6,12 +6,15 @@ file hash or revision, dtype, shape of the attention) that every result stores.
 
 from __future__ import annotations
 
+import contextlib
+import copy as copy_module
+import itertools
 import os
 import pickle
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from safetensors import SafetensorError
@@ -183,6 +186,51 @@ def with_dtype_choice(model: dict, loaded: LoadedModel) -> dict:
     return {**model, "dtype_choice": choice} if choice else dict(model)
 
 
+@contextlib.contextmanager
+def float32_model(loaded) -> Iterator[Any]:
+    """The model of ``loaded`` (a :class:`LoadedModel`, or a bare module) in float32, for a computation whose result
+    must not depend on the dtype the model runs in: the head scores that select heads, so the same command picks
+    the same heads in float32 and bfloat16.
+
+    * floating weights all float32 (or none, or offloaded to the meta device): the model itself;
+    * else, when ``loaded`` names what it was loaded from (``identity["spec"]``, on one device): that source loaded
+      again in float32 (:func:`load_model`), its weight files' sha256 checked equal: the same weights a float32 run
+      holds. Widening the bfloat16 weights is not enough: they were rounded on loading (SmolLM2's Q4_1 GGUF), and
+      the rounding alone reorders near-tied heads (the top-10 boundary moved on SmolLM2);
+    * else (a model built in memory): a copy with every floating tensor widened (``Module._apply``; transformers
+      refuses ``.float()`` on a GGUF-loaded model).
+
+    The copy is dropped on exit; the model itself is never changed. A device without room for the float32 copy
+    (``torch.OutOfMemoryError`` on loading it) gets the model as it runs.
+
+    Yields: a ``torch.nn.Module`` whose floating parameters are float32 (or the model, as said above)."""
+    module = isinstance(loaded, torch.nn.Module)         # (a causal LM's .model is its decoder: not a LoadedModel)
+    model = loaded if module else loaded.model
+    identity = {} if module else (getattr(loaded, "identity", None) or {})
+    floats = [t for t in itertools.chain(model.parameters(), model.buffers()) if t.is_floating_point()]
+    if all(t.dtype == torch.float32 for t in floats) or any(t.is_meta for t in floats):
+        yield model
+        return
+    device = execution_device(model)
+    one_device = len({t.device for t in model.parameters()}) == 1
+    copy = None
+    if identity.get("spec") and one_device:
+        try:
+            again = load_model(identity["spec"], dtype="float32", device=str(device))
+        except torch.OutOfMemoryError:           # no room for a float32 copy: the model as it runs
+            yield model
+            return
+        if all(again.identity.get(k) == identity.get(k) for k in ("sha256", "revision")):
+            copy = again.model
+    if copy is None:
+        copy = copy_module.deepcopy(model)
+        copy._apply(lambda t: t.float() if t.is_floating_point() else t)
+    try:
+        yield copy
+    finally:
+        del copy
+
+
 def attention_shape(config) -> dict:
     """Layers, query heads, KV heads and head_dim of a (text) config.
 
@@ -200,6 +248,33 @@ def attention_shape(config) -> dict:
             "vocab_size": int(cfg.vocab_size),
             "max_position_embeddings": getattr(cfg, "max_position_embeddings", None)
             or getattr(cfg, "n_positions", None)}
+
+
+#: accelerate's placement strategies a ``device_map`` may name (else it names one device).
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device_map(device_map: str, option: str = "--device-map") -> None:
+    """The one check of a ``device_map`` string before anything loads: a placement strategy
+    (:data:`DEVICE_MAP_STRATEGIES`) or one device that exists here (:func:`check_device`: ``cuda:0`` on a torch
+    without CUDA is refused in one line instead of transformers' traceback after loading began).
+
+    Raises:
+        InductionLabError: ``meta`` (no data), a device that does not exist or is not a device."""
+    if not isinstance(device_map, str):
+        raise InductionLabError(f"{option} must be text (auto, balanced, sequential, cpu, cuda:N), got "
+                                f"{type(device_map).__name__}")
+    if device_map in DEVICE_MAP_STRATEGIES:
+        return
+    if device_map == "meta":   # refused here: transformers' own error for it changes between releases
+        raise InductionLabError("device map 'meta' leaves weights unloaded: the meta device holds no data, so "
+                                "every weight would stay there; use device_map 'auto' or 'cpu', or leave it unset")
+    try:
+        torch.device(device_map)
+    except (RuntimeError, TypeError):
+        raise InductionLabError(f"{option} {device_map!r}: use {', '.join(DEVICE_MAP_STRATEGIES)} or one device "
+                                "(cpu, cuda, cuda:N)") from None
+    check_device(device_map, option)
 
 
 def check_device(device: str, option: str = "--device") -> torch.device:
@@ -435,9 +510,8 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, *, dtype: str | torch.dt
         raise InductionLabError(f"unknown dtype {dtype!r}; use one of auto, float32, bfloat16, float16")
     if not device_map:
         check_device(device)
-    elif device_map == "meta":   # refused here: transformers' own error for it changes between releases
-        raise InductionLabError("device map 'meta' leaves weights unloaded: the meta device holds no data, so "
-                                "every weight would stay there; use device_map 'auto' or 'cpu', or leave it unset")
+    else:
+        check_device_map(device_map, "device_map")
     # where the model runs, for dtype="auto" (a device_map spreads it over the GPUs if there are any)
     run_on = device if not device_map else ("cuda" if torch.cuda.is_available() else "cpu")
 

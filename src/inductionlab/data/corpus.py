@@ -260,9 +260,32 @@ def _file_documents(path: Path, kind: str, text_field: str, chunk_chars: int,
                     yield v
 
 
+def check_hf_dataset_dir(path: Path) -> None:
+    """Every JSON file of a saved Hugging Face dataset folder (``dataset_dict.json``, ``state.json``,
+    ``dataset_info.json``, at the top and in each split's folder) read by the one bounded reader
+    (:func:`inductionlab.documents.read_json`: size, regular file, UTF-8, depth, valid JSON) before ``datasets``
+    parses them with ``json.load``.
+
+    Raises:
+        InductionLabError: a damaged, oversized or non-JSON file, naming it."""
+    from ..documents import read_json
+
+    for f in sorted([*path.glob("*.json"), *path.glob("*/*.json")]):
+        doc = read_json(f, "saved dataset file")
+        if not isinstance(doc, dict):
+            raise InductionLabError(f"{f}: a saved dataset's JSON file holds a {type(doc).__name__}, not an object; "
+                                    "save the dataset again (Dataset.save_to_disk)")
+
+
 def _hf_documents(path: Path, text_field: str) -> Iterator[str]:
     import datasets
-    ds = datasets.load_from_disk(str(path))
+    check_hf_dataset_dir(path)
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:  # noqa: BLE001 - datasets and pyarrow raise many kinds for a damaged folder
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InductionLabError(f"{path}: not a readable saved dataset ({type(e).__name__}: {first}); save it again "
+                                "with Dataset.save_to_disk") from None
     if isinstance(ds, datasets.DatasetDict):
         if "train" not in ds:
             raise InductionLabError(f"{path}: dataset has no 'train' split (splits: "

@@ -42,6 +42,15 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
 
 
+def _manifest_int(value, name: str) -> int:
+    """A manifest's integer field (not a bool, a float with a fraction, a string, or negative).
+
+    Raises: ValueError naming the field."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} is {value!r}, not a count >= 0")
+    return value
+
+
 @dataclass
 class TokenShards:
     """A prepared corpus directory, memory-mapped.
@@ -68,7 +77,7 @@ class TokenShards:
     _tok: object = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> "TokenShards":
+    def open(cls, path: str | os.PathLike) -> "TokenShards":  # noqa: C901 (one check per manifest field)
         """Open a directory written by :func:`prepare_corpus`.
 
         Raises:
@@ -81,20 +90,30 @@ class TokenShards:
             raise InductionLabError(f"{path} is not a prepared corpus (no manifest.json); "
                                     "run: inductionlab corpus prepare SOURCE --out DIR")
         try:
-            manifest = read_json(mf, "corpus manifest")
+            manifest = read_json(mf, "corpus manifest")       # the one bounded reader
             fmt = manifest["format"]
             tok = manifest["tokenizer"]
             counts = manifest["splits"]
             dtype = np.dtype(manifest["dtype"])
-            vocab_size, eos_id, sep_id = int(tok["vocab_size"]), int(tok["eos_id"]), int(tok["sep_id"])
-            bos_id = None if tok.get("bos_id") is None else int(tok["bos_id"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise InductionLabError(f"{mf} is corrupt ({type(e).__name__}: {e}); "
-                                    "prepare the corpus again") from None
-        missing = [s for s in SPLITS if not isinstance(counts.get(s), dict) or "tokens" not in counts[s]]
+            vocab_size, eos_id, sep_id = (_manifest_int(tok[k], k) for k in ("vocab_size", "eos_id", "sep_id"))
+            bos_id = None if tok.get("bos_id") is None else _manifest_int(tok["bos_id"], "bos_id")
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+            first = str(e).splitlines()[0] if str(e) else repr(e)
+            raise InductionLabError(f"{mf} is corrupt ({type(e).__name__}: {first}); prepare the corpus "
+                                    "again") from None
+        if dtype.kind not in "ui" or dtype.itemsize > 8:
+            raise InductionLabError(f"{mf} is corrupt (token dtype {dtype.name!r} is no integer type); prepare the "
+                                    "corpus again")
+        missing = [s for s in SPLITS if not isinstance(counts, dict) or not isinstance(counts.get(s), dict)
+                   or "tokens" not in counts[s]]
         if missing:
             raise InductionLabError(f"{mf} has no {' or '.join(map(repr, missing))} split; the manifest is "
                                     "damaged: prepare the corpus again")
+        for split in SPLITS:
+            try:
+                _manifest_int(counts[split]["tokens"], f"splits.{split}.tokens")
+            except (TypeError, ValueError) as e:
+                raise InductionLabError(f"{mf} is corrupt ({e}); prepare the corpus again") from None
         if fmt != FORMAT:
             raise InductionLabError(f"{mf}: format {fmt!r} is not {FORMAT!r}; prepare the corpus "
                                     "again with this inductionlab")

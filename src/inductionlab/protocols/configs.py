@@ -12,26 +12,34 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from ..checks import check_ablation_positions, check_fields, check_method
+from ..checks import TOKEN_BYTES, check_ablation_positions, check_fields, check_method
 from ..config import opt
 from ..errors import InductionLabError
 from ..names import DEFAULT_METHOD, KNOWLEDGE_TASK_NAMES, TASK_NAMES
+
+PAIR_TOKENS = 8        # tokens of one demonstration of a function-style task (input, label, separators), at least
+CMR_RUN_BYTES = 4096   # one simulated CMR recall run per start position and grid cell batch (its float64 arrays)
 
 
 @dataclass
 class LagProbeConfig:
     """Lag-probe parameters; defaults follow the seed protocol (SPEC §4) except where noted."""
-    list_length: int = opt(500, "Words per lag-probe list.", source="seed protocol")
+    list_length: int = opt(500, "Words per lag-probe list.", source="seed protocol",
+                           size=lambda c: TOKEN_BYTES * max(c.token_lengths()) * c.n_permutations)
     cue_position: int = opt(250, "1-based list position of the repeated word (lag k = the word at cue + k).",
                             source="seed protocol")
     n_permutations: int = opt(5000, "Lag-probe trials per condition (each a new order of the list).",
-                              source="seed protocol", aliases=("--permutations",))
-    batch_size: int | None = opt(None, "Trials per forward pass.", none="from free GPU memory; 8 on CPU")
+                              source="seed protocol", aliases=("--permutations",),
+                              size=lambda c: TOKEN_BYTES * c.trial_tokens)
+    batch_size: int | None = opt(None, "Trials per forward pass.", none="from free GPU memory; 8 on CPU",
+                                 size=lambda c: TOKEN_BYTES * c.trial_tokens)
     seed: int = opt(0, "Seed of the trials' word orders.", cli=False)                 # a study sets its own
     resample_words: bool = opt(False, "Draw a new word set per trial instead of permuting a fixed set.")
-    pool_size: int = opt(2000, "Words to resample from (with --resample-words).", cli=False, needs="--resample-words")
+    pool_size: int = opt(2000, "Words to resample from (with --resample-words).", cli=False, needs="--resample-words",
+                         size=lambda c: 64)                                     # a word's text
     separator: str = opt(" ", 'Between words: " " (each word is its own leading-space token), ", " or "\\n".',
                          escapes=True)
     instruction: str = opt("", "Text after BOS, before the list.")
@@ -47,6 +55,7 @@ class LagProbeConfig:
                             "(1-based), all:S / A-B:S for every S-th position; the list runs once per trial and each "
                             "cue appends its own tokens. The headline is the seed cue's.")
     cue_chunk: int | None = opt(None, "Cues per packed forward.", none="as many as keep cue tokens <= list tokens",
+                                size=lambda c: TOKEN_BYTES * 2 * (c.batch_size or 8),
                                 cli=False)
     max_cue_bytes: int = opt(1 << 30, "Per condition: n_trials x n_cues x list_length x 4 bytes of cue_probs.",
                              cli=False)
@@ -183,13 +192,17 @@ class LagProbeConfig:
 class SerialRecallConfig:
     """Serial-recall parameters (SPEC §5)."""
     list_length: int = opt(14, "Words per serial-recall list.", source="SPEC §5, the paper's lists of 14",
-                           flag="--recall-list-length")
+                           flag="--recall-list-length",
+                           size=lambda c: TOKEN_BYTES * 2 * (c.n_shots + 1) * c.n_trials)
     n_shots: int = opt(3, "Solved study/recall examples before the test list.", source="decision, SPEC §5",
-                       flag="--recall-shots")
-    n_trials: int = opt(64, "Serial-recall prompts per condition.", source="CPU default", flag="--recall-trials")
-    batch_size: int | None = opt(None, "Prompts per forward pass.", none="from free GPU memory; 8 on CPU")
+                       flag="--recall-shots", size=lambda c: TOKEN_BYTES * (2 * c.list_length + 4) * c.n_trials)
+    n_trials: int = opt(64, "Serial-recall prompts per condition.", source="CPU default", flag="--recall-trials",
+                        size=lambda c: TOKEN_BYTES * c.trial_tokens)
+    batch_size: int | None = opt(None, "Prompts per forward pass.", none="from free GPU memory; 8 on CPU",
+                                 size=lambda c: TOKEN_BYTES * c.trial_tokens)
     seed: int = opt(0, "Seed of the lists.", cli=False)                                  # a study sets its own
-    pool_size: int = opt(200, "Words are drawn from this many most frequent single-token words.", cli=False)
+    pool_size: int = opt(200, "Words are drawn from this many most frequent single-token words.", cli=False,
+                         size=lambda c: 64)
     study_prefix: str = opt("Study:", "Template: before each study list.", cli=False)
     recall_prefix: str = opt("\nRecall:", "Template: before each recall.", cli=False)
     shot_separator: str = opt("\n\n", "Template: between solved examples.", cli=False)
@@ -230,21 +243,30 @@ class WordCopyConfig:
     ``n_items`` items shown once, then again up to the last item's number; the last item's first token is scored.
     Three item kinds per list, of the same token lengths: real words, "nonsense" words made of word pieces, random
     ids (Feucht et al. 2025's words vs random-token entities)."""
-    n_lists: int = opt(24, "Lists per item kind (each list gives one trial of each kind).", flag="--copy-lists")
+    n_lists: int = opt(24, "Lists per item kind (each list gives one trial of each kind).", flag="--copy-lists",
+                       size=lambda c: TOKEN_BYTES * 3 * c.list_tokens)
     n_items: int = opt(10, "Items per numbered list; the last one is scored.", source="issue 26",
-                       flag="--copy-items")
+                       flag="--copy-items", size=lambda c: TOKEN_BYTES * 3 * c.n_lists * 2 * (max(c.lengths) + 3))
     lengths: tuple[int, ...] = opt((2, 3, 4, 5), "Item lengths in tokens, comma-separated (words of these lengths "
                                                  "under the model's tokenizer).", source="Feucht et al. 2025",
                                    flag="--copy-lengths")
     word_pool: int = opt(50_000, "Most frequent wordfreq words the real items are drawn from.",
-                         source="as the dual-route scores; 20,000 leaves SmolLM2 one 5-token word", cli=False)
+                         source="as the dual-route scores; 20,000 leaves SmolLM2 one 5-token word", cli=False,
+                         size=lambda c: 64)
     generate: bool = opt(True, "Skip the greedy continuation of the last item (verbatim copies and paraphrases).",
                          flag="--no-copy-generate")
-    batch_size: int | None = opt(None, "Prompts per forward pass.", none="from free GPU memory; 8 on CPU")
+    batch_size: int | None = opt(None, "Prompts per forward pass.", none="from free GPU memory; 8 on CPU",
+                                 size=lambda c: TOKEN_BYTES * c.list_tokens)
     seed: int = opt(0, "Seed of the lists.", cli=False)                                  # a study sets its own
     method: str = opt(DEFAULT_METHOD, "Ablation method of the conditions' heads.", cli=False)   # a study sets its own
     positions: str = opt("all", "Where an output-edit ablation applies.", cli=False)             # a study sets its own
     reuse_residual: bool = opt(True, "Skip layers below a condition's first ablated head (bit-identical).", cli=False)
+
+    @property
+    def list_tokens(self) -> int:
+        """Tokens of one prompt at most: the list twice, each item its longest length plus its number and
+        separator (the size of the memory checks)."""
+        return 2 * self.n_items * (max(self.lengths) + 3) + 1
 
     def validate(self) -> None:
         """Raises InductionLabError: fewer than 2 lists (a CI) or items, a length below 1 or repeated, a pool or
@@ -269,15 +291,19 @@ class FVScoreConfig:
     tasks: tuple[str, ...] | None = opt(None, "Tasks the FV score averages over, comma-separated.",
                                         none="the 13 function-style tasks and country_capital, country_currency",
                                         flag="--fv-tasks")
-    shots: int = opt(10, "Demonstrations per FV prompt.", source="Todd et al. 2024", flag="--fv-shots")
+    shots: int = opt(10, "Demonstrations per FV prompt.", source="Todd et al. 2024", flag="--fv-shots",
+                     size=lambda c: TOKEN_BYTES * PAIR_TOKENS * 2 * c.n_prompts * len(c.task_names()))
     n_prompts: int = opt(25, "Clean and corrupted prompts per task.", source="Todd et al. 2024 (Yin: 100)",
-                         flag="--fv-prompts")
+                         flag="--fv-prompts",
+                         size=lambda c: TOKEN_BYTES * PAIR_TOKENS * 2 * (c.shots + 1) * len(c.task_names()))
     top: int = opt(10, "Heads summed into the function vector.", source="Todd et al. 2024", flag="--fv-top")
     layer: int | None = opt(None, "Decoder layer after which the function vector is added.", none="n_layers // 3",
                             source="Todd et al. 2024 (an early-middle layer)", flag="--fv-layer")
     zero_shot_prompts: int = opt(25, "Zero-shot prompts per task for the function vector's check.",
-                                 flag="--fv-zero-shot-prompts")
-    rows: int = opt(90, "Heads patched per forward of last-token copies (speed only).", cli=False)
+                                 flag="--fv-zero-shot-prompts",
+                                 size=lambda c: TOKEN_BYTES * PAIR_TOKENS * len(c.task_names()))
+    rows: int = opt(90, "Heads patched per forward of last-token copies (speed only).", cli=False,
+                    size=lambda c: 4 * 64 * PAIR_TOKENS * (c.shots + 1))     # a patched row's activations, >= 64 wide
     bos: bool = opt(True, "Prepend the tokenizer's BOS (when it has one).", cli=False)
     seed: int = opt(0, "Seed of the prompts.", cli=False)                                # a study sets its own
 
@@ -315,16 +341,27 @@ class DualRouteConfig:
                         flag="--no-dual-route")
     n_words: int = opt(32, "Word prompts for concept copying, and as many random-token prompts for token copying "
                            "(split evenly over the word lengths).",
-                       source="Feucht et al. 2025 use 1024; fewer here for a CPU run", flag="--route-prompts", needs="--no-dual-route")
+                       source="Feucht et al. 2025 use 1024; fewer here for a CPU run", flag="--route-prompts",
+                       needs="--no-dual-route", size=lambda c: TOKEN_BYTES * 2 * c.prompt_tokens)
     n_attention: int = opt(32, "Prompts for the value-weighted attention scores.",
-                           source="Feucht et al. 2025 use 2048; fewer here for a CPU run", flag="--route-attention-prompts", needs="--no-dual-route")
+                           source="Feucht et al. 2025 use 2048; fewer here for a CPU run",
+                           flag="--route-attention-prompts", needs="--no-dual-route",
+                           size=lambda c: TOKEN_BYTES * c.prompt_tokens)
     seq_len: int = opt(30, "Random-token context length around a word.", source="Feucht et al. 2025",
-                       flag="--route-seq-len", needs="--no-dual-route")
+                       flag="--route-seq-len", needs="--no-dual-route",
+                       size=lambda c: TOKEN_BYTES * 2 * (2 * c.n_words + c.n_attention))
     lengths: tuple[int, ...] = opt((2, 3, 4, 5), "Word lengths in tokens, comma-separated.",
                                    source="Feucht et al. 2025", flag="--route-word-lengths", needs="--no-dual-route")
-    word_pool: int = opt(50_000, "Most frequent wordfreq words the words are drawn from.", flag="--route-word-pool", needs="--no-dual-route")
-    rows: int = opt(64, "Heads patched per forward of suffix copies (speed only).", cli=False, needs="--no-dual-route")
+    word_pool: int = opt(50_000, "Most frequent wordfreq words the words are drawn from.", flag="--route-word-pool",
+                         needs="--no-dual-route")
+    rows: int = opt(64, "Heads patched per forward of suffix copies (speed only).", cli=False, needs="--no-dual-route",
+                    size=lambda c: 4 * 64 * c.prompt_tokens)          # a patched row's activations, >= 64 wide
     seed: int = opt(0, "Seed of the words and contexts.", cli=False)                     # a study sets its own
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of one prompt at most: the context twice around a word of the longest length, and BOS."""
+        return 2 * (self.seq_len + max(self.lengths)) + 1
 
     def validate(self) -> None:
         """Raises InductionLabError: fewer prompts than word lengths or than 2 (a CI), a length outside 2..seq_len/2,
@@ -348,16 +385,18 @@ class TokenLossConfig:
     :mod:`inductionlab.measures.token_loss`): the log-slope benefit D (primary), log-symmetric bands B and the
     single-token benefit, per window; the number of windows from a pilot (:mod:`inductionlab.measures.power`)."""
     text: str = opt("demo", "Natural text: 'demo' (the demo corpus: make corpus) or a .txt file.", flag="--icl-text")
-    late: int = opt(500, "Late token.", source="Olsson et al. 2022", flag="--icl-late")
+    late: int = opt(500, "Late token.", source="Olsson et al. 2022", flag="--icl-late",
+                    size=lambda c: TOKEN_BYTES * 6 // 5 * max(c.n_sequences or 0, c.pilot))
     early: int = opt(50, "Early token.", source="Olsson et al. 2022", flag="--icl-early")
     n_sequences: int | None = opt(None, "Text windows (every condition runs the same ones).", flag="--icl-sequences",
                                   overrides=("--icl-pilot", "--icl-half-width", "--budget-minutes"),
+                                  size=lambda c: TOKEN_BYTES * (c.late * 6 // 5 + 1),
                                   none="auto: n = ceil((1.96 sigma / h)^2) from a pilot, capped by --budget-minutes "
                                        "and the text")
     half_width: float = opt(0.1, "Target 95% CI half-width (nats) of the claims' paired difference of D, for the "
                                  "pilot's n.", source="ANCHORS-POWER 1.4", flag="--icl-half-width")
     pilot: int = opt(16, "Pilot windows (intact + the claim's ablation) that estimate sigma (with auto windows).",
-                     flag="--icl-pilot")
+                     flag="--icl-pilot", size=lambda c: TOKEN_BYTES * (c.late * 6 // 5 + 1))
     budget_minutes: float | None = opt(None, "Minutes the token-loss phase may take over all its conditions; caps "
                                              "the pilot's n.", none="no cap", flag="--budget-minutes")
     bands: bool = opt(True, "Windows end at the late token (the flag sets bands false; the band benefit B, which "
@@ -368,7 +407,7 @@ class TokenLossConfig:
     sensitivity: str | None = opt("resample", "A second ablation of the claim's conditions, reported beside the "
                                               "primary (study head-types).", none="no sensitivity arm",
                                   choices=("resample", "sink", "mean", "zero", "none"), flag="--icl-sensitivity")
-    batch_size: int = opt(2, "Windows per forward pass.", cli=False)
+    batch_size: int = opt(2, "Windows per forward pass.", cli=False, size=lambda c: TOKEN_BYTES * (c.late * 6 // 5 + 1))
 
     @property
     def auto(self) -> bool:
@@ -377,8 +416,18 @@ class TokenLossConfig:
 
     def validate(self) -> None:
         """Raises InductionLabError: positions out of order, fewer than 2 windows (a CI needs two), a half-width
-        or budget <= 0, an unknown method, a sensitivity arm equal to the primary method."""
+        or budget <= 0, an unknown method, a sensitivity arm equal to the primary method; the demo corpus not
+        installed or a ``--icl-text`` that is no file (checked here, before a model loads)."""
         check_fields(self)
+        if self.text == "demo":
+            from ..data.corpus import demo_archive     # here: the CLI's options read this module
+
+            try:
+                demo_archive()          # a fresh clone without `make corpus`: the message gives the command
+            except InductionLabError as e:
+                raise InductionLabError(f"--icl-text demo: {e}") from None
+        elif not Path(self.text).is_file():
+            raise InductionLabError(f"--icl-text {self.text}: no such file; give a .txt file or 'demo' (make corpus)")
         check_method(self.method)
         if not 1 <= self.early < self.late:
             raise InductionLabError(f"--icl-early {self.early} and --icl-late {self.late}: need 1 <= early < late")
@@ -409,24 +458,29 @@ class HeadTypeParams:
                                "CMR fit per head, with a transition table, CMR-like share per layer, induction "
                                "concentration and one plot per type (head_types/).", flag="--head-types")
     seq_len: int = opt(50, "Length of S in [BOS] S S for the induction score and the attention CRP.",
-                       source="SPEC §3", flag="--head-types-seq-len", needs="--head-types")
-    batch_size: int = opt(16, "Sequences of [BOS] S S per checkpoint.", flag="--head-types-batch", needs="--head-types")
-    n_batches: int = opt(1, "Batches of [BOS] S S.", cli=False, needs="--head-types")
+                       source="SPEC §3", flag="--head-types-seq-len", needs="--head-types",
+                       size=lambda c: TOKEN_BYTES * 2 * c.batch_size * c.n_batches)
+    batch_size: int = opt(16, "Sequences of [BOS] S S per checkpoint.", flag="--head-types-batch", needs="--head-types",
+                          size=lambda c: TOKEN_BYTES * (2 * c.seq_len + 1) * c.n_batches)
+    n_batches: int = opt(1, "Batches of [BOS] S S.", cli=False, needs="--head-types",
+                         size=lambda c: TOKEN_BYTES * (2 * c.seq_len + 1) * c.batch_size)
     seed: int = opt(0, "Seed of every draw (the same at every checkpoint).", flag="--head-types-seed",
                     needs="--head-types")
     n_words: int = opt(8, "Dual-route word prompts (and as many random-token prompts).",
                        source="Feucht et al. 2025 use 1024; a few per checkpoint here", flag="--head-types-words",
-                       needs="--head-types")
+                       needs="--head-types", size=lambda c: TOKEN_BYTES * 2 * (2 * c.route_seq_len + 11))
     n_attention: int = opt(8, "Dual-route value-weighted attention prompts.", flag="--head-types-attention-prompts",
-                           needs="--head-types")
+                           needs="--head-types", size=lambda c: TOKEN_BYTES * (2 * c.route_seq_len + 11))
     route_seq_len: int = opt(30, "Random-token context around a dual-route word.", source="Feucht et al. 2025",
-                             cli=False, needs="--head-types")
+                             cli=False, needs="--head-types",
+                             size=lambda c: TOKEN_BYTES * 2 * (2 * c.n_words + c.n_attention))
     word_pool: int = opt(50_000, "Most frequent wordfreq words the dual-route words are drawn from.",
                          flag="--head-types-word-pool", needs="--head-types")
     max_lag: int = opt(8, "Lags -m..m of the attention CRP (±5 are fitted).", source="Ji-An et al. 2024", cli=False,
                        needs="--head-types")
     n_exps: int = opt(10, "Simulated CMR runs per start position and grid cell (the grid is cached).",
-                      source="Ji-An et al. 2024 used 1,000", flag="--head-types-cmr-runs", needs="--head-types")
+                      source="Ji-An et al. 2024 used 1,000", flag="--head-types-cmr-runs", needs="--head-types",
+                      size=lambda c: CMR_RUN_BYTES * c.n_starts)
     n_starts: int = opt(20, "Start positions of the CMR simulation (fewer: a faster, coarser grid).",
                         source="Ji-An et al. 2024", flag="--head-types-cmr-starts", needs="--head-types")
     induction_threshold: float = opt(0.4, "A head is an induction head from the first checkpoint where its "

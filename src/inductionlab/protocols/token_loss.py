@@ -81,23 +81,50 @@ def text_windows(loaded, cfg: TokenLossConfig, length: int, n: int, seed: int) -
     tok = loaded.tokenizer
     bos = tok.bos_token_id
     if cfg.text == "demo":
-        works = _demo_works(length)
-        rng = np.random.default_rng(seed)
-        rows = []
-        for i in rng.choice(len(works), size=n, replace=n > len(works)):
-            text = works[int(i)]
-            start = int(rng.integers(len(text) // 10, max(len(text) // 10 + 1, len(text) - 20 * length)))
-            ids = tok.encode(text[start:start + 12 * length], add_special_tokens=False)[1:]   # [1:]: a cut word
-            body = length - (bos is not None)
-            if len(ids) < body:
-                raise InductionLabError(f"demo work {int(i)} is shorter than one window of {length} tokens")
-            rows.append(([bos] if bos is not None else []) + ids[:body])
-        return torch.tensor(rows, dtype=torch.long)
+        return _demo_windows(tok, _demo_works(length), length, n, seed)
     w = _file_windows(loaded, cfg, length)
     if len(w) < n:
         raise InductionLabError(f"--icl-text {cfg.text} gives {len(w)} windows of {length} tokens, fewer than "
                                 f"--icl-sequences {n}; give a longer text or fewer sequences")
     return w[:n]
+
+
+def _demo_windows(tok, works: list[str], length: int, n: int, seed: int) -> torch.Tensor:
+    """``[n, length]`` windows of the demo corpus's ``works`` (:func:`text_windows`): works drawn with ``seed`` (each
+    once while ``n`` <= works), a character offset in each. A work whose text at the drawn offset holds fewer
+    tokens than a window under this tokenizer (12 characters per token assumed; a tokenizer of a larger vocabulary
+    packs more) is skipped and another drawn in its place, so the windows are those of the fixed construction
+    whenever no work is skipped.
+
+    Raises:
+        InductionLabError: fewer works fill a window than the windows need (without reuse), or none does."""
+    bos = tok.bos_token_id
+    body = length - (bos is not None)
+    rng = np.random.default_rng(seed)
+    reuse = n > len(works)
+    queue = [int(i) for i in rng.choice(len(works), size=n, replace=reuse)]
+    skipped: set[int] = set()
+    used = set(queue)
+    rows = []
+    while queue:
+        i = queue.pop(0)
+        text = works[i]
+        start = int(rng.integers(len(text) // 10, max(len(text) // 10 + 1, len(text) - 20 * length)))
+        ids = tok.encode(text[start:start + 12 * length], add_special_tokens=False)[1:]   # [1:]: a cut word
+        if len(ids) >= body:
+            rows.append(([bos] if bos is not None else []) + ids[:body])
+            continue
+        skipped.add(i)                                        # too few tokens here: draw another work instead
+        left = [j for j in range(len(works)) if j not in skipped and (reuse or j not in used)]
+        if not left:
+            fit = len(works) - len(skipped)
+            raise InductionLabError(f"only {fit} of the demo corpus's {len(works)} long works fill a window of "
+                                    f"{length} tokens with this tokenizer, fewer than the {n} windows needed; lower "
+                                    "--icl-sequences or --icl-late, or give --icl-text FILE")
+        j = int(left[int(rng.integers(len(left)))])
+        used.add(j)
+        queue.insert(0, j)
+    return torch.tensor(rows, dtype=torch.long)
 
 
 def _file_windows(loaded, cfg: TokenLossConfig, length: int) -> torch.Tensor:

@@ -29,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from ..checks import physical_memory  # noqa: F401 (the size checks' bound, re-exported)
 from ..documents import DocumentError
 from ..errors import InductionLabError
 from .outputs import _partial_prefix  # noqa: F401 (declared beside the output checks, which use it too)
@@ -52,15 +53,6 @@ def versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return out
-
-
-def physical_memory() -> int | None:
-    """Bytes of physical memory (None where the platform does not say): the bound of up-front
-    size checks (a plan or a trial set that cannot fit is refused before any work)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _jsonable(obj: Any) -> Any:

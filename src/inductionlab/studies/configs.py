@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..checks import ABLATION_POSITIONS, check_ablation_positions, check_draws, check_fields, check_method
+from ..checks import (ABLATION_POSITIONS, TOKEN_BYTES, check_ablation_positions, check_draws, check_fields,
+                      check_method)
 from ..config import opt
 from ..errors import InductionLabError
 from ..names import DEFAULT_METHOD, RANDOM_CONTROLS, SCORE_NAMES, ablation_method_names
@@ -42,9 +43,12 @@ def default_ks(n_total: int, exclude_top_n: int | None = None) -> list[int]:
 @dataclass
 class HeadScoreConfig:
     """Head scores on ``[BOS] S S`` of random ordinary tokens (SPEC §3)."""
-    seq_len: int = opt(50, "T, tokens per copy for head scores.", source="SPEC §3", flag="--score-seq-len")
-    batch_size: int = opt(16, "Sequences for head scores.", source="SPEC §3", flag="--score-batch-size")
-    n_batches: int = opt(1, "Batches of head-score sequences.", cli=False)
+    seq_len: int = opt(50, "T, tokens per copy for head scores.", source="SPEC §3", flag="--score-seq-len",
+                       size=lambda c: TOKEN_BYTES * 2 * c.batch_size * c.n_batches)
+    batch_size: int = opt(16, "Sequences for head scores.", source="SPEC §3", flag="--score-batch-size",
+                          size=lambda c: TOKEN_BYTES * (2 * c.seq_len + 1) * c.n_batches)
+    n_batches: int = opt(1, "Batches of head-score sequences.", cli=False,
+                         size=lambda c: TOKEN_BYTES * (2 * c.seq_len + 1) * c.batch_size)
 
     def validate(self) -> None:
         """Raises InductionLabError: a sequence shorter than 2 tokens per copy, an empty batch, more
@@ -57,7 +61,20 @@ class HeadScoreConfig:
             raise InductionLabError(f"--score-batch-size {self.batch_size} must be >= 1")
         if self.n_batches < 1:
             raise InductionLabError(f"score n_batches={self.n_batches} must be >= 1")
-        check_trials_fit(self.batch_size, 2 * self.seq_len + 1, "--score-batch-size")
+
+    def check_model_fit(self, loaded) -> None:
+        """The sequences ``[BOS] S S`` fit the model's context (the engine calls this before the run opens).
+
+        Raises:
+            InductionLabError: ``1 + 2 x seq_len`` tokens beyond the context, naming the largest ``--score-seq-len``."""
+        from ..core.models import attention_shape   # here: this module loads no torch
+
+        ctx = attention_shape(loaded.model.config)["max_position_embeddings"]
+        bos = int(getattr(loaded.tokenizer, "bos_token_id", None) is not None)
+        n = bos + 2 * self.seq_len
+        if ctx and n > ctx:
+            raise InductionLabError(f"--score-seq-len {self.seq_len}: a head-score sequence [BOS] S S of {n} tokens "
+                                    f"exceeds the model's context of {ctx}; use --score-seq-len <= {(ctx - bos) // 2}")
 
     def sequences(self, seed: int, pool=None):
         """These sequences as :func:`~inductionlab.core.scores.compute_head_scores` takes them: a
@@ -346,13 +363,10 @@ def check_trials_fit(n_trials: int, tokens_per_trial: int, option: str, value: i
 
     Raises:
         InductionLabError: ``n_trials`` x ``tokens_per_trial`` too large, naming ``option``."""
-    from ..runtime.runs import physical_memory
+    from ..checks import TOKEN_BYTES, check_fits
 
-    need, mem = 16 * int(n_trials) * int(tokens_per_trial), physical_memory()
-    if mem and need > mem // 4:
-        raise InductionLabError(f"{option} {n_trials if value is None else value:,}: {n_trials:,} trials of ~{tokens_per_trial} tokens need "
-                                f"{need / 2**30:.1f} GiB, more than a quarter of this machine's {mem / 2**30:.0f} GiB; "
-                                f"lower {option}")
+    check_fits(TOKEN_BYTES * int(n_trials) * int(tokens_per_trial), option, n_trials if value is None else value,
+               f"{n_trials:,} trials of ~{tokens_per_trial} tokens")
 
 
 def check_trial_ids(trials, loaded, what: str) -> None:

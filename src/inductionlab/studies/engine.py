@@ -43,9 +43,10 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from ..checks import check_loaded, check_type
+from ..errors import InductionLabError
 from ..core.ablation import RANDOM_DRAWS, Condition
-from ..core.finite import check_finite_weights, finite_outputs
-from ..core.models import agree_dtype, announce_dtype, params_identity, ran_identity
+from ..core.finite import check_finite_weights, check_nonzero_weights, finite_outputs
+from ..core.models import agree_dtype, announce_dtype, float32_model, params_identity, ran_identity
 from ..core.placement import check_weights_present
 from ..core.scores import HeadScores, compute_head_scores
 from ..core.architecture import window_note
@@ -166,16 +167,18 @@ class Context:
 
     def head_scores(self, cfg: HeadScoreConfig, seed: int, pool=None) -> HeadScores:
         """The head scores (SPEC §3) of ``cfg`` as the piece ``scores``: computed once, then loaded; sharded
-        over the ranks; timed as ``head_scores``. ``pool``: ids the random tokens are drawn from (None: the
-        tokenizer's ordinary ids)."""
+        over the ranks; timed as ``head_scores``. Computed in float32 whatever dtype the model runs in
+        (:func:`~inductionlab.core.models.float32_model`: the source loaded again in float32), so the heads a
+        study ranks, excludes and draws around are the same in float32 and bfloat16. ``pool``: ids the random
+        tokens are drawn from (None: the tokenizer's ordinary ids)."""
         run, model = self.run, self.loaded
         seqs = cfg.sequences(seed, pool)
         self._window(2 * cfg.seq_len + 1, "the head scores")     # [BOS] S S
 
         def compute():
-            with self.progress(cfg.batch_size * cfg.n_batches, "head scores", "seq") as update:
-                hs = compute_head_scores(model.model, seqs, tokenizer=model.tokenizer, progress=update,
-                                         dist=run.dist)
+            with self.progress(cfg.batch_size * cfg.n_batches, "head scores", "seq") as update, \
+                    float32_model(model) as m32:             # the heads a study selects: the same in every dtype
+                hs = compute_head_scores(m32, seqs, tokenizer=model.tokenizer, progress=update, dist=run.dist)
             return {"scores": hs.scores, "induction_loss": hs.induction_loss, "params": hs.params}
         def scores(raw) -> HeadScores:               # a piece of another shape raises here: recomputed
             table = {k: np.asarray(v, dtype=float) for k, v in raw["scores"].items()}
@@ -367,6 +370,46 @@ def _inputs(spec: StudySpec, loaded, cfg) -> list:
     return found + [get(cfg, tuple(p.split("."))) for p in spec.inputs]
 
 
+def check_model_fit(cfg, loaded) -> None:
+    """Call ``check_model_fit(loaded)`` of every node of the config tree ``cfg`` that has one (a nested config that
+    needs the model to be checked: :meth:`~inductionlab.studies.configs.HeadScoreConfig.check_model_fit`), so a
+    study's ``prepare`` need not repeat it and it runs before the run directory is opened.
+
+    Raises:
+        InductionLabError: what a node refuses for this model."""
+    import dataclasses
+
+    check = getattr(cfg, "check_model_fit", None)
+    if callable(check):
+        check(loaded)
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            check_model_fit(v, loaded)
+
+
+def _check_reads_out(spec: StudySpec, cfg, out: Path) -> None:
+    """A run told to take what ``out`` holds (the spec's ``reads_out`` leaf set: Bi-Induct's ``--partial``) needs a
+    run there: refused before anything is written when ``out`` holds none.
+
+    Raises:
+        InductionLabError: the leaf set and no ``study.json`` in ``out``."""
+    if spec.reads_out is None:
+        return
+    from ..config import flag_of, get
+
+    path = tuple(spec.reads_out.split("."))
+    if not get(cfg, path):
+        return
+    import dataclasses
+
+    parent = get(cfg, path[:-1])
+    flag = flag_of(next(f for f in dataclasses.fields(parent) if f.name == path[-1]))
+    if not (out / "study.json").is_file():
+        raise InductionLabError(f"{flag} takes the runs {out} already holds, but it holds no {spec.kind} run; start "
+                                f"it without {flag}")
+
+
 def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | None = None):
     """Run (or resume) the study ``spec`` on ``loaded`` with ``cfg`` and write the run directory ``out``.
 
@@ -402,11 +445,15 @@ def run_study(spec: StudySpec, loaded, cfg, out: str | Path, opts: RunOptions | 
     out = Path(out)
     inputs = _inputs(spec, loaded, cfg)
     StudyRun.check_out(out, opts.overwrite, inputs=inputs)
+    _check_reads_out(spec, cfg, out)
     if loaded is not None:
         agree_dtype(loaded, opts.dist)               # torchrun: every rank in rank 0's dtype
-        check_finite_weights(loaded.model, f"model {loaded.identity.get('spec') or loaded.identity.get('name')}")
+        what = f"model {loaded.identity.get('spec') or loaded.identity.get('name')}"
+        check_finite_weights(loaded.model, what)
+        check_nonzero_weights(loaded.model, what)
         if isinstance(loaded.model, PreTrainedModel):
             check_supported(loaded.model)            # the architecture policy (once per model): one line
+        check_model_fit(cfg, loaded)                 # every sub-config's own model check (the head scores' context)
     plan = study.prepare(loaded, cfg)                # model-dependent checks: nothing written yet
     check_type(plan, StudyPlan, f"{spec.kind}: the plan of prepare()")
     params = dict(plan.params) | {"random_draws": RANDOM_DRAWS}

@@ -141,6 +141,37 @@ class RunOptions:
     log: Callable[[str], None] | None = None
 
 
+#: The release after which the deprecated keywords of 0.1 (the run keywords of ``analyze(...)``, the flat fields of
+#: ``AnalyzeConfig(...)``) are removed: one minor version.
+DEPRECATED_UNTIL = "0.2"
+
+
+def run_options(opts: RunOptions | None, legacy: dict, where: str) -> RunOptions:
+    """The :class:`RunOptions` of a study's public wrapper called the old way (before 0.1's engine), with the run's
+    keywords (``analyze(lm, cfg, out, progress=False)``): each a :class:`RunOptions` field, taken with a
+    ``DeprecationWarning`` until :data:`DEPRECATED_UNTIL`.
+
+    Raises:
+        TypeError: a keyword that is no RunOptions field (as Python's own for an unknown keyword), or ``opts`` and
+            keywords both given."""
+    if not legacy:
+        return opts if opts is not None else RunOptions()
+    import dataclasses
+    import warnings
+
+    known = {f.name for f in dataclasses.fields(RunOptions)}
+    bad = sorted(set(legacy) - known)
+    if bad:
+        raise TypeError(f"{where}() got an unexpected keyword argument {bad[0]!r}")
+    if opts is not None:
+        raise TypeError(f"{where}(): pass the run's options either as opts=RunOptions(...) or as keywords, not both")
+    given = ", ".join(f"{k}=..." for k in legacy)
+    warnings.warn(f"{where}(..., {given}) is deprecated and will be removed in {DEPRECATED_UNTIL}: pass "
+                  f"opts=RunOptions({given}) (from inductionlab.studies.spec import RunOptions)", DeprecationWarning,
+                  stacklevel=3)
+    return RunOptions(**legacy)
+
+
 def specs() -> list[StudySpec]:
     """Every study of the package: the ``SPEC`` of each ``studies/<name>/config.py`` (imported without torch),
     in folder order. A new study folder with a spec is found here, so it needs no command-line code."""

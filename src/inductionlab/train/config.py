@@ -22,9 +22,14 @@ if TYPE_CHECKING:
     from transformers import LlamaConfig
 
 from .. import config as C
+from ..checks import TOKEN_BYTES, check_fields
 from ..config import nested, opt
 from ..data.curriculum import CurriculumConfig
 from ..errors import InductionLabError
+
+#: Attention kernels the trainer accepts (transformers' names): eager, sdpa, flex_attention run on any device;
+#: the flash kernels need CUDA and their package (:func:`check_attn_implementation`).
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
 
 # name -> (layers, hidden, MLP, query heads, KV heads). Paper sizes from the Bi-Induct paper
 # (0.13B and 1B); 0.5B is our interpolation (decision); cpu-* train in minutes on 2 CPU cores.
@@ -87,7 +92,8 @@ class TrainConfig:
     seq_len: int = opt(1024, "Context length in tokens (paper: 1024).")
     tokens: int = opt(0, "Token budget; steps = tokens // tokens_per_update.")
     tokens_per_update: int = opt(65536, "Tokens per optimizer update (paper: 2^16).")
-    micro_batch_size: int = opt(8, "Sequences per forward pass per process (memory knob only).")
+    micro_batch_size: int = opt(8, "Sequences per forward pass per process (memory knob only).",
+                                size=lambda c: TOKEN_BYTES * c.seq_len)
     # AdamW and schedule (paper): beta 0.9/0.999, wd 0.1, peak 1e-3, 3% warm-up then cosine.
     lr: float = opt(1e-3, "Peak learning rate (paper: 1e-3).")
     min_lr_ratio: float = opt(0.1, "Cosine ends at this fraction of the peak (decision: 0.1, Chinchilla).")
@@ -102,11 +108,13 @@ class TrainConfig:
     seed: int = opt(0, "Seed of model init, data stream and telemetry probes.")
     deterministic: bool = opt(False, "torch.use_deterministic_algorithms (bit-identical resume on CPU).",
                               flag="--deterministic/--no-deterministic")
-    attn_implementation: str = opt("sdpa", "Training attention kernel (telemetry uses its own).")
+    attn_implementation: str = opt("sdpa", "Training attention kernel (telemetry uses its own): "
+                                           + ", ".join(ATTN_IMPLEMENTATIONS) + ".")
     # Bi-Induct curriculum (SPEC §6), nested: the same fields as `inductionlab curriculum preview`
     curriculum: CurriculumConfig = nested(CurriculumConfig, "Bi-Induct curriculum (SPEC §6).", shorthand="variant")
     # Checkpoints (SPEC §7): log-spaced plus an optional dense window, plus rolling resume points.
-    log_checkpoints: int = opt(12, "Number of log-spaced checkpoints; step 0 and the last are added (decision).")
+    log_checkpoints: int = opt(12, "Number of log-spaced checkpoints; step 0 and the last are added (decision).",
+                               size=lambda c: 72)        # the schedule's float64 point and its entry in a set
     dense_start: int = opt(0, "Dense checkpoint window start (steps).")
     dense_end: int = opt(0, "Dense checkpoint window end (steps).")
     dense_every: int = opt(0, "Checkpoint every N steps inside the dense window (0 = no window).")
@@ -117,7 +125,8 @@ class TrainConfig:
                           flag="--telemetry/--no-telemetry")
     telemetry_seq_len: int = opt(50, "Half length in tokens of the repeated random sequence of the induction "
                                       "score (the probe is 2x this + BOS; must fit --seq-len).")
-    telemetry_batch: int = opt(16, "Sequences per telemetry probe.")
+    telemetry_batch: int = opt(16, "Sequences per telemetry probe.",
+                               size=lambda c: TOKEN_BYTES * (2 * c.telemetry_seq_len + 1))
     induction_threshold: float = opt(0.4, "An induction head scores above this (emergence step; decision).")
     eval_tokens: int = opt(65536, "Held-out tokens for perplexity; 0 = no perplexity (decision: 65536).")
     # Distributed (torchrun) and logging
@@ -154,6 +163,7 @@ class TrainConfig:
             raise InductionLabError("no output directory; pass --out DIR")
         if self.preset not in PRESETS:
             raise InductionLabError(f"unknown model preset {self.preset!r}; use one of {', '.join(PRESETS)}")
+        check_fields(self)               # numbers that fit; every count within memory (opt(size=...))
         for f in fields(self):
             v = getattr(self, f.name)
             if f.type == "float" and not math.isfinite(v):
@@ -184,6 +194,7 @@ class TrainConfig:
                                     f"{self.induction_threshold}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise InductionLabError(f"unknown precision {self.precision!r}; use auto, fp32 or bf16")
+        check_attn_implementation(self.attn_implementation)
         if self.parallel not in ("ddp", "fsdp"):
             raise InductionLabError(f"unknown parallel mode {self.parallel!r}; use ddp or fsdp")
         if not isinstance(self.curriculum, CurriculumConfig):
@@ -244,6 +255,26 @@ class TrainConfig:
         """The fields that define *which* run this is (everything except logging and paths)."""
         skip = {"out", "progress", "tensorboard", "log_every", "micro_batch_size", "parallel"}
         return {k: v for k, v in self.to_dict().items() if k not in skip}
+
+
+def check_attn_implementation(name: str) -> None:
+    """``name`` is an attention kernel transformers runs for a Llama model here: one of
+    :data:`ATTN_IMPLEMENTATIONS`; a flash-attention kernel also needs CUDA and its package (checked up front:
+    transformers' own error comes only when the model is built, after the run directory is opened).
+
+    Raises:
+        InductionLabError: an unknown name, or a flash kernel without CUDA or its package."""
+    if name not in ATTN_IMPLEMENTATIONS:
+        raise InductionLabError(f"--attn-implementation {name!r}: use one of {', '.join(ATTN_IMPLEMENTATIONS)}")
+    if name.startswith("flash_attention"):
+        import importlib.util
+
+        import torch
+
+        package = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}[name]
+        if not torch.cuda.is_available() or importlib.util.find_spec(package) is None:
+            raise InductionLabError(f"--attn-implementation {name} needs a CUDA GPU and the {package} package; use "
+                                    "sdpa (the default) or eager")
 
 
 def _flag(name: str) -> str:

@@ -8,15 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...checks import check_fields, check_seed
-from ...config import nested, opt, validate_tree
+from ...config import nested, opt, renamed_keywords, validate_tree
 
 OWNED = {"seed": "--seed", "method": "--method", "positions": "--positions"}   # set by the study (:meth:`protocol`)
 from ...errors import InductionLabError
 from ...protocols.configs import LagProbeConfig
 from ..configs import AblationConfig, HeadScoreConfig, check_lag_headline, check_trials_fit
-from ..spec import StudySpec
+from ..spec import DEPRECATED_UNTIL, StudySpec
 
 
+@renamed_keywords({"method": ("ablation", "method"), "ks": ("ablation", "ks"), "n_draws": ("ablation", "n_draws"),
+                   "exclude_top_n": ("ablation", "exclude_top_n"), "score_seq_len": ("scores", "seq_len"),
+                   "score_batch_size": ("scores", "batch_size"), "score_batches": ("scores", "n_batches")},
+                  until=DEPRECATED_UNTIL)
 @dataclass
 class AnalyzeConfig:
     """Parameters of the main job; defaults sized for ≤ 10 minutes of analysis on 2 CPU cores without fast bf16

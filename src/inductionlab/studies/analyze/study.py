@@ -29,7 +29,7 @@ from ...protocols import lag_probe
 from ...protocols.lag_probe import LagProbeConfig, LagProbeResult
 from ..configs import check_trial_ids, default_ks
 from ..engine import Context, Phase, StudyResult, run_study
-from ..spec import RunOptions, Study, StudyPlan
+from ..spec import RunOptions, Study, StudyPlan, run_options
 from .config import SPEC, AnalyzeConfig
 from .report import summary, write
 
@@ -44,6 +44,7 @@ class Plan(StudyPlan):
     exclude_top_n: int
     lag: LagProbeConfig
     file_scores: dict = field(default_factory=dict)
+    self_check: dict = field(default_factory=dict)   # the instrumentation's self-check, run in prepare
 
 
 #: The attention-pattern figure: the top ``PATTERN_TOP`` induction heads and one seeded random head, on one
@@ -67,7 +68,8 @@ def prepare(loaded: LoadedModel, cfg: AnalyzeConfig) -> Plan:
     Raises:
         InductionLabError: k larger than the heads available (or than those left outside the top N),
             ``--top`` beyond the heads, word pool smaller than the list, list longer than the context,
-            a tokenizer that is not the model's, cues the architecture cannot take."""
+            a tokenizer that is not the model's, cues the architecture cannot take; UnsupportedArchitecture: the
+            instrumentation's self-check fails on this model."""
     ident = ran_identity(loaded)
     n_total = ident["n_layers"] * ident["n_heads"]
     ab = cfg.ablation
@@ -83,14 +85,16 @@ def prepare(loaded: LoadedModel, cfg: AnalyzeConfig) -> Plan:
     lag = cfg.protocol()
     check_trial_ids(lag_probe.build_trials(loaded, replace(lag, n_permutations=2)), loaded, "lag probe")
     lag_probe.check_cues(loaded, lag)
-    return Plan(loaded=loaded, cfg=cfg, ks=ks, exclude_top_n=N, lag=lag, file_scores=file_scores,
+    check = _self_check(loaded, cfg.seed)          # a model the instrumentation cannot reach: refused before writing
+    return Plan(loaded=loaded, cfg=cfg, ks=ks, exclude_top_n=N, lag=lag, file_scores=file_scores, self_check=check,
                 params={"config": to_dict(cfg), "ks": ks, "exclude_top_n": N, **ab.params()})
 
 
 def phases(plan: Plan, ctx: Context) -> dict:
-    """Self-check, head scores, then the lag probe under every condition (each a piece of the run)."""
+    """Head scores, the attention patterns, then the lag probe under every condition (each a piece of the run; the
+    self-check ran in prepare)."""
     cfg = plan.cfg
-    check = ctx.piece("self_check", lambda: _self_check(plan.loaded, cfg.seed), save=False)
+    check = plan.self_check
     scores = ctx.head_scores(cfg.scores, seed=cfg.seed)
     patterns = ctx.arrays("attention_patterns", lambda: _patterns(plan.loaded, scores, cfg))
     conditions = cfg.ablation.conditions({**plan.file_scores, **scores.scores}, plan.ks, seed=cfg.seed,
@@ -157,16 +161,19 @@ def _patterns_record(p: dict) -> dict:
             "random_head": "random_heads(shape, 1, exclude=the induction heads shown, seed=seed)"}
 
 
-def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, opts: RunOptions | None = None) -> AnalyzeResult:
+def analyze(loaded: LoadedModel, cfg: AnalyzeConfig, out: str | Path, opts: RunOptions | None = None,
+            **legacy) -> AnalyzeResult:
     """Run (or resume) the main job on ``loaded`` and write the run directory ``out``
     (:func:`~inductionlab.studies.engine.run_study` of :data:`~inductionlab.studies.analyze.config.SPEC`).
+    ``legacy``: the run keywords of 0.1's first API (``overwrite``, ``progress``, ``on_checkpoint``, ``dist``,
+    ``log``), taken with a DeprecationWarning until 0.2 (:func:`~inductionlab.studies.spec.run_options`).
 
     Raises:
         InductionLabError: bad config (:meth:`AnalyzeConfig.validate`), what :func:`prepare` refuses, ``out``
             holding another run (other options, or another model: path, weight hashes, dtype that runs).
         TypeError: ``loaded`` not a LoadedModel, ``cfg`` not an AnalyzeConfig (a dict included).
     """
-    return run_study(SPEC, loaded, cfg, out, opts)
+    return run_study(SPEC, loaded, cfg, out, run_options(opts, legacy, "analyze"))
 
 
 STUDY: Study[AnalyzeConfig, Plan, AnalyzeResult] = Study(prepare, phases, result, write, summary)

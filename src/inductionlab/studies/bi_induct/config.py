@@ -110,6 +110,9 @@ class BiInductStudyConfig:
         if self.jobs > cpus or self.nproc > cpus:
             raise InductionLabError(f"--jobs {self.jobs} / --nproc {self.nproc}: this machine has {cpus} CPUs (each "
                                     f"process takes one); use at most {cpus}")
+        if self.job_threads > cpus:
+            raise InductionLabError(f"--job-threads {self.job_threads:,}: this machine has {cpus} CPUs; use at most "
+                                    f"{cpus} torch threads per run")
         if not 0 < self.budget <= INT64_MAX:
             raise InductionLabError(f"--budget {self.budget:g} must be a positive number of tokens below 2**63")
         bad = [v for v in self.variants if v not in VARIANTS]
@@ -121,6 +124,7 @@ class BiInductStudyConfig:
             raise InductionLabError(f"--budget {self.budget} is less than one update of {tpu} tokens; raise --budget")
         for v in self.variants:
             train_config(self, v, 0, "run").validate(self.nproc)
+        evaluation_config(self, 0).validate()       # the evaluation runs after hours of training: checked now
 
     def params(self, corpus_sha256: str | None) -> dict:
         """What defines the results (everything but jobs, nproc, job threads and partial)."""

@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...checks import (ABLATION_POSITIONS, check_ablation_positions, check_draws, check_fields, check_method,
+from ...checks import (ABLATION_POSITIONS, TOKEN_BYTES, check_ablation_positions, check_draws, check_fields,
+                       check_method,
                        check_seed)
 from ...config import nested, opt, validate_tree
 from ...errors import InductionLabError
@@ -33,7 +34,7 @@ class ProbeConfig:
     permutation_control: bool = opt(True, "Skip the label-permuted prompts (the flag sets permutation_control false).",
                                     flag="--no-permutation-control")
     bos: bool = opt(True, "Prepend the tokenizer's BOS (when it has one).", cli=False)
-    batch_size: int = opt(16, "Prompts per forward pass.")
+    batch_size: int = opt(16, "Prompts per forward pass.", size=lambda c: TOKEN_BYTES * (4 * (max(c.shots) + 1) + 2))
 
     def validate(self) -> None:
         """Raises InductionLabError: unknown task, no shots or shots < 0 or repeated, sizes < 1, more
@@ -64,7 +65,8 @@ class ICLScoreConfig:
     window: int = opt(1, "Tokens averaged at each position (more = less noise per window).",
                       source="Olsson et al. 2022", flag="--icl-window")
     n_sequences: int = opt(16, "Held-out windows for the ICL score.", flag="--icl-sequences")
-    batch_size: int = opt(2, "Windows per forward pass.", cli=False)
+    batch_size: int = opt(2, "Windows per forward pass.", cli=False,
+                          size=lambda c: TOKEN_BYTES * min(c.late + 1, 1 << 17))
 
     def validate(self) -> None:
         check_fields(self)
@@ -80,9 +82,11 @@ class ICLScoreConfig:
 @dataclass
 class InductionLossConfig:
     """Induction loss on ``[BOS] S S`` (SPEC §3), first vs second copy."""
-    seq_len: int = opt(50, "T of the induction-loss sequences [BOS] S S.", flag="--induction-seq-len")
-    n_sequences: int = opt(16, "Induction-loss sequences.", cli=False)
-    batch_size: int = opt(16, "Sequences per forward pass.", cli=False)
+    seq_len: int = opt(50, "T of the induction-loss sequences [BOS] S S.", flag="--induction-seq-len",
+                       size=lambda c: TOKEN_BYTES * 2 * c.n_sequences)
+    n_sequences: int = opt(16, "Induction-loss sequences.", cli=False, size=lambda c: TOKEN_BYTES * (2 * c.seq_len + 1))
+    batch_size: int = opt(16, "Sequences per forward pass.", cli=False,
+                          size=lambda c: TOKEN_BYTES * (2 * c.seq_len + 1))
 
     def validate(self) -> None:
         check_fields(self)
@@ -97,9 +101,11 @@ class RecallConfig:
     """Associative recall in the model's own tokens (:func:`inductionlab.protocols.icl_score.associative_recall`):
     ``n_pairs`` random key-value pairs, then the same pairs shuffled; top-1 accuracy of each value."""
     n_pairs: int = opt(8, "Key-value pairs per associative-recall sequence (then the same pairs shuffled).",
-                       flag="--recall-pairs")
-    n_sequences: int = opt(32, "Associative-recall sequences.", cli=False)
-    batch_size: int = opt(16, "Sequences per forward pass.", cli=False)
+                       flag="--recall-pairs", size=lambda c: TOKEN_BYTES * 4 * c.n_sequences)
+    n_sequences: int = opt(32, "Associative-recall sequences.", cli=False,
+                           size=lambda c: TOKEN_BYTES * (4 * c.n_pairs + 1))
+    batch_size: int = opt(16, "Sequences per forward pass.", cli=False,
+                          size=lambda c: TOKEN_BYTES * (4 * c.n_pairs + 1))
 
     def validate(self) -> None:
         check_fields(self)
@@ -114,8 +120,9 @@ class PerplexityConfig:
     """Perplexity guard on the shards' held-out split (only with shards)."""
     max_tokens: int | None = opt(32768, "Held-out tokens for the perplexity guard (0 = the whole split).",
                                  flag="--perplexity-tokens")
-    context: int | None = opt(None, "Tokens per window.", none="min(model context, 1024)", cli=False)
-    batch_size: int = opt(4, "Windows per forward pass.", cli=False)
+    context: int | None = opt(None, "Tokens per window.", none="min(model context, 1024)", cli=False,
+                              size=lambda c: TOKEN_BYTES * c.batch_size)
+    batch_size: int = opt(4, "Windows per forward pass.", cli=False, size=lambda c: TOKEN_BYTES * (c.context or 1024))
 
     @property
     def tokens(self) -> int | None:
@@ -164,9 +171,11 @@ class LmEvalConfig:
                                      "offline), inductionlab_icl_<task>, or installed lm-eval task names.",
                                  flag="--lm-eval-tasks")
     num_fewshot: int | None = opt(None, "lm-eval few-shot.", none="each task's (ours: 0)", flag="--lm-eval-fewshot",
+                                  size=lambda c: TOKEN_BYTES * 64 * (c.limit or 1),       # a shot of >= 64 tokens
                                   needs="--lm-eval-tasks")
     limit: int | None = opt(50, "lm-eval test documents per task.", flag="--lm-eval-limit", needs="--lm-eval-tasks")
-    batch_size: int = opt(8, "lm-eval batch size.", cli=False)
+    batch_size: int = opt(8, "lm-eval batch size.", cli=False,
+                          size=lambda c: TOKEN_BYTES * 64)                      # a request of >= 64 tokens
     ablated: bool = opt(True, "Run the lm-eval tasks intact only (the flag sets ablated false), not also under every "
                               "ablation condition of the load-bearing test.", flag="--no-lm-eval-ablated",
                         omit_default=True)

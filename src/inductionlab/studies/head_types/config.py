@@ -7,15 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ...checks import check_draws, check_fields, check_method, check_seed
+from ...checks import TOKEN_BYTES, check_draws, check_fields, check_method, check_seed
 from ...config import nested, opt, validate_tree
 from ...errors import InductionLabError
-from ...protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig, TokenLossConfig
+from ...protocols.configs import (CMR_RUN_BYTES, PAIR_TOKENS, DualRouteConfig, FVScoreConfig, LagProbeConfig,
+                                  TokenLossConfig)
 from ...names import RANDOM_CONTROLS, ablation_method_names
 from ..configs import HeadScoreConfig, check_lag_headline, check_trials_fit
 from ..spec import StudySpec
 
 FV_RANKINGS = ("signed", "absolute")
+N_PROBE_TASKS = 15     # the few-shot probes run every FV task (13 function-style, 2 knowledge) at most
 
 
 @dataclass
@@ -55,8 +57,10 @@ class ProbesConfig:
     """10-shot HITS@1 of the function-style probes under each selection, with the heads' output at the last
     position of each forward set to its mean there over the FV scoring prompts of all tasks (Yin's accuracy
     ablation) and to zero. Prompts are drawn with another seed than the FV scoring prompts."""
-    n_prompts: int = opt(20, "10-shot prompts per task under each condition.", flag="--probe-prompts")
-    batch_size: int = opt(16, "Prompts per forward pass.", flag="--probe-batch-size")
+    n_prompts: int = opt(20, "10-shot prompts per task under each condition.", flag="--probe-prompts",
+                         size=lambda c: TOKEN_BYTES * PAIR_TOKENS * 11 * N_PROBE_TASKS)
+    batch_size: int = opt(16, "Prompts per forward pass.", flag="--probe-batch-size",
+                          size=lambda c: TOKEN_BYTES * PAIR_TOKENS * 11)
     zero: bool = opt(True, "Skip the zero-ablation run of the probes (the flag sets zero false).",
                      flag="--no-probe-zero")
 
@@ -76,9 +80,10 @@ class CMRConfig:
                                "cmr_fits.png; cmr_distance and cmr_like columns in head_scores.csv).", flag="--cmr")
     n_exps: int = opt(10, "Simulated CMR recall runs per start position and grid cell (the grid is computed once "
                           "and cached in the user cache dir; cost grows with it).",
-                      source="Ji-An et al. 2024 used 1,000", flag="--cmr-runs", needs="--cmr")
+                      source="Ji-An et al. 2024 used 1,000", flag="--cmr-runs", needs="--cmr",
+                      size=lambda c: CMR_RUN_BYTES * c.n_starts)
     n_starts: int = opt(20, "Start positions of the CMR simulation (n_s0).", source="Ji-An et al. 2024", cli=False,
-                      needs="--cmr")
+                        needs="--cmr", size=lambda c: CMR_RUN_BYTES * c.n_exps)
     max_lag: int = opt(8, "Lags -m..m of the attention CRP kept (±5 are fitted).", source="Ji-An et al. 2024",
                        flag="--crp-max-lag", needs="--cmr")
     top: int = opt(12, "Heads (lowest CMR distance) in the small-multiples figure.", flag="--cmr-top", needs="--cmr")
