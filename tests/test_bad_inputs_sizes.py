@@ -42,7 +42,6 @@ NOT_COUNTS = {
     "late": "scaled down to the model's context (icl_positions)",
     "window": "capped by the early token (icl_summary)",
     "max_tokens": "capped by the held-out split",
-    "limit": "capped by the task's documents (lm-eval)",
     "top_k": "capped by the model's heads",
     "tokens": "a token budget: 10^9 is an ordinary training run",
     "anneal_tokens": "tokens of the curriculum's anneal, capped by the budget",
