@@ -170,12 +170,79 @@ def test_drops_are_paired_against_the_intact_rows(study):
     assert "intact" not in set(res.drops.kind)
 
 
-def test_a_second_run_resumes_from_the_pieces(study, loaded):
-    from inductionlab.studies.head_types.study import run_head_types
+def test_a_second_run_resumes_from_the_pieces(study, loaded, monkeypatch):
+    """Every piece loads: AtP and DLA (made to raise here) are not computed again, and the attribution record,
+    cost included (the pieces' own seconds), is the first run's."""
+    from inductionlab.studies.head_types import study as S
     res, out = study
-    again = run_head_types(loaded[0], small(loaded[1], cmr=res.config.cmr), out, RunOptions(progress=False))
+
+    def refuse(*a, **k):
+        raise AssertionError("recomputed on resume")
+    monkeypatch.setattr(S, "attribution_patching", refuse)
+    monkeypatch.setattr(S, "direct_logit_attribution", refuse)
+    again = S.run_head_types(loaded[0], small(loaded[1], cmr=res.config.cmr), out, RunOptions(progress=False))
     assert np.array_equal(again.fv.cie, res.fv.cie) and again.drops.equals(res.drops)
     assert np.array_equal(again.cmr["distance"], res.cmr["distance"], equal_nan=True)
+    first, second = dict(res.record["attribution"]), dict(again.record["attribution"])
+    first["cost"], second["cost"] = dict(first["cost"]), dict(second["cost"])
+    first["cost"].pop("session_timings"), second["cost"].pop("session_timings")
+    assert second == first and again.record["resumed"]
+
+
+def test_attribution_estimates_the_fv_score_and_names_the_roles(study):
+    """results.json's ``attribution``: AtP's [L, H] mean is the pieces' per-prompt estimates averaged; its agreement
+    is estimate_agreement recomputed from the stored AtP and the exact AIE (head_scores.csv's fv column); AtP's
+    unpatched metric is the exact path's P(answer) on the corrupted prompt; the roles follow the rule written in
+    attribution_roles' docstring, recomputed here from attribution.csv."""
+    from inductionlab.measures.overlap import estimate_agreement
+    res, out = study
+    rec = json.loads((out / "results.json").read_text())
+    a = rec["attribution"]
+    atp = np.asarray(a["atp"])
+    assert atp.shape == (2, 8) and np.asarray(a["dla"]["mean"]).shape == (2, 8)
+    pieces = {t: np.load(out / "checkpoints" / "attribution" / f"{t}.npz") for t in ("copy", "next_letter")}
+    for t, p in pieces.items():
+        assert p["atp"].shape == (3, 2, 8) and p["dla_centered"].shape == (3, 2, 8) and p["seconds"].shape == (2,)
+        np.testing.assert_allclose(p["dla_centered"].sum((1, 2)) + p["dla_rest_centered"], p["dla_total_centered"],
+                                   rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(atp, np.stack([p["atp"] for p in pieces.values()]).mean((0, 1)), rtol=1e-12)
+    np.testing.assert_allclose(np.stack([p["atp_metric"] for p in pieces.values()]), res.fv.p_base, atol=1e-5)
+    assert a["atp_metric_vs_p_base"] < 1e-5
+    exact = pd.read_csv(out / "head_scores.csv").fv.to_numpy().reshape(2, 8)
+    want = estimate_agreement(atp, exact)
+    assert a["agreement"]["spearman"] == pytest.approx(want["spearman"], abs=1e-12)
+    assert a["agreement"]["recall"] == want["recall"] and a["agreement"]["misses"] == want["misses"]
+    assert [r["label"] for r in a["agreement"]["recall"]] == ["10", "5%"]
+    c = a["cost"]
+    fv_cie = sum(float(np.load(out / "checkpoints" / "fv" / f"{t}.npz")["seconds"][1]) for t in pieces)
+    assert c["fv_cie_seconds"] == pytest.approx(fv_cie) and c["atp_vs_fv_cie"] == pytest.approx(c["atp_seconds"] / fv_cie)
+    t = pd.read_csv(out / "attribution.csv", keep_default_na=False)
+    big = set(t.sort_values("aie", ascending=False, kind="stable").head(10).index) & set(t.index[t.aie > 0])
+    med = np.median(np.abs(t.dla))
+    role = lambda i: ("writer" if i in big and t.dla[i] > 0 and abs(t.dla[i]) >= med else   # noqa: E731
+                      "indirect" if i in big and abs(t.dla[i]) < med else
+                      "canceller" if t.dla[i] < 0 and abs(t.dla[i]) >= med and
+                      (t.dla[i] <= np.sort(t.dla[(t.dla < 0) & (t.dla.abs() >= med)])[:10].max()) else "")
+    assert [role(i) for i in t.index] == list(t.role)
+    assert {"writer", "indirect"} & set(t.role)                       # 10 of 16 heads have a large AIE
+    md = (out / "report.md").read_text()
+    assert "## Attribution" in md and f"Spearman ρ {want['spearman']:+.3f}" in md
+    assert (out / "dla_vs_aie.png").is_file()
+
+
+def test_no_attribution_leaves_it_out(loaded, tmp_path):
+    from inductionlab.studies.head_types.study import run_head_types
+    lm, text = loaded
+    cfg = small(text, attribution=False, route=DualRouteConfig(enabled=False))
+    res = run_head_types(lm, cfg, tmp_path / "run", RunOptions(progress=False))
+    out = tmp_path / "run"
+    rec = json.loads((out / "results.json").read_text())
+    assert rec["attribution"] is None and res.attribution is None
+    assert rec["params"]["config"]["attribution"] is False
+    assert not (out / "checkpoints" / "attribution").exists() and not (out / "attribution.csv").exists()
+    assert "## Attribution" not in (out / "report.md").read_text()
+    r = CliRunner().invoke(main, ["study", "head-types", "--help"])
+    assert "--no-attribution" in r.output
 
 
 def test_fractions_that_select_the_same_count_are_dropped():

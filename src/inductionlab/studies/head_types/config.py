@@ -117,6 +117,9 @@ class HeadTypesConfig:
     lag_method: str = opt("zero", "Ablation of the heads for the lag probe.", source="seed protocol",
                           choices=ablation_method_names())
     cmr: CMRConfig = nested(CMRConfig, "Attention CRP and CMR fit per head (Ji-An et al. 2024).")
+    attribution: bool = opt(True, "Skip the attribution-patching estimate of every head's FV score and the direct "
+                                  "logit attribution (the flag sets attribution false).",
+                            source="Kramár et al. 2024 (AtP*); Elhage et al. 2021 (DLA)", flag="--no-attribution")
 
     def protocols(self) -> tuple[FVScoreConfig, LagProbeConfig]:
         """The nested protocol configs with the study's seed (and the lag probe's method)."""

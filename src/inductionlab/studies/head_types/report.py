@@ -121,6 +121,56 @@ def _cmr_lines(res) -> list[str]:
     return lines + [""]
 
 
+def attribution_table(res) -> pd.DataFrame:
+    """Per head (unless ``--no-attribution``): the exact AIE, AtP's estimate of it, the mean DLA (``dla``: the
+    roles' direction, answer logit minus the mean logit; ``dla_logit``: the answer's logit) and the role
+    (``writer``, ``canceller``, ``indirect`` or empty; :func:`~inductionlab.studies.head_types.study.attribution_roles`)."""
+    rec = res.record["attribution"]
+    aie, atp = res.fv.aie(), np.asarray(rec["atp"], float)
+    dla, logit = np.asarray(rec["dla"]["mean"], float), np.asarray(rec["dla"]["logit"], float)
+    role = {(h["layer"], h["head"]): name.removesuffix("s") for name in ("writers", "cancellers", "indirect")
+            for h in rec["roles"][name]}
+    L, H = aie.shape
+    return pd.DataFrame([{"layer": l, "head": h, "aie": float(aie[l, h]), "atp": float(atp[l, h]),
+                          "dla": float(dla[l, h]), "dla_logit": float(logit[l, h]), "role": role.get((l, h), "")}
+                         for l in range(L) for h in range(H)])
+
+
+def _attribution_lines(res) -> list[str]:
+    """The attribution section: AtP's agreement with the exact AIE, its cost, and the DLA-vs-AIE table of the heads
+    given a role."""
+    rec = res.record.get("attribution")
+    if rec is None:
+        return []
+    a, c, rule = rec["agreement"], rec["cost"], rec["roles"]["rule"]
+    recall = ", ".join(f"top-{r['label']} recall {r['recall']:.2f}" for r in a["recall"])
+    misses = "; ".join(f"L{m['layer']}H{m['head']} (exact rank {m['exact_rank']}, AtP {m['estimate_rank']})"
+                       for m in a["misses"]) or "none"
+    cost = (f"AtP {c['atp_seconds']:.1f} s against {c['fv_cie_seconds']:.1f} s for the exact CIEs "
+            f"({c['atp_vs_fv_cie']:.2f}×)" if c["atp_vs_fv_cie"] is not None else
+            f"AtP {c['atp_seconds']:.1f} s (the FV pieces predate their timing)")
+    lines = ["## Attribution", "",
+             "Attribution patching (AtP, Kramár et al. 2024) estimates each head's CIE from one forward and one "
+             "backward pass of each corrupted prompt (same prompts, task means and metric P(answer) as the FV "
+             "score); direct logit attribution (DLA) reads each head's last-position output on the clean prompts "
+             "through the final norm (scale frozen) onto the answer's logit minus the mean logit. "
+             "Guide: docs/attribution.md.", "",
+             f"**AtP vs exact AIE** over {res.fv.aie().size} heads: Spearman ρ {a['spearman']:+.3f}, {recall}; "
+             f"largest misses: {misses}. Cost: {cost}; DLA {c['dla_seconds']:.1f} s.", "",
+             f"Roles: large AIE = the top {rule['top_aie']} by signed AIE, AIE > 0; small DLA = |DLA| below the median "
+             f"({rule['small_dla_below']:.3g}). Writers: large AIE, DLA > 0, not small; indirect: large AIE, small "
+             f"DLA; cancellers: the most negative DLA, not small.", "",
+             "| head | role | AIE | AtP | DLA |", "|---|---|---|---|---|"]
+    t = attribution_table(res)
+    named = t[t.role != ""].copy()
+    named["order"] = named.role.map({"writer": 0, "indirect": 1, "canceller": 2})
+    for r in named.sort_values(["order", "aie"], ascending=[True, False]).itertuples():
+        lines.append(f"| L{r.layer}H{r.head} | {r.role} | {r.aie:+.3g} | {r.atp:+.3g} | {r.dla:+.3g} |")
+    if named.empty:
+        lines.append("| (none) | | | | |")
+    return lines + ["", "Per head: `attribution.csv`; figure: `dla_vs_aie.png`.", ""]
+
+
 def fv_check_table(res) -> pd.DataFrame:
     return pd.DataFrame([{k: v for k, v in r.items() if k != "hits1_per_prompt"} for r in res.fv_check["rows"]])
 
@@ -165,7 +215,8 @@ def report(res) -> str:
               ", ".join(f"L{h['layer']}H{h['head']} {h['aie']:+.4f}" for h in low) + ". By |AIE| the top 10 are: " +
               ", ".join(f"L{h['layer']}H{h['head']}" for h in res.record["top_fv_heads_absolute"]) + ".", ""]
     lines += _fv_check_lines(res)
-    lines += [""] + _route_lines(res)
+    lines += [""] + _attribution_lines(res)
+    lines += _route_lines(res)
     lines += ["## Overlap of the rankings", "",
               "| A | B | top-5% heads | shared | expected | P(X ≥ shared) | A's top 2% percentile in B | "
               "B's top 2% percentile in A | Spearman |", "|---|---|---|---|---|---|---|---|---|"]
@@ -204,6 +255,7 @@ def report(res) -> str:
               "column and, unless --no-dual-route, the four dual-route columns), `route_scores.csv` (with CIs), "
               "`route_scatter.png`, `drops.csv`, `overlap.csv`, `fv_check.csv`, `probe_rows.csv`, `icl_rows.csv`, "
               "`fv_heatmap.png`, `scores_scatter.png`, `drop_vs_fraction.png`, `head_scores.png`"
+              + (", `attribution.csv`, `dla_vs_aie.png`" if res.record.get("attribution") is not None else "")
               + ("; with --cmr: `cmr_fit.csv`, `head_crp.csv`, `cmr_fits.png` and the `cmr_distance`, `cmr_like` "
                  "columns of `head_scores.csv`" if res.cmr is not None else "") + ".", ""]
     return "\n".join(lines)
@@ -226,6 +278,10 @@ def write(out: Path, res) -> None:
     plots.head_heatmaps(res.scores.scores, out / "head_scores.png", title=name)
     plots.score_scatter(res.scores["induction"], res.fv.aie(), out / "scores_scatter.png", "induction score",
                         "FV score (AIE)")
+    if res.record.get("attribution") is not None:
+        atomic_write_text(out / "attribution.csv", attribution_table(res).to_csv(index=False))
+        plots.score_scatter(np.asarray(res.record["attribution"]["dla"]["mean"]), res.fv.aie(), out / "dla_vs_aie.png",
+                            "DLA (answer logit − mean logit)", "FV score (AIE)")
     if getattr(res, "route", None) is not None:
         atomic_write_text(out / "route_scores.csv", res.route.table().to_csv(index=False))
         plots.route_scatter(res.route.score("token_copying"), res.route.score("concept_copying"),

@@ -7,6 +7,11 @@ Pieces (each checkpointed in ``<out>/checkpoints/``; a re-run with the same ``--
 1. the attention-pattern head scores (SPEC §3) → ``scores.json``;
 2. the FV score of every head per task (:mod:`inductionlab.protocols.function_vectors`: clean means, CIE of
    each head on each corrupted prompt) → ``fv/<task>.npz``;
+2a. (``--no-attribution`` skips it) per task, the attribution-patching estimate of every head's CIE on the same
+   corrupted prompts (:func:`~inductionlab.core.attribution.attribution_patching`, source the task mean at the
+   last position, metric P(answer)) and the direct logit attribution of every head on the clean prompts
+   (:func:`~inductionlab.core.attribution.direct_logit_attribution`) → ``attribution/<task>.npz``; their agreement
+   with the exact AIE and the writer / canceller / indirect roles (:func:`attribution_roles`) go to results.json;
 2b. (``--no-dual-route`` skips it) the concept and token induction scores of every head
    (:mod:`inductionlab.protocols.dual_route`, Feucht et al. 2025) → ``dual_route.npz``; their columns join
    ``head_scores.csv`` (rankings for every ablation option: ``--rank-by concept_copying --scores-file``);
@@ -27,6 +32,7 @@ Then ``results.json``, tables, figures and ``report.md``, with the verdicts Y1�
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,12 +42,13 @@ import torch
 
 from ...config import to_dict
 from ...core.ablation import Condition, excluded_count, selection_conditions
+from ...core.attribution import DLA_KINDS, attribution_patching, direct_logit_attribution
 from ...core.models import LoadedModel, ran_identity
 from ...core.scores import HeadScores
 from ...core.stimuli import seed_for
 from ...errors import InductionLabError
 from ...measures import cmr as C
-from ...measures.overlap import head_overlap
+from ...measures.overlap import estimate_agreement, head_overlap
 from ...measures.stats import drop_table
 from ...protocols import dual_route as DR, function_probes, function_vectors as F, lag_probe
 from ...protocols.cmr_fit import attention_crp_cmr_fit
@@ -91,6 +98,7 @@ class HeadTypesStudy(StudyResult):
     overlap: pd.DataFrame             # one row per pair of rankings
     route: DR.RouteScores | None = None   # concept / token induction scores (None: --no-dual-route)
     cmr: dict | None = None           # --cmr: profile [L, H, 2m+1], lags, the fit's arrays, the grid's params
+    attribution: dict | None = None   # AtP and DLA: task -> the piece's arrays (None: --no-attribution)
 
 
 def _bos(loaded: LoadedModel, on: bool) -> int | None:
@@ -158,13 +166,17 @@ def prepare(loaded: LoadedModel, cfg: HeadTypesConfig) -> Plan:
 
 # ---- FV scores -------------------------------------------------------------------------------------
 
-def _fv_scores(plan: Plan, ctx: Context) -> F.FVScores:
-    """The FV score per task, each task a piece ``fv/<task>`` (means, P(y₁) clean and corrupted, CIE per prompt)."""
+def _fv_scores(plan: Plan, ctx: Context) -> tuple[F.FVScores, dict[str, np.ndarray]]:
+    """The FV score per task, each task a piece ``fv/<task>`` (means, P(y₁) clean and corrupted, CIE per prompt,
+    and the piece's own seconds ``[clean means, CIEs]``). Returns the scores and task -> those seconds (tasks whose
+    piece predates issue 37 have none)."""
     model = plan.loaded.model
 
     def score(task: str, progress) -> dict:
         tp = plan.fv_prompts[task]
+        t0 = time.perf_counter()
         means, p_clean = F.clean_means(model, tp.clean)
+        t1 = time.perf_counter()
         progress(len(tp.clean))
         base, cie = [], []
         for p in tp.corrupted:
@@ -172,15 +184,123 @@ def _fv_scores(plan: Plan, ctx: Context) -> F.FVScores:
             base.append(b)
             cie.append(c)
             progress(1)
-        return {"means": means.numpy(), "p_clean": p_clean, "p_base": np.asarray(base), "cie": np.stack(cie)}
+        seconds = np.array([t1 - t0, time.perf_counter() - t1])      # clean means, CIEs (the attribution's cost base)
+        return {"means": means.numpy(), "p_clean": p_clean, "p_base": np.asarray(base), "cie": np.stack(cie),
+                "seconds": seconds}
     parts = ctx.pieces("fv", plan.fv_prompts, score, desc="FV scores", unit="prompt", timing="fv_scores",
                        total=lambda t: 2 * len(plan.fv_prompts[t].corrupted))
     tasks = list(plan.fv_prompts)
+    seconds = {t: np.asarray(parts[t]["seconds"], float) for t in tasks if "seconds" in parts[t]}
     return F.FVScores(tasks, np.stack([parts[t]["p_clean"] for t in tasks]),
                       np.stack([parts[t]["p_base"] for t in tasks]), np.stack([parts[t]["cie"] for t in tasks]),
                       torch.as_tensor(np.stack([parts[t]["means"] for t in tasks])),
                       {"shots": plan.fv.shots, "n_prompts": plan.fv.n_prompts, "seed": plan.fv.seed,
-                       "tasks": tasks, "rows": plan.fv.rows})
+                       "tasks": tasks, "rows": plan.fv.rows}), seconds
+
+
+# ---- attribution: AtP beside the exact FV score, DLA -------------------------------------------------
+
+#: The heads with a large effect: the top ``ROLE_TOP`` by signed AIE (the FV report's own top 10), AIE > 0.
+ROLE_TOP = 10
+#: The DLA direction the roles read: the answer's logit minus the mean logit (the part of log P(answer) that is
+#: linear in the residual stream; a uniform shift of every logit, which moves no probability, counts 0).
+ROLE_DLA = "centered"
+
+
+def attribution_roles(aie: np.ndarray, dla: np.ndarray, top: int = ROLE_TOP) -> dict:
+    """Writers, cancellers and indirect heads from the exact AIE and the mean DLA (one place for the thresholds).
+
+    ``small`` |DLA| means below the median |DLA| over all heads; ``large AIE`` means among the ``top`` heads by signed
+    AIE, and AIE > 0 (they raise the answer when patched in). Writers: large AIE, DLA > 0 and not small (they raise the answer directly). Indirect: large AIE, |DLA|
+    small (their effect goes through later layers). Cancellers: the ``top`` most negative DLA among heads whose DLA
+    is negative and not small (they lower the answer directly, whatever their AIE).
+
+    Args: aie, dla: float ``[n_layers, n_heads]`` (probability; logit units).
+
+    Returns: ``{"rule": {...}, "writers" / "cancellers" / "indirect": [{"layer", "head", "aie", "dla"}, ...]}``,
+    writers and indirect heads in AIE order, cancellers most negative first."""
+    aie, dla = np.asarray(aie, float), np.asarray(dla, float)
+    L, H = aie.shape
+    k = min(top, aie.size)
+    median = float(np.median(np.abs(dla)))
+    order_aie = [i for i in sorted(range(aie.size), key=lambda i: (-aie.flat[i], i))[:k] if aie.flat[i] > 0]
+    small = np.abs(dla) < median
+
+    def entry(i):
+        return {"layer": i // H, "head": i % H, "aie": float(aie.flat[i]), "dla": float(dla.flat[i])}
+    writers = [entry(i) for i in order_aie if dla.flat[i] > 0 and not small.flat[i]]
+    indirect = [entry(i) for i in order_aie if small.flat[i]]
+    neg = sorted((i for i in range(dla.size) if dla.flat[i] < 0 and not small.flat[i]), key=lambda i: (dla.flat[i], i))
+    return {"rule": {"top_aie": k, "dla_kind": ROLE_DLA, "small_dla_below": median,
+                     "writers": f"top {k} by signed AIE (AIE > 0) with DLA > 0 and |DLA| >= the median |DLA|",
+                     "indirect": f"top {k} by signed AIE (AIE > 0) with |DLA| < the median |DLA|",
+                     "cancellers": f"the {k} most negative DLA with |DLA| >= the median |DLA|"},
+            "writers": writers, "indirect": indirect, "cancellers": [entry(i) for i in neg[:k]]}
+
+
+def _attribution(plan: Plan, ctx: Context, fv: F.FVScores) -> dict[str, dict[str, np.ndarray]] | None:
+    """Per task a piece ``attribution/<task>``: ``atp`` ``[n, L, H]`` (AtP's estimate of each head's CIE on the FV
+    score's corrupted prompts: the head's last-position output set to the task's clean mean, metric P(answer) in
+    float64, as :func:`~inductionlab.protocols.function_vectors.indirect_effects`), ``atp_metric`` ``[n]`` (P(answer)
+    on the unpatched corrupted run: the FV score's ``p_base``), ``dla_<kind>`` ``[n, L, H]``, ``dla_rest_<kind>`` and
+    ``dla_total_<kind>`` ``[n]`` for each of :data:`~inductionlab.core.attribution.DLA_KINDS` on the clean prompts,
+    and ``seconds`` ``[AtP, DLA]``. None with ``--no-attribution``."""
+    if not plan.cfg.attribution:
+        return None
+    model, index = plan.loaded.model, {t: i for i, t in enumerate(fv.tasks)}
+
+    def compute(task: str, progress) -> dict:
+        tp = plan.fv_prompts[task]
+        t0 = time.perf_counter()
+        r = attribution_patching(model, [p.input_ids for p in tp.corrupted], [p.target_id for p in tp.corrupted],
+                                 fv.means[index[task]], positions=(-1,), metric="prob")
+        t1 = time.perf_counter()
+        progress(len(tp.corrupted))
+        d = direct_logit_attribution(model, [p.input_ids for p in tp.clean], [p.target_id for p in tp.clean])
+        progress(len(tp.clean))
+        return {"atp": r.atp, "atp_metric": r.metric, "seconds": np.array([t1 - t0, time.perf_counter() - t1]),
+                **{f"dla_{k}": d.heads[k] for k in DLA_KINDS}, **{f"dla_rest_{k}": d.rest[k] for k in DLA_KINDS},
+                **{f"dla_total_{k}": d.total[k] for k in DLA_KINDS}}
+    return ctx.pieces("attribution", plan.fv_prompts, compute, desc="attribution", unit="prompt",
+                      timing="attribution",
+                      total=lambda t: len(plan.fv_prompts[t].corrupted) + len(plan.fv_prompts[t].clean))
+
+
+def attribution_record(fv: F.FVScores, attr: dict[str, dict[str, np.ndarray]], fv_seconds: dict[str, np.ndarray],
+                       timings: dict) -> dict:
+    """results.json's ``attribution``: AtP's mean (the estimate of the AIE) and its agreement with the exact AIE
+    (:func:`~inductionlab.measures.overlap.estimate_agreement`: Spearman ρ over all heads, recall of the top 10 and
+    top 5%, the largest misses), the cost, DLA's means and the roles (:func:`attribution_roles`).
+
+    Args: ``attr``: task -> its attribution piece; ``fv_seconds``: task -> the FV piece's ``[means, CIEs]`` seconds;
+    ``timings``: this session's wall seconds of the two steps (``ctx.timing``: a loaded piece counts its load only)."""
+    tasks = fv.tasks
+    aie = fv.aie()
+    atp = np.stack([attr[t]["atp"] for t in tasks]).mean((0, 1))
+    dla = {k: np.stack([attr[t][f"dla_{k}"] for t in tasks]).mean((0, 1)) for k in DLA_KINDS}
+    atp_s = sum(float(attr[t]["seconds"][0]) for t in tasks)
+    dla_s = sum(float(attr[t]["seconds"][1]) for t in tasks)
+    fv_s = [float(fv_seconds[t][1]) for t in tasks if t in fv_seconds]
+    cie_s = sum(fv_s) if len(fv_s) == len(tasks) else None
+    return {
+        "definition": "AtP (Nanda 2023; Kramar et al. 2024 eq. 4): per corrupted FV prompt, sum over the last position "
+                      "of (task mean - head output) . dP(answer)/d(head output), the first-order estimate of the "
+                      "head's CIE; mean over tasks and prompts = the estimate of the AIE. DLA: the head's "
+                      "last-position output on the clean prompts through o_proj, the final norm (scale frozen from "
+                      "the clean run) and the unembedding, read on the answer token; mean over tasks and prompts.",
+        "metric": "prob", "positions": [-1], "source": "the task's clean mean at the last position (the FV score's)",
+        "atp": atp.tolist(),
+        "agreement": estimate_agreement(atp, aie),
+        "atp_metric_vs_p_base": float(np.max(np.abs(np.stack([attr[t]["atp_metric"] for t in tasks]) - fv.p_base))),
+        "cost": {"atp_seconds": atp_s, "dla_seconds": dla_s, "fv_cie_seconds": cie_s,
+                 "fv_seconds": None if cie_s is None else cie_s + sum(float(fv_seconds[t][0]) for t in tasks),
+                 "atp_vs_fv_cie": None if not cie_s else atp_s / cie_s,
+                 "session_timings": timings,
+                 "note": "seconds stored in each piece when computed (so a resumed run keeps them); the exact "
+                         "score's clean means, which AtP reuses, are outside fv_cie_seconds"},
+        "dla": {"kind": ROLE_DLA, "mean": dla[ROLE_DLA].tolist(), "logit": dla["logit"].tolist()},
+        "roles": attribution_roles(aie, dla[ROLE_DLA]),
+    }
 
 
 ROUTE_ARRAYS = ("word", "random", "attention", "p_word", "p_random")
@@ -313,7 +433,8 @@ def phases(plan: Plan, ctx: Context) -> dict:
     cfg = plan.cfg
     scores = ctx.head_scores(cfg.scores, seed=cfg.seed)
     cmr = _cmr(plan, ctx) if cfg.cmr.enabled else None
-    fv = _fv_scores(plan, ctx)
+    fv, fv_seconds = _fv_scores(plan, ctx)
+    attribution = _attribution(plan, ctx, fv)
     fv_check = ctx.piece("fv_check", lambda: _fv_check(plan, fv))
     route = _route_scores(plan, ctx)
     fv_table = fv_ranking_scores(fv, cfg.selection.fv_ranking)
@@ -322,7 +443,8 @@ def phases(plan: Plan, ctx: Context) -> dict:
     probes = _probes(plan, ctx, conditions, fv)
     icl = TLS.measure(ctx, plan.icl, conditions, pilot, y2)
     runs = ctx.measure(Phase("lag", lag_probe.probe(plan.lag), conditions))
-    return {"scores": scores, "cmr": cmr, "fv": fv, "fv_check": fv_check, "route": route, "conditions": conditions,
+    return {"scores": scores, "cmr": cmr, "fv": fv, "fv_seconds": fv_seconds, "attribution": attribution,
+            "attribution_timings": {k: ctx.timing(k) for k in ("attribution", "fv_scores")}, "fv_check": fv_check, "route": route, "conditions": conditions,
             "probes": probes, "icl": icl, "icl_cost": TLS.cost(icl, ctx.timing("icl"), len(conditions)), **runs}
 
 
@@ -391,6 +513,8 @@ def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
             "top": {n: [{"layer": l, "head": h, "score": v} for l, h, v in route.top(n)] for n in DR.ROUTE_SCORES},
             "p_corrupt": {"word_p_e1": float(route.p_word[:, 0].mean()),
                           "random_p_e0": float(route.p_random[:, 1].mean())}},
+        "attribution": None if pieces.get("attribution") is None else attribution_record(
+            fv, pieces["attribution"], pieces["fv_seconds"], pieces["attribution_timings"]),
         "conditions": [c.to_dict() for c in conditions],
         "overlap": overlap.to_dict(orient="records"),
         "drops": drops.to_dict(orient="records"),
@@ -412,7 +536,7 @@ def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
         }
     return HeadTypesStudy(loaded=plan.loaded, config=plan.cfg, scores=hs, fv=fv, fv_check=pieces["fv_check"],
                           conditions=conditions, probes=probes, icl=icl, lag=lag, drops=drops, overlap=overlap,
-                          route=route, cmr=cmr, verdicts=verd, record=record)
+                          route=route, cmr=cmr, attribution=pieces.get("attribution"), verdicts=verd, record=record)
 
 
 def run_head_types(loaded: LoadedModel, cfg: HeadTypesConfig, out: str | Path,
@@ -429,4 +553,5 @@ def run_head_types(loaded: LoadedModel, cfg: HeadTypesConfig, out: str | Path,
 STUDY: Study[HeadTypesConfig, Plan, HeadTypesStudy] = Study(prepare, phases, result, write, summary)
 
 __all__ = ["STUDY", "HeadTypesStudy", "Plan", "prepare", "phases", "result", "run_head_types", "kept_fractions",
-           "fv_ranking_scores", "conditions_for", "overlap_table"]
+           "fv_ranking_scores", "conditions_for", "overlap_table", "attribution_roles", "attribution_record",
+           "ROLE_TOP", "ROLE_DLA"]
