@@ -228,6 +228,8 @@ def test_attribution_estimates_the_fv_score_and_names_the_roles(study):
     md = (out / "report.md").read_text()
     assert "## Attribution" in md and f"Spearman ρ {want['spearman']:+.3f}" in md
     assert (out / "dla_vs_aie.png").is_file()
+    from inductionlab.studies.head_types.report import summary
+    assert f"AtP vs exact AIE: Spearman {want['spearman']:+.3f}" in "\n".join(summary(res))
 
 
 def test_no_attribution_leaves_it_out(loaded, tmp_path):

@@ -307,6 +307,11 @@ def summary(res) -> list[str]:
     for r in res.overlap[res.overlap.a.isin(["induction", "concept_copying"]) &
                          res.overlap.b.isin(["token_copying", "token_attention"])].itertuples():
         lines.insert(-1, f"Spearman {r.a} vs {r.b}: {r.spearman:+.2f} (P = {r.spearman_p:.3g})")
+    att = res.record.get("attribution")
+    if att is not None:
+        a = att["agreement"]
+        lines.insert(-1, f"AtP vs exact AIE: Spearman {a['spearman']:+.3f}, "
+                     + ", ".join(f"top-{r['label']} recall {r['recall']:.2f}" for r in a["recall"]))
     lines += [f"{v.claim} {v.status}: {v.evidence}" + (f" [power: {v.power_line}]" if v.power else "")
               for v in res.verdicts]
     return lines
