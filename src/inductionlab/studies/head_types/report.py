@@ -124,7 +124,8 @@ def _cmr_lines(res) -> list[str]:
 def attribution_table(res) -> pd.DataFrame:
     """Per head (unless ``--no-attribution``): the exact AIE, AtP's estimate of it, the mean DLA (``dla``: the
     roles' direction, answer logit minus the mean logit; ``dla_logit``: the answer's logit) and the role
-    (``writer``, ``canceller``, ``indirect`` or empty; :func:`~inductionlab.studies.head_types.study.attribution_roles`)."""
+    (``writer``, ``canceller``, ``indirect`` or empty;
+    :func:`~inductionlab.studies.head_types.study.attribution_roles`)."""
     rec = res.record["attribution"]
     aie, atp = res.fv.aie(), np.asarray(rec["atp"], float)
     dla, logit = np.asarray(rec["dla"]["mean"], float), np.asarray(rec["dla"]["logit"], float)

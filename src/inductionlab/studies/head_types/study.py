@@ -211,9 +211,10 @@ def attribution_roles(aie: np.ndarray, dla: np.ndarray, top: int = ROLE_TOP) -> 
     """Writers, cancellers and indirect heads from the exact AIE and the mean DLA (one place for the thresholds).
 
     ``small`` |DLA| means below the median |DLA| over all heads; ``large AIE`` means among the ``top`` heads by signed
-    AIE, and AIE > 0 (they raise the answer when patched in). Writers: large AIE, DLA > 0 and not small (they raise the answer directly). Indirect: large AIE, |DLA|
-    small (their effect goes through later layers). Cancellers: the ``top`` most negative DLA among heads whose DLA
-    is negative and not small (they lower the answer directly, whatever their AIE).
+    AIE, and AIE > 0 (they raise the answer when patched in). Writers: large AIE, DLA > 0 and not small (they raise
+    the answer directly). Indirect: large AIE, |DLA| small (their effect goes through later layers). Cancellers: the
+    ``top`` most negative DLA among heads whose DLA is negative and not small (they lower the answer directly,
+    whatever their AIE).
 
     Args: aie, dla: float ``[n_layers, n_heads]`` (probability; logit units).
 
@@ -444,7 +445,8 @@ def phases(plan: Plan, ctx: Context) -> dict:
     icl = TLS.measure(ctx, plan.icl, conditions, pilot, y2)
     runs = ctx.measure(Phase("lag", lag_probe.probe(plan.lag), conditions))
     return {"scores": scores, "cmr": cmr, "fv": fv, "fv_seconds": fv_seconds, "attribution": attribution,
-            "attribution_timings": {k: ctx.timing(k) for k in ("attribution", "fv_scores")}, "fv_check": fv_check, "route": route, "conditions": conditions,
+            "attribution_timings": {k: ctx.timing(k) for k in ("attribution", "fv_scores")}, "fv_check": fv_check,
+            "route": route, "conditions": conditions,
             "probes": probes, "icl": icl, "icl_cost": TLS.cost(icl, ctx.timing("icl"), len(conditions)), **runs}
 
 
