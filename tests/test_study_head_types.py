@@ -344,3 +344,19 @@ def test_token_loss_record_windows_and_per_window_arrays(study):
     assert {"slope", "band", "benefit"} <= set(rows.columns)
     assert (out / "checkpoints" / "icl_sensitivity").is_dir()
     assert "## Token-loss ICL score" in (out / "report.md").read_text()
+
+
+def test_the_icl_score_runs_under_the_claims_conditions_only(study):
+    """``--icl-conditions claim`` (default): the token-loss pieces are intact and Y2's exclusive arms, nothing else
+    (every window of the budget goes to the verdict); the drop table has ICL rows for exactly those arms, while the
+    other measures keep every arm."""
+    res, out = study
+    y2 = {c.name for c in res.conditions if c.kind in ("induction-excl-fv", "fv-excl-induction")}
+    assert y2 and {p.stem for p in (out / "checkpoints" / "icl").glob("*.npz")} == {"intact"} | y2
+    assert set(res.icl.condition) == {"intact"} | y2
+    icl_arms = set(res.drops[res.drops.measure == "icl_slope"].arm)
+    assert icl_arms == y2
+    assert set(res.drops[res.drops.measure == "hits1_mean"].arm) > y2       # plain and random arms too
+    rec = json.loads((out / "results.json").read_text())
+    assert rec["params"]["config"]["icl_conditions"] == "claim"
+    assert rec["token_loss"]["cost"]["conditions"] == 1 + len(y2)

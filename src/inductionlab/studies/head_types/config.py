@@ -111,6 +111,11 @@ class HeadTypesConfig:
     probes: ProbesConfig = nested(ProbesConfig, "Few-shot HITS@1 under ablation.")
     icl: TokenLossConfig = nested(TokenLossConfig, "Token-loss ICL score under ablation (claim Y2): D, B and the "
                                                    "single-token benefit; windows sized by a pilot.")
+    icl_conditions: str = opt("claim", "Conditions the token-loss ICL score runs under: 'claim' (intact and Y2's "
+                                       "exclusive arms: every window of the budget goes to the verdict) or 'all' (also "
+                                       "the plain top-by-score and random arms, for the drop table).",
+                              choices=("claim", "all"), source="decision (issue 34: Y2's power at a fixed budget)",
+                              flag="--icl-conditions")
     lag: LagProbeConfig = nested(lambda: LagProbeConfig(n_permutations=16, cues="all:10"),
                                  "The lag probe under ablation (seed T's p(+1) and temporal factor).",
                                  owns={"seed": "--seed", "method": "--lag-method"})

@@ -442,12 +442,13 @@ def phases(plan: Plan, ctx: Context) -> dict:
     conditions = conditions_for(scores["induction"], fv_table, plan)
     pilot, y2 = _pilot_condition(conditions), _y2_conditions(conditions)
     probes = _probes(plan, ctx, conditions, fv)
-    icl = TLS.measure(ctx, plan.icl, conditions, pilot, y2)
+    icl_conds = conditions if cfg.icl_conditions == "all" else [conditions[0], *y2]     # conditions[0]: intact
+    icl = TLS.measure(ctx, plan.icl, icl_conds, pilot, y2)
     runs = ctx.measure(Phase("lag", lag_probe.probe(plan.lag), conditions))
     return {"scores": scores, "cmr": cmr, "fv": fv, "fv_seconds": fv_seconds, "attribution": attribution,
             "attribution_timings": {k: ctx.timing(k) for k in ("attribution", "fv_scores")}, "fv_check": fv_check,
             "route": route, "conditions": conditions,
-            "probes": probes, "icl": icl, "icl_cost": TLS.cost(icl, ctx.timing("icl"), len(conditions)), **runs}
+            "probes": probes, "icl": icl, "icl_cost": TLS.cost(icl, ctx.timing("icl"), len(icl_conds)), **runs}
 
 
 def overlap_table(induction: np.ndarray, fv: F.FVScores, other: dict[str, np.ndarray],
