@@ -532,46 +532,60 @@ class ResumableRun:
             return {"run": doc["run"], "schema": doc["schema"]}, doc["value"]
         return None, doc
 
-    def arrays(self, key: str, compute: Callable[[], dict], check: Callable[[dict], Any] | None = None) -> dict:
-        """The piece ``key`` as a dict of numpy arrays: loaded if finished, else computed by
-        ``compute()``, written atomically (``.npz``, with the run record: :meth:`_read`) and returned. A
-        damaged, stale, foreign or malformed piece file (``check(arrays)`` raises) is recomputed
-        (:meth:`_read` says so on stderr). Columns of Python strings (pandas' object columns) are stored as
-        fixed-width unicode, so the piece loads back without pickle; any other object array raises
-        ``TypeError`` before anything is written."""
-        import numpy as np
-
+    def load_arrays(self, key: str, check: Callable[[dict], Any] | None = None) -> tuple[bool, dict | None]:
+        """``(True, arrays)`` for the finished piece ``key`` (``.npz``) of this run; ``(False, None)`` when it is
+        absent, or damaged, stale, foreign or malformed (``check(arrays)`` raises; :meth:`_read` says so on stderr
+        and deletes it). Rank 0 reads; every rank gets its answer."""
         from .distributed import on_main
 
         p = self.path(key, "npz")
-        found, arrays = on_main(lambda: self._read(p, self._read_npz, check), self.dist)
-        if found:
-            return arrays
-        arrays = {k: _loadable(k, v) for k, v in compute().items()}
+        return on_main(lambda: self._read(p, self._read_npz, check), self.dist)
+
+    def save_arrays(self, key: str, arrays: dict) -> dict:
+        """Write ``arrays`` (a dict of numpy arrays) as the piece ``key`` atomically (``.npz``, with the run record:
+        :meth:`_read`; rank 0) and return them as a reload would. Columns of Python strings (pandas' object
+        columns) are stored as fixed-width unicode, so the piece loads back without pickle; any other object
+        array raises ``TypeError`` before anything is written."""
+        import numpy as np
+
+        arrays = {k: _loadable(k, v) for k, v in arrays.items()}
         if self.is_main:
             buf = io.BytesIO()
             np.savez(buf, **arrays, **{_RUN_KEY: np.asarray(self.identity), _SCHEMA_KEY: np.asarray(PIECE_SCHEMA)})
-            atomic_write_bytes(p, buf.getvalue())
+            atomic_write_bytes(self.path(key, "npz"), buf.getvalue())
             self._saved(key)
         return arrays
 
-    def json(self, key: str, compute: Callable[[], Any], check: Callable[[Any], Any] | None = None) -> Any:
-        """The piece ``key`` as JSON (``.json``: ``{"run", "schema", "value"}``): loaded if finished, else
-        ``compute()`` written atomically. Returns what a reload returns (JSON types), so a resumed run sees
-        the same values. A damaged, stale, foreign or malformed piece file (``check(value)`` raises) is
-        recomputed (:meth:`_read` says so on stderr)."""
+    def arrays(self, key: str, compute: Callable[[], dict], check: Callable[[dict], Any] | None = None) -> dict:
+        """The piece ``key`` as a dict of numpy arrays: loaded if finished (:meth:`load_arrays`), else computed by
+        ``compute()`` and written (:meth:`save_arrays`)."""
+        found, arrays = self.load_arrays(key, check)
+        return arrays if found else self.save_arrays(key, compute())
+
+    def load_json(self, key: str, check: Callable[[Any], Any] | None = None) -> tuple[bool, Any]:
+        """``(True, value)`` for the finished JSON piece ``key`` of this run; ``(False, None)`` otherwise (as
+        :meth:`load_arrays`)."""
         from .distributed import on_main
 
         p = self.path(key, "json")
-        found, value = on_main(lambda: self._read(p, self._read_json, check), self.dist)
-        if found:
-            return value
-        value = compute()
+        return on_main(lambda: self._read(p, self._read_json, check), self.dist)
+
+    def save_json(self, key: str, value: Any) -> Any:
+        """Write ``value`` as the JSON piece ``key`` atomically (``{"run", "schema", "value"}``; rank 0) and return
+        what a reload returns (JSON types), so a resumed run sees the same values."""
+        from .distributed import on_main
+
+        p = self.path(key, "json")
         if self.is_main:
             atomic_write_json(p, {**self._record(), "value": value})
             self._saved(key)
         return on_main(lambda: self._read_json(p)[1], self.dist)
 
+    def json(self, key: str, compute: Callable[[], Any], check: Callable[[Any], Any] | None = None) -> Any:
+        """The piece ``key`` as JSON (``.json``): loaded if finished (:meth:`load_json`), else ``compute()``
+        written (:meth:`save_json`)."""
+        found, value = self.load_json(key, check)
+        return value if found else self.save_json(key, compute())
 
 def _loadable(key: str, a) -> "np.ndarray":
     """``a`` as an array that ``np.load(allow_pickle=False)`` reads back: object arrays of strings become

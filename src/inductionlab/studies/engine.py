@@ -188,8 +188,19 @@ class Context:
             return HeadScores(table, raw["induction_loss"], dict(raw["params"]))
 
         with run.timed("head_scores"):
-            raw = run.json("scores", compute, check=scores)
+            raw = self._kept("scores", compute, json=True, check=scores)
         return scores(raw)
+
+    def _kept(self, key: str, compute: Callable[[], Any], *, json: bool = False,
+              check: Callable[[Any], Any] | None = None) -> Any:
+        """The piece ``key`` (``.json`` with ``json``, else ``.npz``): loaded when finished, else ``compute()``d here
+        and written. The engine computes; the run directory only loads and stores (it never calls back up)."""
+        run = self.run
+        found, value = run.load_json(key, check) if json else run.load_arrays(key, check)
+        if found:
+            return value
+        value = compute()
+        return run.save_json(key, value) if json else run.save_arrays(key, value)
 
     def measure(self, *phases: "Phase") -> dict[str, "PhaseRun"]:
         """Every phase's pieces ``<key>/<condition>`` (:func:`run_phases`). Returns phase key -> :class:`PhaseRun`."""
@@ -200,13 +211,13 @@ class Context:
         computed on every call, not checkpointed (a self-check). Timed as ``timing`` (default: the key with
         ``/`` as ``_``)."""
         with self.run.timed(timing or key.replace("/", "_")):
-            return self.run.json(key, compute) if save else compute()
+            return self._kept(key, compute, json=True) if save else compute()
 
     def arrays(self, key: str, compute: Callable[[], dict], *, timing: str | None = None) -> dict:
         """``compute()`` (a dict of numpy arrays) as the piece ``key`` (``.npz``): computed once, then loaded.
         Timed as ``timing`` (default: the key with ``/`` as ``_``)."""
         with self.run.timed(timing or key.replace("/", "_")):
-            return self.run.arrays(key, compute)
+            return self._kept(key, compute)
 
     def pieces(self, key: str, items: Iterable[str], compute: Callable[[str, Callable[[int], None]], Any], *,
                desc: str | None = None, unit: str = "item", timing: str | None = None,
@@ -242,7 +253,7 @@ class Context:
                     if total is None:
                         update(1)
                     return value
-                out[item] = run.json(f"{key}/{item}", make) if json else run.arrays(f"{key}/{item}", make)
+                out[item] = self._kept(f"{key}/{item}", make, json=json)
         return out
 
 
@@ -318,7 +329,7 @@ def run_phases(ctx: Context, phases: Sequence[Phase]) -> dict[str, PhaseRun]:
                                        reuse=caches.get(id(ph.probe)) or False)[c.name]
                 return {**out, "words": np.asarray(tr.words)}
 
-            got = dict(run.arrays(key, compute, check=_phase_piece))
+            got = dict(ctx._kept(key, compute, check=_phase_piece))
             words[ph.key] = [str(w) for w in got.pop("words")]
             arrays[ph.key][c.name] = got
     return {ph.key: PhaseRun(arrays[ph.key], words.get(ph.key, [])) for ph in phases}
