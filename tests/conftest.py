@@ -178,3 +178,13 @@ def tiny_dir(tmp_path_factory, word_tokenizer):
     make_tiny("llama", ctx=64).save_pretrained(d)
     word_tokenizer.save_pretrained(d)
     return d
+
+
+@pytest.fixture()
+def victim(tmp_path):
+    """An existing folder that is not a run: a refusal must leave it byte-identical."""
+    v = tmp_path / "victim"
+    (v / "sub").mkdir(parents=True)
+    (v / "notes.txt").write_text("mine\n")
+    (v / "sub" / "data.bin").write_bytes(bytes(range(256)))
+    return v

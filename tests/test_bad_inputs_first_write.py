@@ -59,14 +59,6 @@ def corpus(tmp_path_factory):
     return make_corpus(tmp_path_factory.mktemp("corpus"), n_lines=600)
 
 
-@pytest.fixture()
-def victim(tmp_path):
-    v = tmp_path / "victim"
-    (v / "sub").mkdir(parents=True)
-    (v / "notes.txt").write_text("mine\n")
-    (v / "sub" / "data.bin").write_bytes(bytes(range(256)))
-    return v
-
 
 @pytest.fixture()
 def text(tmp_path):

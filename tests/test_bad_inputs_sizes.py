@@ -125,15 +125,6 @@ def _digest(root: Path) -> dict:
             for p in sorted(root.rglob("*"))}
 
 
-@pytest.fixture()
-def victim(tmp_path):
-    """An existing folder that is not a run: it must stay byte-identical."""
-    v = tmp_path / "victim"
-    (v / "sub").mkdir(parents=True)
-    (v / "notes.txt").write_text("mine\n")
-    (v / "sub" / "data.bin").write_bytes(bytes(range(256)))
-    return v
-
 
 MISSING_MODEL = "/nonexistent/model"       # a count refused first: the model is never looked at
 TEXT = "text.txt"                          # written in the test's folder: no demo corpus needed

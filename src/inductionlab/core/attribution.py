@@ -171,6 +171,17 @@ def _source_outputs(model, source, L: int, H: int, D: int, under) -> torch.Tenso
     return torch.stack([inst.probes[l][1][0] for l in range(L)]).double()
 
 
+def _model_and_prompts(model, prompts, who: str):
+    """The unwrapped model, its ``(n_layers, n_heads, head_dim)`` and the prompts as lists; refuses no prompts or an
+    empty one (``who``: the caller's name, for the message)."""
+    model = unwrap_model(model)
+    s = attention_shape(model.config)
+    prompts = [list(p) for p in prompts]
+    if not prompts or any(len(p) < 1 for p in prompts):
+        raise InductionLabError(f"{who}() needs at least one non-empty prompt")
+    return model, (s["n_layers"], s["n_heads"], s["head_dim"]), prompts
+
+
 def attribution_patching(model, prompts: Sequence[Sequence[int]], targets, source, *, positions=(-1,),
                          metric="prob", under: Sequence[HeadIntervention] = (), graddrop: bool = False) -> AtPResult:
     """AtP estimates (module docstring) of setting each query head's output at ``positions`` to ``source``, on
@@ -195,12 +206,7 @@ def attribution_patching(model, prompts: Sequence[Sequence[int]], targets, sourc
 
     Raises: InductionLabError for no prompts, a mis-shaped source, a source prompt list of another length than the
         prompts, positions outside a prompt, an unknown metric, a model whose head outputs get no gradient."""
-    model = unwrap_model(model)
-    s = attention_shape(model.config)
-    L, H, D = s["n_layers"], s["n_heads"], s["head_dim"]
-    prompts = [list(p) for p in prompts]
-    if not prompts or any(len(p) < 1 for p in prompts):
-        raise InductionLabError("attribution_patching() needs at least one non-empty prompt")
+    model, (L, H, D), prompts = _model_and_prompts(model, prompts, "attribution_patching")
     ts = _targets(targets, len(prompts))
     fn = _metric(metric)
     per_prompt_source = not (isinstance(source, str) or torch.is_tensor(source))
@@ -372,12 +378,7 @@ def direct_logit_attribution(model, prompts: Sequence[Sequence[int]], targets, *
 
     Raises: InductionLabError for no prompts, a final norm that is neither LayerNorm nor RMSNorm, a model with
         final logit soft-capping (not linear), a model without the parts (:mod:`inductionlab.core.anatomy`)."""
-    model = unwrap_model(model)
-    s = attention_shape(model.config)
-    L, H, D = s["n_layers"], s["n_heads"], s["head_dim"]
-    prompts = [list(p) for p in prompts]
-    if not prompts or any(len(p) < 1 for p in prompts):
-        raise InductionLabError("direct_logit_attribution() needs at least one non-empty prompt")
+    model, (L, H, D), prompts = _model_and_prompts(model, prompts, "direct_logit_attribution")
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if getattr(cfg, "final_logit_softcapping", None):
         raise InductionLabError("the model soft-caps its final logits (tanh), which is not linear: direct logit "
