@@ -101,9 +101,17 @@ def smollm2():
         assert _fingerprint(_SMOLLM2[name].model) == before, f"the test changed the shared {name} SmolLM2"
 
 
+def _transformers_capture_hook(hook) -> bool:
+    """transformers' own output-recording hook: installed once per model, for good, the first time anyone asks for
+    ``output_attentions`` / ``output_hidden_states`` (the architecture check compares our patterns with the model's
+    own), and idle unless asked; not a hook of ours left behind."""
+    return getattr(hook, "__qualname__", "").startswith("install_output_capuring_hook.")
+
+
 def _fingerprint(model) -> tuple:
     """What a test may not change on a shared model: hooks, dtype, mode, weights (sum per tensor)."""
-    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    hooks = sum(1 for m in model.modules() for h in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())
+                if not _transformers_capture_hook(h))
     with torch.no_grad():
         sums = tuple(float(p.float().sum()) for p in model.parameters())
     return hooks, model.dtype, model.training, sums

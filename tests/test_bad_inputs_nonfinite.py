@@ -64,8 +64,8 @@ def test_overflow_named_where_it_first_appears(tmp_path, model_dir):
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     errors = [line for line in r.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, r.output
-    assert re.search(r"logits hold .* NaN.* first appear in the output of model\.norm \(LlamaRMSNorm: \d+ inf of "
-                     r"\d+ values\); every weight is finite, so an activation overflows float32", errors[0]), errors[0]
+    assert re.search(r"logits hold .* NaN.* first appear in the output of model\.norm \(LlamaRMSNorm: [\d,]+ inf of "
+                     r"[\d,]+ values\); every weight is finite, so an activation overflows float32", errors[0]), errors[0]
 
 
 def test_api_guard_names_the_first_module_and_ignores_masked_logits():

@@ -365,6 +365,17 @@ class DLAResult:
         return self.heads[kind].mean(0)
 
 
+def dla_unsupported(model) -> str | None:
+    """Why :func:`direct_logit_attribution` cannot be defined on ``model`` (one line), or None: final-logit
+    soft-capping (Gemma 2's tanh) makes the logit a non-linear function of the residual stream."""
+    model = unwrap_model(model)
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(cfg, "final_logit_softcapping", None):
+        return ("the model soft-caps its final logits (tanh), which is not linear: direct logit attribution is "
+                "defined for uncapped logits only")
+    return None
+
+
 def direct_logit_attribution(model, prompts: Sequence[Sequence[int]], targets, *,
                              under: Sequence[HeadIntervention] = ()) -> DLAResult:
     """Per head and prompt, the direct contribution of the head's last-position output to the answer's logit
@@ -379,10 +390,9 @@ def direct_logit_attribution(model, prompts: Sequence[Sequence[int]], targets, *
     Raises: InductionLabError for no prompts, a final norm that is neither LayerNorm nor RMSNorm, a model with
         final logit soft-capping (not linear), a model without the parts (:mod:`inductionlab.core.anatomy`)."""
     model, (L, H, D), prompts = _model_and_prompts(model, prompts, "direct_logit_attribution")
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if getattr(cfg, "final_logit_softcapping", None):
-        raise InductionLabError("the model soft-caps its final logits (tanh), which is not linear: direct logit "
-                                "attribution is defined for uncapped logits only")
+    why = dla_unsupported(model)
+    if why:
+        raise InductionLabError(why)
     ts = _targets(targets, len(prompts))
     dev = execution_device(model)
     cols = [head_columns(model, l).reshape(H, D, -1) for l in range(L)]          # [H, D, hidden]
@@ -445,5 +455,5 @@ def direct_logit_attribution(model, prompts: Sequence[Sequence[int]], targets, *
     return DLAResult(kinds, rest, total, np.asarray(ts, dtype=np.int64), rival)
 
 
-__all__ = ["METRICS", "DLA_KINDS", "AtPResult", "attribution_patching", "FrozenNorm", "freeze_norm", "head_columns",
+__all__ = ["dla_unsupported", "METRICS", "DLA_KINDS", "AtPResult", "attribution_patching", "FrozenNorm", "freeze_norm", "head_columns",
            "DLAResult", "direct_logit_attribution"]

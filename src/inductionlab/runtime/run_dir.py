@@ -131,7 +131,8 @@ class TrainRun:
             ok = isinstance(rec, dict) and isinstance(rec.get("budget"), dict) and isinstance(rec.get("config"), dict)
             why = "no 'budget' and 'config' objects"
         except (OSError, ValueError) as e:
-            ok, why = False, " ".join(str(e).split())[:160] or type(e).__name__
+            msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)     # the parser's reason, not the path again
+            ok, why = False, " ".join(msg.split())[:160] or type(e).__name__
         if not ok:
             raise InductionLabError(f"training run record {p} is damaged ({why}); restore it from a copy of the run, "
                                     "or train the run again with `inductionlab train --out` a new directory")

@@ -42,7 +42,7 @@ import torch
 
 from ...config import to_dict
 from ...core.ablation import Condition, excluded_count, selection_conditions
-from ...core.attribution import DLA_KINDS, attribution_patching, direct_logit_attribution
+from ...core.attribution import DLA_KINDS, attribution_patching, direct_logit_attribution, dla_unsupported
 from ...core.models import LoadedModel, ran_identity
 from ...core.scores import HeadScores
 from ...core.stimuli import seed_for
@@ -155,7 +155,8 @@ def prepare(loaded: LoadedModel, cfg: HeadTypesConfig) -> Plan:
         except InductionLabError as e:      # e.g. Gemma 3's 262k vocabulary splits few common words into 5 tokens
             raise InductionLabError(f"dual-route scores: {e} (--route-word-lengths 2,3,4, a larger --route-word-pool, "
                                     "fewer --route-prompts, or --no-dual-route)") from None
-    params = {"config": to_dict(cfg), "fractions": kept, "fractions_dropped": dropped,
+    skipped = dla_unsupported(loaded.model) if cfg.attribution else None      # e.g. Gemma 2: said, not refused
+    params = {"config": to_dict(cfg), **({"attribution_skipped": skipped} if skipped else {}), "fractions": kept, "fractions_dropped": dropped,
               "counts": {f"{f:g}": max(1, int(f * n_total)) for f in kept}, "fv_layer": fv_layer,
               "fv_tasks": list(fv_prompts), **icl.params(),
               "probe_prompts_seed": "seed_for(seed, 1)", "zero_shot_prompts_seed": "seed_for(seed, 2)"}
@@ -246,7 +247,7 @@ def _attribution(plan: Plan, ctx: Context, fv: F.FVScores) -> dict[str, dict[str
     on the unpatched corrupted run: the FV score's ``p_base``), ``dla_<kind>`` ``[n, L, H]``, ``dla_rest_<kind>`` and
     ``dla_total_<kind>`` ``[n]`` for each of :data:`~inductionlab.core.attribution.DLA_KINDS` on the clean prompts,
     and ``seconds`` ``[AtP, DLA]``. None with ``--no-attribution``."""
-    if not plan.cfg.attribution:
+    if not plan.cfg.attribution or plan.params.get("attribution_skipped"):
         return None
     model, index = plan.loaded.model, {t: i for i, t in enumerate(fv.tasks)}
 
