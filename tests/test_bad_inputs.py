@@ -25,6 +25,7 @@ import torch
 from click.testing import CliRunner
 
 from _tiny import tiny_llama_dir
+from inductionlab.studies.engine import kept
 from inductionlab.studies.analyze import AnalyzeConfig
 from inductionlab.cli import main
 from inductionlab.errors import InductionLabError
@@ -459,7 +460,7 @@ def test_resumed_run_removes_a_dead_writers_temporary_files(tmp_path):
 
     run = ResumableRun(tmp_path / "out", "toy", {"a": 1})
     assert run.open() is False
-    run.json("scores", lambda: {"x": 1})
+    kept(run, "scores", lambda: {"x": 1}, json=True)
     host = socket.gethostname()
     dead = run.dir / f".lag.npz.partial-{2 ** 22 + 7}-{host}-q1.tmp"
     live = run.dir / f".lag.npz.partial-{os.getpid()}-{host}-q2.tmp"

@@ -20,6 +20,7 @@ import pytest
 
 from _tiny import tiny_llama_dir
 from test_bad_inputs import refused
+from inductionlab.studies.engine import kept
 from inductionlab.documents import DocumentError, read_document, read_json
 from inductionlab.errors import InductionLabError
 
@@ -170,9 +171,9 @@ def test_study_record_and_pieces_nested_too_deep(tmp_path, capsys):
 
     run = ResumableRun(tmp_path / "r", "toy", {"n": 2})
     run.open()
-    assert run.json("p", lambda: {"v": 1}) == {"v": 1}
+    assert kept(run, "p", lambda: {"v": 1}, json=True) == {"v": 1}
     run.path("p", "json").write_text('{"x": ' + DEEP_JSON + "}")
-    assert ResumableRun(tmp_path / "r", "toy", {"n": 2}).json("p", lambda: {"v": 2}) == {"v": 2}
+    assert kept(ResumableRun(tmp_path / "r", "toy", {"n": 2}), "p", lambda: {"v": 2}, json=True) == {"v": 2}
     assert "checkpoint piece" in capsys.readouterr().err
     (tmp_path / "r" / "study.json").write_text('{"params": ' + DEEP_JSON + "}")
     with pytest.raises(InductionLabError, match=r"study\.json is corrupt \(study record .* nests"):

@@ -20,6 +20,7 @@ import torch
 from click.testing import CliRunner
 
 from conftest import tiny_config
+from inductionlab.studies.engine import kept
 from inductionlab.cli import main
 from inductionlab.errors import InductionLabError
 from test_bad_inputs import ANALYZE_FAST, MODEL_COMMANDS, TEMPORAL_FAST, _args, model_dir, refused  # noqa: F401
@@ -177,16 +178,16 @@ def test_damaged_pieces_api(tmp_path):
     run = ResumableRun(tmp_path / "r", "toy", {"a": 1})
     run.open()
     calls = []
-    first = run.arrays("lag/x", lambda: calls.append(1) or {"v": np.arange(4.0)})
-    assert run.json("scores", lambda: calls.append(2) or {"s": [1, 2]}) == {"s": [1, 2]}
+    first = kept(run, "lag/x", lambda: calls.append(1) or {"v": np.arange(4.0)})
+    assert kept(run, "scores", lambda: calls.append(2) or {"s": [1, 2]}, json=True) == {"s": [1, 2]}
     for damage in DAMAGE.values():
         damage(run.path("lag/x", "npz"))
-        np.testing.assert_array_equal(run.arrays("lag/x", lambda: calls.append(1) or {"v": np.arange(4.0)})["v"],
+        np.testing.assert_array_equal(kept(run, "lag/x", lambda: calls.append(1) or {"v": np.arange(4.0)})["v"],
                                       first["v"])
     (run.path("scores", "json")).write_text('{"s": [1,')
-    assert run.json("scores", lambda: calls.append(2) or {"s": [1, 2]}) == {"s": [1, 2]}
+    assert kept(run, "scores", lambda: calls.append(2) or {"s": [1, 2]}, json=True) == {"s": [1, 2]}
     assert calls == [1, 2] + [1] * len(DAMAGE) + [2]
-    assert run.arrays("lag/x", lambda: pytest.fail("recomputed an intact piece"))["v"].tolist() == [0, 1, 2, 3]
+    assert kept(run, "lag/x", lambda: pytest.fail("recomputed an intact piece"))["v"].tolist() == [0, 1, 2, 3]
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from test_bad_inputs import refused
+from inductionlab.studies.engine import kept
 from inductionlab import config as C
 from inductionlab.checks import check_effects
 from inductionlab.errors import InductionLabError
@@ -262,7 +263,7 @@ def test_the_icl_text_hash_is_part_of_the_runs_identity(tmp_path):
     out = tmp_path / "run"
     run = ResumableRun(out, "study-head-types", {"icl_text_sha256": first})
     run.open()
-    run.arrays("piece", lambda: {"x": np.zeros(1)})
+    kept(run, "piece", lambda: {"x": np.zeros(1)})
     text.write_text("four five six " * 50)                                  # changed in place, same path
     second = P.text_sha256(cfg)
     assert second != first

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from inductionlab.studies.engine import kept
 from inductionlab.cli import main
 from inductionlab.errors import InductionLabError
 from inductionlab.runtime.runs import PIECE_SCHEMA, ResumableRun, run_identity
@@ -28,17 +29,17 @@ def _run(out: Path, **params) -> ResumableRun:
 
 def test_piece_of_another_run_is_recomputed(tmp_path, capsys):
     theirs, mine = _run(tmp_path / "b", seed=1), _run(tmp_path / "a", seed=0)
-    theirs.arrays("lag/intact", lambda: {"x": np.full(3, 1.0)})
-    theirs.json("scores", lambda: {"s": 1})
+    kept(theirs, "lag/intact", lambda: {"x": np.full(3, 1.0)})
+    kept(theirs, "scores", lambda: {"s": 1}, json=True)
     mine.dir.mkdir(exist_ok=True)
     shutil.copytree(theirs.dir, mine.dir, dirs_exist_ok=True)           # valid files, wrong numbers
-    assert mine.arrays("lag/intact", lambda: {"x": np.zeros(3)})["x"].tolist() == [0, 0, 0]
-    assert mine.json("scores", lambda: {"s": 0}) == {"s": 0}
+    assert kept(mine, "lag/intact", lambda: {"x": np.zeros(3)})["x"].tolist() == [0, 0, 0]
+    assert kept(mine, "scores", lambda: {"s": 0}, json=True) == {"s": 0}
     err = capsys.readouterr().err
     assert err.count("was written by another run") == 2 and err.count("computing it again") == 2, err
     again = _run(tmp_path / "a", seed=0)                                  # now its own: loaded, no note
-    assert again.arrays("lag/intact", lambda: pytest.fail("recomputed"))["x"].tolist() == [0, 0, 0]
-    assert again.json("scores", lambda: pytest.fail("recomputed")) == {"s": 0}
+    assert kept(again, "lag/intact", lambda: pytest.fail("recomputed"))["x"].tolist() == [0, 0, 0]
+    assert kept(again, "scores", lambda: pytest.fail("recomputed"), json=True) == {"s": 0}
     assert capsys.readouterr().err == ""
 
 
@@ -55,8 +56,8 @@ def test_stale_pieces_are_recomputed(tmp_path, capsys, kind):
            "another schema": {"run": run.identity, "schema": PIECE_SCHEMA + 1, "value": {"s": 9}},
            "record of another type": {"run": [1], "schema": {}, "value": {"s": 9}}}[kind]
     js.write_text(json.dumps(doc))
-    assert run.arrays("p", lambda: {"x": np.zeros(2)})["x"].tolist() == [0, 0]
-    assert run.json("q", lambda: {"s": 0}) == {"s": 0}
+    assert kept(run, "p", lambda: {"x": np.zeros(2)})["x"].tolist() == [0, 0]
+    assert kept(run, "q", lambda: {"s": 0}, json=True) == {"s": 0}
     err = capsys.readouterr().err
     assert err.count("note: checkpoint piece") == 2 and "Traceback" not in err, err
 
@@ -76,12 +77,12 @@ def test_piece_of_another_shape_is_recomputed(tmp_path, capsys, value):
     run.path("scores", "json").parent.mkdir(parents=True, exist_ok=True)
     run.path("scores", "json").write_text(json.dumps({"run": run.identity, "schema": PIECE_SCHEMA, "value": value}))
     good = {"scores": {"a": [[1, 2]]}}
-    assert run.json("scores", lambda: good, check=check) == good
+    assert kept(run, "scores", lambda: good, check=check, json=True) == good
     buf = __import__("io").BytesIO()
     np.savez(buf, x=np.zeros(2), __run__=np.asarray(run.identity), __schema__=np.asarray(PIECE_SCHEMA))
     run.path("lag/intact", "npz").parent.mkdir(parents=True, exist_ok=True)
     run.path("lag/intact", "npz").write_bytes(buf.getvalue())          # no "words": not a phase piece
-    got = run.arrays("lag/intact", lambda: {"x": np.ones(2), "words": np.asarray(["a", "b"])}, check=_phase_piece)
+    got = kept(run, "lag/intact", lambda: {"x": np.ones(2), "words": np.asarray(["a", "b"])}, check=_phase_piece)
     assert got["x"].tolist() == [1, 1]
     err = capsys.readouterr().err
     assert err.count("is damaged or of another shape") == 2 and "Traceback" not in err, err
@@ -105,7 +106,7 @@ def test_malformed_manifest_is_one_line(tmp_path, name):
 
 def test_manifest_of_another_kind(tmp_path):
     other = _run(tmp_path / "a")
-    other.arrays("p", lambda: {"x": np.zeros(1)})
+    kept(other, "p", lambda: {"x": np.zeros(1)})
     with pytest.raises(InductionLabError, match="holds a toy run, not a other run"):
         ResumableRun(tmp_path / "a", "other", {"seed": 0}).open()
 
@@ -221,7 +222,7 @@ def test_run_of_an_older_layout_says_so(tmp_path):
     key is not recorded there rather than only 'another model'."""
     old = ResumableRun(tmp_path / "a", "toy", {"model": {"sha256": "x"}})
     old.open()
-    old.arrays("p", lambda: {"x": np.zeros(1)})
+    kept(old, "p", lambda: {"x": np.zeros(1)})
     with pytest.raises(InductionLabError, match=r"another model \(model.tokenizer_sha256: not recorded there, "
                                                 r"an older inductionlab wrote it\)"):
         ResumableRun(tmp_path / "a", "toy", {"model": {"sha256": "x", "tokenizer_sha256": "y"}}).open()

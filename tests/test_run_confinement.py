@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from inductionlab.studies.engine import kept
 from inductionlab.errors import InductionLabError
 from inductionlab.runtime.outputs import check_no_links_out, inside, links_leaving
 from inductionlab.runtime.run_dir import TrainRun
@@ -81,7 +82,7 @@ def test_resumable_run_never_writes_through_a_link_out(tmp_path, victim, where):
     first = ResumableRun(out, "toy", {"n": 1})
     if where != "checkpoints":                                               # half-finished: a piece is there
         first.open()
-        first.arrays("lag/other", lambda: {"x": np.arange(3)})
+        kept(first, "lag/other", lambda: {"x": np.arange(3)})
     link = out / where
     if link.exists():
         shutil.rmtree(link) if link.is_dir() else link.unlink()
@@ -90,9 +91,9 @@ def test_resumable_run_never_writes_through_a_link_out(tmp_path, victim, where):
     run = ResumableRun(out, "toy", {"n": 1})
     with pytest.raises(InductionLabError, match=f"{link} is a symbolic link to .*victim.*outside the run directory"):
         run.open()
-    use = {"checkpoints": lambda: run.arrays("lag/intact", lambda: {"x": np.arange(3)}),
-           "checkpoints/lag": lambda: run.arrays("lag/intact", lambda: {"x": np.arange(3)}),
-           "checkpoints/scores.json": lambda: run.json("scores", lambda: {"s": 1}),
+    use = {"checkpoints": lambda: kept(run, "lag/intact", lambda: {"x": np.arange(3)}),
+           "checkpoints/lag": lambda: kept(run, "lag/intact", lambda: {"x": np.arange(3)}),
+           "checkpoints/scores.json": lambda: kept(run, "scores", lambda: {"s": 1}, json=True),
            "study.json": lambda: inside(out, "study.json")}[where]
     with pytest.raises(InductionLabError, match="outside the run directory"):   # also per path, when used directly
         use()
@@ -161,7 +162,7 @@ def test_a_relative_run_directory(tmp_path, monkeypatch):
     run = ResumableRun("runs/y", "toy", {})
     run.open()
     assert run.path("lag/a", "npz") == Path("runs/y/checkpoints/lag/a.npz")
-    run.arrays("lag/a", lambda: {"x": np.zeros(1)})
+    kept(run, "lag/a", lambda: {"x": np.zeros(1)})
     assert (tmp_path / "runs" / "y" / "checkpoints" / "lag" / "a.npz").is_file()
 
 

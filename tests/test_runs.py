@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 
+from inductionlab.studies.engine import kept
 from inductionlab.errors import InductionLabError
 from inductionlab.runtime.runs import ResumableRun, atomic_write_json
 
@@ -22,16 +23,16 @@ def test_pieces_are_computed_once_and_reloaded_identically(tmp_path):
 
     run = ResumableRun(tmp_path / "r", "toy", {"n": 2}, on_checkpoint=saved.append)
     assert run.open() is False
-    first = run.arrays("lag/intact", compute)
+    first = kept(run, "lag/intact", compute)
     assert json.loads((tmp_path / "r" / "study.json").read_text()) == {"kind": "toy", "params": {"n": 2}}
     again = ResumableRun(tmp_path / "r", "toy", {"n": 2})
     assert again.open() is True and again.done("lag/intact")
-    second = again.arrays("lag/intact", compute)
+    second = kept(again, "lag/intact", compute)
     assert calls == [1] and saved == ["lag/intact"]
     assert second["p"].dtype == np.float32 and np.array_equal(second["p"], first["p"])
     assert np.isnan(second["nan"]).all()
-    assert again.json("scores", lambda: {"x": (1, 2)}) == {"x": [1, 2]}      # what a reload returns
-    assert again.json("scores", lambda: pytest.fail("recomputed")) == {"x": [1, 2]}
+    assert kept(again, "scores", lambda: {"x": (1, 2)}, json=True) == {"x": [1, 2]}      # what a reload returns
+    assert kept(again, "scores", lambda: pytest.fail("recomputed"), json=True) == {"x": [1, 2]}
     assert not [p for p in (tmp_path / "r").rglob("*.tmp")]
 
 
@@ -40,7 +41,7 @@ def test_other_params_refused_only_with_finished_pieces(tmp_path):
     ResumableRun(out, "toy", {"n": 2}).open()
     ResumableRun(out, "toy", {"n": 3}).open()          # no finished piece: not "a different run"
     assert json.loads((out / "study.json").read_text())["params"] == {"n": 3}
-    ResumableRun(out, "toy", {"n": 3}).arrays("a", lambda: {"x": np.zeros(1)})
+    kept(ResumableRun(out, "toy", {"n": 3}), "a", lambda: {"x": np.zeros(1)})
     with pytest.raises(InductionLabError, match=r"different parameters \(n\)"):
         ResumableRun(out, "toy", {"n": 4}).open()
     r = ResumableRun(out, "toy", {"n": 4}, overwrite=True)  # --overwrite: delete and start afresh
@@ -62,7 +63,7 @@ def test_foreign_or_corrupt_directories(tmp_path):
         ResumableRun(out, "toy", {}).open()
     (out / "checkpoints").mkdir()
     (out / "checkpoints" / "a.npz").write_bytes(b"not an npz")      # a damaged piece is computed again
-    got = ResumableRun(out, "toy", {}).arrays("a", lambda: {"x": np.arange(3)})
+    got = kept(ResumableRun(out, "toy", {}), "a", lambda: {"x": np.arange(3)})
     assert got["x"].tolist() == [0, 1, 2]
     assert np.load(out / "checkpoints" / "a.npz")["x"].tolist() == [0, 1, 2]
 
@@ -88,8 +89,8 @@ def test_a_piece_of_string_columns_loads_back_as_computed(tmp_path):
 
     df = pd.DataFrame({"condition": ["intact", "top-1"], "rank": [1, 3]})
     cols = lambda: {c: df[c].to_numpy() for c in df}          # noqa: E731  pandas gives an object column
-    first = ResumableRun(tmp_path / "o", "toy", {}).arrays("p", cols)
-    again = ResumableRun(tmp_path / "o", "toy", {}).arrays("p", lambda: pytest.fail("recomputed"))
+    first = kept(ResumableRun(tmp_path / "o", "toy", {}), "p", cols)
+    again = kept(ResumableRun(tmp_path / "o", "toy", {}), "p", lambda: pytest.fail("recomputed"))
     assert list(again["condition"]) == ["intact", "top-1"] == list(first["condition"])
     assert list(again["rank"]) == [1, 3]
 
@@ -97,5 +98,5 @@ def test_a_piece_of_string_columns_loads_back_as_computed(tmp_path):
 def test_a_piece_of_other_objects_is_refused_before_writing(tmp_path):
     run = ResumableRun(tmp_path / "o", "toy", {})
     with pytest.raises(TypeError, match="dtype object"):
-        run.arrays("p", lambda: {"x": np.array([{"a": 1}], dtype=object)})
+        kept(run, "p", lambda: {"x": np.array([{"a": 1}], dtype=object)})
     assert not run.path("p", "npz").exists()

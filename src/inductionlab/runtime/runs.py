@@ -556,12 +556,6 @@ class ResumableRun:
             self._saved(key)
         return arrays
 
-    def arrays(self, key: str, compute: Callable[[], dict], check: Callable[[dict], Any] | None = None) -> dict:
-        """The piece ``key`` as a dict of numpy arrays: loaded if finished (:meth:`load_arrays`), else computed by
-        ``compute()`` and written (:meth:`save_arrays`)."""
-        found, arrays = self.load_arrays(key, check)
-        return arrays if found else self.save_arrays(key, compute())
-
     def load_json(self, key: str, check: Callable[[Any], Any] | None = None) -> tuple[bool, Any]:
         """``(True, value)`` for the finished JSON piece ``key`` of this run; ``(False, None)`` otherwise (as
         :meth:`load_arrays`)."""
@@ -581,11 +575,6 @@ class ResumableRun:
             self._saved(key)
         return on_main(lambda: self._read_json(p)[1], self.dist)
 
-    def json(self, key: str, compute: Callable[[], Any], check: Callable[[Any], Any] | None = None) -> Any:
-        """The piece ``key`` as JSON (``.json``): loaded if finished (:meth:`load_json`), else ``compute()``
-        written (:meth:`save_json`)."""
-        found, value = self.load_json(key, check)
-        return value if found else self.save_json(key, compute())
 
 def _loadable(key: str, a) -> "np.ndarray":
     """``a`` as an array that ``np.load(allow_pickle=False)`` reads back: object arrays of strings become

@@ -53,7 +53,7 @@ from ..core.architecture import window_note
 from ..core.support import check_supported
 from ..protocols.runner import Probe, Trials, residual_cache
 from ..runtime.distributed import Dist
-from ..runtime.runs import timed, versions
+from ..runtime.runs import ResumableRun, timed, versions
 from .configs import HeadScoreConfig
 from .run import StudyRun, Verdict
 from .spec import RunOptions, StudyPlan, StudySpec
@@ -61,6 +61,18 @@ from .spec import RunOptions, StudyPlan, StudySpec
 #: The keys every results.json opens with, in this order; the study's own record follows.
 HEADER = ("kind", "model", "params", "versions", "distributed", "resumed", "timings")
 
+
+
+def kept(run: ResumableRun, key: str, compute: Callable[[], Any], *, json: bool = False,
+         check: Callable[[Any], Any] | None = None) -> Any:
+    """The piece ``key`` of ``run`` (``.json`` with ``json``, else ``.npz``): loaded when finished, else
+    ``compute()``d here and written, and returned as a reload returns it. The one place a piece is computed or
+    loaded: the run directory only loads and stores (it never calls back up)."""
+    found, value = run.load_json(key, check) if json else run.load_arrays(key, check)
+    if found:
+        return value
+    value = compute()
+    return run.save_json(key, value) if json else run.save_arrays(key, value)
 
 @dataclass(kw_only=True)
 class StudyResult:
@@ -188,19 +200,8 @@ class Context:
             return HeadScores(table, raw["induction_loss"], dict(raw["params"]))
 
         with run.timed("head_scores"):
-            raw = self._kept("scores", compute, json=True, check=scores)
+            raw = kept(self.run, "scores", compute, json=True, check=scores)
         return scores(raw)
-
-    def _kept(self, key: str, compute: Callable[[], Any], *, json: bool = False,
-              check: Callable[[Any], Any] | None = None) -> Any:
-        """The piece ``key`` (``.json`` with ``json``, else ``.npz``): loaded when finished, else ``compute()``d here
-        and written. The engine computes; the run directory only loads and stores (it never calls back up)."""
-        run = self.run
-        found, value = run.load_json(key, check) if json else run.load_arrays(key, check)
-        if found:
-            return value
-        value = compute()
-        return run.save_json(key, value) if json else run.save_arrays(key, value)
 
     def measure(self, *phases: "Phase") -> dict[str, "PhaseRun"]:
         """Every phase's pieces ``<key>/<condition>`` (:func:`run_phases`). Returns phase key -> :class:`PhaseRun`."""
@@ -211,13 +212,13 @@ class Context:
         computed on every call, not checkpointed (a self-check). Timed as ``timing`` (default: the key with
         ``/`` as ``_``)."""
         with self.run.timed(timing or key.replace("/", "_")):
-            return self._kept(key, compute, json=True) if save else compute()
+            return kept(self.run, key, compute, json=True) if save else compute()
 
     def arrays(self, key: str, compute: Callable[[], dict], *, timing: str | None = None) -> dict:
         """``compute()`` (a dict of numpy arrays) as the piece ``key`` (``.npz``): computed once, then loaded.
         Timed as ``timing`` (default: the key with ``/`` as ``_``)."""
         with self.run.timed(timing or key.replace("/", "_")):
-            return self._kept(key, compute)
+            return kept(self.run, key, compute)
 
     def pieces(self, key: str, items: Iterable[str], compute: Callable[[str, Callable[[int], None]], Any], *,
                desc: str | None = None, unit: str = "item", timing: str | None = None,
@@ -253,7 +254,7 @@ class Context:
                     if total is None:
                         update(1)
                     return value
-                out[item] = self._kept(f"{key}/{item}", make, json=json)
+                out[item] = kept(self.run, f"{key}/{item}", make, json=json)
         return out
 
 
@@ -329,7 +330,7 @@ def run_phases(ctx: Context, phases: Sequence[Phase]) -> dict[str, PhaseRun]:
                                        reuse=caches.get(id(ph.probe)) or False)[c.name]
                 return {**out, "words": np.asarray(tr.words)}
 
-            got = dict(ctx._kept(key, compute, check=_phase_piece))
+            got = dict(kept(ctx.run, key, compute, check=_phase_piece))
             words[ph.key] = [str(w) for w in got.pop("words")]
             arrays[ph.key][c.name] = got
     return {ph.key: PhaseRun(arrays[ph.key], words.get(ph.key, [])) for ph in phases}
