@@ -228,6 +228,7 @@ def test_attribution_estimates_the_fv_score_and_names_the_roles(study):
     assert {"writer", "indirect"} & set(t.role)                       # 10 of 16 heads have a large AIE
     md = (out / "report.md").read_text()
     assert "## Attribution" in md and f"Spearman ρ {want['spearman']:+.3f}" in md
+    assert "[`view.html`](view.html), written by `inductionlab view RUN_DIR`" in md
     assert (out / "dla_vs_aie.png").is_file()
     from inductionlab.studies.head_types.report import summary
     assert f"AtP vs exact AIE: Spearman {want['spearman']:+.3f}" in "\n".join(summary(res))

@@ -272,6 +272,7 @@ def test_a_tiny_run_writes_the_tables_and_decides_each_claim(study):
     assert size["available"] == 480 // 36 and tl["window_tokens"] == 37 and tl["measured_tokens"] == [4, 36]
     assert (out / "checkpoints" / "icl_pilot.npz").is_file() and (out / "checkpoints" / "icl_sample_size.json").is_file()
     assert "Pilot: 3 windows" in (out / "report.md").read_text()
+    assert "[`view.html`](view.html), written by `inductionlab view RUN_DIR`" in (out / "report.md").read_text()
     assert all(v > 0 for v in cost["bare_forward_s"].values()) and all(v > 0 for v in cost["ratio_per_condition"].values())
 
 

@@ -217,6 +217,7 @@ def test_cli_end_to_end(tiny_dir, tmp_path):
     assert {"lag_plus1_delta", "recall_lag_plus1_delta", "recall_accuracy_delta"} <= set(lb["table"][0])
     report = (out / "report.md").read_text()
     assert report.count("reproduced") >= 4 and "(D) serial recall" in report
+    assert "[`view.html`](view.html), written by `inductionlab view RUN_DIR`" in report
     lines = [x for x in r.output.splitlines() if x.startswith("(")]      # the verdict lines (format_verdicts)
     assert [x[:4] for x in lines] == ["(A) ", "(B) ", "(C) ", "(D) "]
     assert lines[0].startswith(f"(A) {rec['verdicts'][0]['verdict']}: the intact lag curve peaks at lag +1 — p(+1) = ")

@@ -109,9 +109,9 @@ def test_page_without_model_holds_the_stored_patterns(run_dir, pages):
         assert f'id="{div}"' in html
 
 
-def test_page_with_model_holds_every_head_on_both_sequences(run_dir, tiny, pages):
+def test_page_with_model_holds_every_head_on_every_sequence(run_dir, tiny, pages):
     data = page_data(pages["model"])
-    bss, text = data["sequences"]
+    bss, lag, text = data["sequences"]
     assert data["top_keys"] == TOP_KEYS
     heads = [(l, h) for l in range(L) for h in range(H)]
     ids = np.load(run_dir / "attention_patterns.npz")["input_ids"]
@@ -123,6 +123,28 @@ def test_page_with_model_holds_every_head_on_both_sequences(run_dir, tiny, pages
     text_ids = [tok.bos_token_id] + tok(TEXT, add_special_tokens=False)["input_ids"]
     assert text["tokens"] == ["<bos>"] + TEXT.split()
     np.testing.assert_allclose(decode(text), eager_attention(tiny.model, text_ids).reshape(L * H, 12, 12), atol=2e-5)
+    # the lag-probe list: the run's 12 words fit 128 tokens, so the list is the run's first trial itself: BOS, the
+    # 12 words (one token each, the space folded into the word), the cue (word 6) again
+    z = np.load(run_dir / "checkpoints" / "lag" / "intact.npz")
+    words = z["list_ids"][0].tolist()
+    lag_ids = [tok.bos_token_id] + words + [words[5]]
+    assert lag["name"] == "lag-probe list" and "12 words, cue at position 6" in lag["note"]
+    assert lag["tokens"] == [tok.decode([i]) for i in lag_ids] and len(lag["heads"]) == L * H
+    np.testing.assert_allclose(decode(lag), eager_attention(tiny.model, lag_ids).reshape(L * H, 14, 14), atol=2e-5)
+
+
+def test_lag_list_is_shortened_to_fit_the_page(tiny):
+    """A run's 500-word list (one token a word) is cut to the longest list whose trial fits MAX_TEXT_TOKENS, the
+    cue at the same relative position (250 of 500 -> the middle)."""
+    from inductionlab.config import to_dict
+    from inductionlab.studies.view import lag_list
+
+    record = {"params": {"config": {"lag": to_dict(LagProbeConfig(list_length=500, cue_position=250))}}}
+    ids, where = lag_list(tiny, record)
+    n = (MAX_TEXT_TOKENS - 4) // 2                     # 62 words: BOS + 62 + cue = 64 tokens
+    assert len(ids) == n + 2 and ids[-1] == ids[n // 2] and len(set(ids[1:-1])) == n
+    assert f"shortened to {n} words, cue at position {n // 2}" in where and "500 words, cue at 250" in where
+    assert lag_list(tiny, {"params": {"config": {}}}) is None
 
 
 def test_a_run_without_stored_patterns(run_dir, tiny, tmp_path):
@@ -141,7 +163,8 @@ def test_a_run_without_stored_patterns(run_dir, tiny, tmp_path):
     scores.to_csv(run / "head_scores.csv", index=False)
     page = write_view(run, loaded=tiny)
     assert page == run / "view.html"
-    (seq,) = page_data(page)["sequences"]
+    seq, lag = page_data(page)["sequences"]
+    assert lag["name"] == "lag-probe list"
     ids = induction_sequence(tiny, seq_len=8, seed=0).numpy()
     assert seq["tokens"] == [tiny.tokenizer.decode([int(i)]) for i in ids] and len(seq["heads"]) == L * H
     np.testing.assert_allclose(decode(seq), eager_attention(tiny.model, ids).reshape(L * H, 17, 17), atol=2e-5)
@@ -183,7 +206,7 @@ def test_cli_on_a_model_directory(tiny_dir, tmp_path):
     assert r.exit_code == 0, r.output
     assert f"wrote {out / 'view.html'}" in r.output
     names = [s["name"] for s in page_data(out / "view.html")["sequences"]]
-    assert names == ["[BOS] S S", "text"] and len(page_data(out / "view.html")["sequences"][0]["heads"]) == L * H
+    assert names == ["[BOS] S S", "lag-probe list", "text"] and len(page_data(out / "view.html")["sequences"][0]["heads"]) == L * H
     (tmp_path / "a_file").write_text("x")
     for args, message in ((["view", str(tmp_path)], "no results.json"),
                           (["view", str(out), "--no-model", "--text", "x"], "--text and --no-model conflict"),
@@ -273,8 +296,10 @@ def test_browser_hover_and_click(browser, pages, run_dir, tiny):
     np.testing.assert_allclose(alpha[: q + 1], want[q, : q + 1], atol=3e-3)    # the colour's alpha: 8 bits
     assert max(alpha[q + 1:], default=0) == 0
     assert page.evaluate("() => document.querySelector('#tokens span.query').dataset.i") == str(q)
-    # the text
+    # the lag-probe list, then the text
     page.select_option("#seq-select", "1")
+    assert page.text_content("#pattern-plot .gtitle").startswith(f"L{target[0]} H{target[1]} on lag-probe list (14 tokens)")
+    page.select_option("#seq-select", "2")
     assert page.text_content("#pattern-plot .gtitle").startswith(f"L{target[0]} H{target[1]} on text (12 tokens)")
     assert errors == []
     page.close()

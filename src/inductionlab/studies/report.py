@@ -20,6 +20,11 @@ from ..runtime.runs import atomic_write_text
 from . import plots
 
 
+#: A report's pointer to the interactive page (written by ``inductionlab view``, not by the run).
+VIEW_LINE = ("Interactive view (attention patterns with token hover, click a head on the score maps, the lag curves): "
+             "[`view.html`](view.html), written by `inductionlab view RUN_DIR` (docs/view.md).")
+
+
 def ranked_arm(conditions) -> str:
     """The ranked conditions' kind of a run (``induction`` by default; a ranking's label such as
     ``previous_token`` or ``induction-excl-fv`` under ``--rank-by`` / ``--exclude-by``): the one kind that

@@ -17,6 +17,9 @@ object, so the page can be made again from any finished run):
     ``study routes``) gets the score's first ``[BOS] S S`` sequence of the run's seed and ``seq_len``
     (:func:`~inductionlab.core.scores.induction_sequence`, as analyze draws it). **Without the model**
     (``--no-model``), the stored heads only: a click on another head says that its pattern was not stored.
+  - a lag-probe list (with the model, when the run has a lag probe): the first trial of the run's lag probe,
+    shortened to fit :data:`MAX_TEXT_TOKENS` (:func:`lag_list`: the run's word format and seed, the cue at the
+    same relative position), every head;
   - a user's text (``--text``, needs the model): every head's pattern on the text's tokens, the model's BOS
     first (as the head scores' sequences), at most :data:`MAX_TEXT_TOKENS` tokens.
 
@@ -198,9 +201,41 @@ def text_ids(loaded, text: str):
     return ids
 
 
+def lag_list(loaded, record: dict) -> tuple[list[int], str] | None:
+    """The first trial of the run's lag probe, shortened to fit :data:`MAX_TEXT_TOKENS`: the run's word format
+    (separator, instruction, BOS, tokens per word) and seed, with the longest list that fits and the cue at the
+    same relative position (:func:`~inductionlab.protocols.lag_probe.build_trials`). None when results.json
+    records no lag probe (``params.config.lag``).
+
+    Returns: ``(ids, where)``: the trial's token ids (list, then separator, cue, separator) and one line naming
+    the list length and cue used beside the run's own."""
+    from dataclasses import replace
+
+    from ..config import from_dict
+    from ..protocols.configs import LagProbeConfig
+    from ..protocols.lag_probe import build_trials
+
+    raw = record.get("params", {}).get("config", {}).get("lag")
+    if not isinstance(raw, dict):
+        return None
+    run_cfg = from_dict(LagProbeConfig, raw, where="results.json params.config.lag")
+    n = min(run_cfg.list_length, (MAX_TEXT_TOKENS - 4) // (max(run_cfg.token_lengths()) + 1))
+    while n >= 2:
+        cue = min(n, max(1, round(run_cfg.cue_position * n / run_cfg.list_length)))
+        cfg = replace(run_cfg, list_length=n, cue_position=cue, n_permutations=2, cues="seed", batch_size=None,
+                      resample_words=False)
+        ids = build_trials(loaded, cfg).tensors["ids"][0].tolist()
+        if len(ids) <= MAX_TEXT_TOKENS:
+            return ids, (f"the lag probe's first trial (seed {cfg.seed}) shortened to {n} words, cue at position {cue} "
+                         f"(the run's lists: {run_cfg.list_length} words, cue at {run_cfg.cue_position})")
+        n -= 1
+    return None
+
+
 def add_model_patterns(view: RunView, loaded, text: str | None = None) -> None:
     """With the run's model: every head's pattern on the ``[BOS] S S`` sequence (the stored ids, or the run's
-    seed and ``seq_len`` when it stored none), and on ``text`` when given (:func:`text_ids`).
+    seed and ``seq_len`` when it stored none), on a short lag-probe list when the run has a lag probe
+    (:func:`lag_list`), and on ``text`` when given (:func:`text_ids`).
 
     Raises:
         InductionLabError: a model that is not the run's (:func:`check_model`); a bad text (:func:`text_ids`)."""
@@ -224,6 +259,12 @@ def add_model_patterns(view: RunView, loaded, text: str | None = None) -> None:
     pats = attention_patterns(loaded.model, ids, heads)
     view.sequences = [PatternSet(name, token_texts(loaded.tokenizer, ids), heads, pats,
                                  f"every head, computed with the run's model on {where}")]
+    lag = lag_list(loaded, view.record)
+    if lag is not None:
+        ids_lag, where_lag = lag
+        view.sequences.append(PatternSet("lag-probe list", token_texts(loaded.tokenizer, ids_lag), heads,
+                                         attention_patterns(loaded.model, ids_lag, heads),
+                                         f"every head, computed with the run's model on {where_lag}"))
     if ids_text is not None:
         view.sequences.append(PatternSet("text", token_texts(loaded.tokenizer, ids_text), heads,
                                          attention_patterns(loaded.model, ids_text, heads),

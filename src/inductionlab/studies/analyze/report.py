@@ -18,8 +18,8 @@ from .. import plots
 from ...measures import serial_position
 from ...runtime.runs import atomic_write_bytes, atomic_write_text
 from ...measures.serial_position import cue_tables
-from ..report import (CUE_FILES, ENRICH_LABEL, corrected_lines, cue_lines, fmt_ci4, model_line, pooled_headline_rows,
-                      ranked_arm, row_ci, selection_line, write_cue_outputs)
+from ..report import (CUE_FILES, ENRICH_LABEL, VIEW_LINE, corrected_lines, cue_lines, fmt_ci4, model_line,
+                      pooled_headline_rows, ranked_arm, row_ci, selection_line, write_cue_outputs)
 
 
 def analyze_report(res) -> str:
@@ -87,11 +87,6 @@ def analyze_report(res) -> str:
               + ("".join(f", `{f}`" for f in CUE_FILES) if serial_position.has_cues(res.lag) else "") + ".", "",
               VIEW_LINE, ""]
     return "\n".join(lines)
-
-
-#: The report's pointer to the interactive page (written by ``inductionlab view``, not by the run).
-VIEW_LINE = ("Interactive view (attention patterns with token hover, click a head on the score maps, the lag curves): "
-             "[`view.html`](view.html), written by `inductionlab view RUN_DIR` (docs/view.md).")
 
 
 def _pattern_titles(p: dict) -> list[str]:

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ...runtime.runs import atomic_write_text
 from .. import plots
-from ..report import fmt_ci, model_line, verdict_lines
+from ..report import VIEW_LINE, fmt_ci, model_line, verdict_lines
 from ..token_loss import report_lines as token_loss_lines
 from .verdicts import MEASURES
 
@@ -197,7 +197,7 @@ def report(res) -> str:
     lines = [f"# inductionlab study head-types — {idn['name']}", "", model_line(idn), "",
              "Which heads carry in-context learning: function-vector (FV) heads and induction heads, scored, compared "
              "and ablated with and without excluding the other ranking's top heads (Yin & Steinhardt 2025). "
-             "Guide: docs/study-head-types.md.", ""]
+             "Guide: docs/study-head-types.md.", "", VIEW_LINE, ""]
     lines += verdict_lines(res.verdicts, "studies/head_types/verdicts.py")
     if "token_loss" in res.record:
         lines += [""] + token_loss_lines(res.record["token_loss"])

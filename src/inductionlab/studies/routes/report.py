@@ -9,7 +9,7 @@ import pandas as pd
 
 from ...runtime.runs import atomic_write_text
 from .. import plots
-from ..report import fmt_ci, model_line, verdict_lines
+from ..report import VIEW_LINE, fmt_ci, model_line, verdict_lines
 from ..token_loss import report_lines as token_loss_lines
 from .verdicts import MEASURES
 
@@ -36,7 +36,7 @@ def report(res) -> str:
     lines = [f"# inductionlab study routes — {idn['name']}", "", model_line(idn), "",
              "Which route carries the seed's effects: the top heads of each ranking ablated, against random heads, "
              "on the all-cue lag probe, serial recall, a word-list copy probe and the token-loss ICL score. "
-             "Guide: docs/study-routes.md.", ""]
+             "Guide: docs/study-routes.md.", "", VIEW_LINE, ""]
     lines += verdict_lines(res.verdicts, "studies/routes/verdicts.py")
     if "token_loss" in res.record:
         lines += [""] + token_loss_lines(res.record["token_loss"])

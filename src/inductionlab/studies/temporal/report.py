@@ -15,8 +15,8 @@ from .. import plots
 
 from ...measures.crp import lag_probe_crp
 from ...runtime.runs import atomic_write_text
-from ..report import (ENRICH_LABEL, corrected_lines, cue_lines, fmt_ci, model_line, ranked_arm, row_ci, selection_line,
-                      write_cue_outputs)
+from ..report import (ENRICH_LABEL, VIEW_LINE, corrected_lines, cue_lines, fmt_ci, model_line, ranked_arm, row_ci,
+                      selection_line, write_cue_outputs)
 
 
 def temporal_report(study, measures: dict[str, str]) -> str:
@@ -34,7 +34,7 @@ def temporal_report(study, measures: dict[str, str]) -> str:
              f"Lag probe: {lag.config.n_permutations} permutations of {lag.config.list_length} words, cue at "
              f"{lag.config.cue_position} (seed protocol: 5,000). Serial recall: {recall.config.n_trials} prompts, "
              f"{recall.config.n_shots} shots, lists of {recall.config.list_length}. 95% CIs over trials "
-             "(normal approximation); differences are paired.", "",
+             "(normal approximation); differences are paired.", "", VIEW_LINE, "",
              "## Claims", "", "| claim | verdict | evidence |", "| --- | --- | --- |"]
     for v in verd:
         lines.append(f"| ({v['claim']}) {v['text']} | **{v['verdict']}** | {v['evidence']} |")
