@@ -201,6 +201,27 @@ def test_dla_sums_under_gemma3s_post_attention_norm():
     assert np.count_nonzero(r.heads["logit"]) == r.heads["logit"].size
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_dla_in_bfloat16_freezes_the_norm_at_its_weights_precision(arch):
+    """A bf16 model (what --dtype auto picks on avx512_bf16 CPUs): the frozen norm's gain is the final norm's own
+    weight (Llama: w; Gemma: 1 + w), not a bf16 rounding of it, and DLA's parts still sum to the logit DLA reads
+    to the bf16 logit's own rounding (float64 arithmetic on the bf16 model's activations)."""
+    torch.manual_seed(0)
+    model = make_tiny(arch)
+    norm = final_norm(model)
+    with torch.no_grad():
+        norm.weight.copy_(0.3 * torch.randn_like(norm.weight) + (0.0 if arch == "gemma3" else 1.0))
+    model = model.to(torch.bfloat16)
+    from inductionlab.core.attribution import freeze_norm
+    x = torch.randn(norm.weight.shape[0], dtype=torch.bfloat16)
+    want = norm.weight.detach().double() + (1.0 if arch == "gemma3" else 0.0)
+    np.testing.assert_allclose(freeze_norm(norm, x).gain.numpy(), want.numpy(), rtol=1e-6)
+    r = direct_logit_attribution(model, [_ids(3)], 9)
+    eps = torch.finfo(torch.bfloat16).eps          # the model's logit is bf16: its own rounding, 2^-7 relative
+    np.testing.assert_allclose(r.heads["logit"].sum() + r.rest["logit"], r.total["logit"], rtol=eps,
+                               atol=eps * np.abs(r.total["logit"]).max())
+
+
 def test_bad_input_is_one_error(llama64):
     ids = _ids(0)
     with pytest.raises(InductionLabError, match="shape"):

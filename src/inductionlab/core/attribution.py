@@ -294,11 +294,23 @@ class FrozenNorm:
         return self.gain * v / self.sigma
 
 
+def _wide(norm: torch.nn.Module, v: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
+    """``(norm(v) in float64, the check's relative tolerance)``: the norm called on float64 input (transformers'
+    RMSNorms compute in float32 at least and multiply their weight in the input's dtype, so a bf16 model's norm
+    is read to float32 precision: 1e-3); a norm that refuses another dtype than its weights' is called in the
+    model's ``dtype``, and the tolerance is that dtype's (4 ulp: bf16 rounds to 2^-8)."""
+    try:
+        return norm(v).double(), 1e-3
+    except RuntimeError:
+        return norm(v.to(dtype)).double(), max(1e-3, 4 * torch.finfo(dtype).eps)
+
+
 def freeze_norm(norm: torch.nn.Module, x: torch.Tensor) -> FrozenNorm:
     """``norm`` (LayerNorm or an RMSNorm: Llama's ``weight ⊙``, Gemma's ``(1 + weight) ⊙``) linearised at its
     clean input ``x`` ``[hidden]``: the scale frozen, so the map is linear in what the writes add.
 
-    The RMSNorm's gain is read as ``norm(1) · sqrt(1 + eps)`` (whatever its parametrisation) and checked:
+    The RMSNorm's gain is read as ``norm(1) · sqrt(1 + eps)`` (whatever its parametrisation; the norm called
+    on float64 input, so a bf16 model's gain is not rounded to bf16: :func:`_wide`) and checked:
     ``gain ⊙ x / σ`` must give ``norm(x)``.
 
     Raises: InductionLabError for a norm that is neither (the check fails, or no ``eps``)."""
@@ -316,13 +328,15 @@ def freeze_norm(norm: torch.nn.Module, x: torch.Tensor) -> FrozenNorm:
             if eps is None:
                 raise InductionLabError(f"{type(norm).__name__}: neither a LayerNorm nor an RMSNorm with an eps; direct "
                                         "logit attribution cannot freeze its scale")
-            ones = torch.ones(1, x.shape[-1], dtype=x.dtype, device=x.device)
-            gain = norm(ones)[0].double() * float(np.sqrt(1.0 + float(eps)))
+            ones = torch.ones(1, x.shape[-1], dtype=torch.float64, device=x.device)
+            gain, tol = _wide(norm, ones, x.dtype)
+            gain = gain[0] * float(np.sqrt(1.0 + float(eps)))
             sigma = float(torch.sqrt((p * p).mean() + float(eps)))
             frozen = FrozenNorm(gain, torch.zeros_like(p), sigma, False)
-        want = norm(x[None])[0].double()
+        want, tol = _wide(norm, p[None], x.dtype)
+        want = want[0]
     got = frozen.apply(p) + frozen.bias
-    if not torch.allclose(got, want, rtol=1e-3, atol=1e-3 * float(want.abs().max())):
+    if not torch.allclose(got, want, rtol=tol, atol=tol * float(want.abs().max())):
         raise InductionLabError(f"{type(norm).__name__} is not a LayerNorm or RMSNorm that direct logit attribution "
                                 "understands (its frozen-scale linearisation does not reproduce it)")
     return frozen
