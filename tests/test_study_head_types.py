@@ -255,6 +255,18 @@ def test_fractions_that_select_the_same_count_are_dropped():
     assert kept_fractions((0.01, 0.02, 0.05, 0.1), 270) == ([0.01, 0.02, 0.05, 0.1], [])  # SmolLM2: 2, 5, 13, 27
 
 
+def test_the_drop_figure_shows_the_icl_score_y2_decides_on(study):
+    """drop_vs_fraction.png's ICL panel is D (the log-slope benefit) when the run has it, not the single-token one."""
+    from inductionlab.studies.head_types.report import plotted_measures
+    from inductionlab.studies.head_types.verdicts import MEASURES
+    drops = pd.read_csv(study[1] / "drops.csv")
+    assert "icl_slope" in set(drops.measure)
+    assert list(plotted_measures(drops)) == ["hits1_mean", "icl_slope", "temporal_factor"]
+    old = drops[drops.measure != "icl_slope"]                  # a run from before D: the single-token benefit
+    assert list(plotted_measures(old)) == ["hits1_mean", "icl_benefit", "temporal_factor"]
+    assert plotted_measures(old)["icl_benefit"] == MEASURES["icl_benefit"]
+
+
 def _fake(values: dict[str, dict[str, np.ndarray]]):
     """probes, icl and a lag-probe stand-in whose per-trial measures are ``values[condition][measure]``."""
     probes, icl = [], []

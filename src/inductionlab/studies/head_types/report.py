@@ -287,8 +287,8 @@ def write(out: Path, res) -> None:
         atomic_write_text(out / "route_scores.csv", res.route.table().to_csv(index=False))
         plots.route_scatter(res.route.score("token_copying"), res.route.score("concept_copying"),
                             out / "route_scatter.png", title=f"{name}: concept vs token induction")
-    shown = {m: MEASURES[m] for m in ("hits1_mean", "icl_benefit", "temporal_factor") if m in set(res.drops.measure)}
-    plots.drop_vs_fraction(res.drops, shown, out / "drop_vs_fraction.png", title=f"{name}: drop under ablation")
+    plots.drop_vs_fraction(res.drops, plotted_measures(res.drops), out / "drop_vs_fraction.png",
+                           title=f"{name}: drop under ablation")
     if res.cmr is not None:
         atomic_write_text(out / "cmr_fit.csv", cmr_fit_table(res).to_csv(index=False))
         atomic_write_text(out / "head_crp.csv", head_crp_table(res).to_csv(index=False))
@@ -296,6 +296,14 @@ def write(out: Path, res) -> None:
         if len(panels):
             plots.cmr_fits(panels, out / "cmr_fits.png", title=f"{name}: attention CRPs and CMR fits (lowest distance)")
     atomic_write_text(out / "report.md", report(res))
+
+
+def plotted_measures(drops: pd.DataFrame) -> dict[str, str]:
+    """The panels of ``drop_vs_fraction.png`` (measure -> title): HITS@1 (mean ablation), the ICL score Y2 decides
+    on (D, the log-slope benefit, where the run has it; else the single-token benefit) and the temporal factor."""
+    have = set(drops.measure)
+    icl = "icl_slope" if "icl_slope" in have else "icl_benefit"
+    return {m: MEASURES[m] for m in ("hits1_mean", icl, "temporal_factor") if m in have}
 
 
 def summary(res) -> list[str]:
