@@ -259,12 +259,12 @@ def test_the_drop_figure_shows_the_icl_score_y2_decides_on(study):
     """drop_vs_fraction.png's ICL panel is D (the log-slope benefit) when the run has it, not the single-token one."""
     from inductionlab.studies.head_types.report import plotted_measures
     from inductionlab.studies.head_types.verdicts import MEASURES
-    drops = pd.read_csv(study[1] / "drops.csv")
+    drops, icl = pd.read_csv(study[1] / "drops.csv"), pd.read_csv(study[1] / "icl_rows.csv")
     assert "icl_slope" in set(drops.measure)
-    assert list(plotted_measures(drops)) == ["hits1_mean", "icl_slope", "temporal_factor"]
-    old = drops[drops.measure != "icl_slope"]                  # a run from before D: the single-token benefit
-    assert list(plotted_measures(old)) == ["hits1_mean", "icl_benefit", "temporal_factor"]
-    assert plotted_measures(old)["icl_benefit"] == MEASURES["icl_benefit"]
+    assert list(plotted_measures(drops, icl)) == ["hits1_mean", "icl_slope", "temporal_factor"]
+    old = icl.drop(columns="slope")                            # a run from before D: the single-token benefit
+    assert list(plotted_measures(drops, old)) == ["hits1_mean", "icl_benefit", "temporal_factor"]
+    assert plotted_measures(drops, old)["icl_benefit"] == MEASURES["icl_benefit"]
 
 
 def _fake(values: dict[str, dict[str, np.ndarray]]):

@@ -12,7 +12,7 @@ from ...runtime.runs import atomic_write_text
 from .. import plots
 from ..report import VIEW_LINE, fmt_ci, model_line, verdict_lines
 from ..token_loss import report_lines as token_loss_lines
-from .verdicts import MEASURES
+from .verdicts import MEASURES, y2_measure
 
 ZS, FVEC, RVEC = "zero-shot", "function vector", "random heads' vector"     # the vectors of study._fv_check
 
@@ -287,7 +287,7 @@ def write(out: Path, res) -> None:
         atomic_write_text(out / "route_scores.csv", res.route.table().to_csv(index=False))
         plots.route_scatter(res.route.score("token_copying"), res.route.score("concept_copying"),
                             out / "route_scatter.png", title=f"{name}: concept vs token induction")
-    plots.drop_vs_fraction(res.drops, plotted_measures(res.drops), out / "drop_vs_fraction.png",
+    plots.drop_vs_fraction(res.drops, plotted_measures(res.drops, res.icl), out / "drop_vs_fraction.png",
                            title=f"{name}: drop under ablation")
     if res.cmr is not None:
         atomic_write_text(out / "cmr_fit.csv", cmr_fit_table(res).to_csv(index=False))
@@ -298,12 +298,11 @@ def write(out: Path, res) -> None:
     atomic_write_text(out / "report.md", report(res))
 
 
-def plotted_measures(drops: pd.DataFrame) -> dict[str, str]:
+def plotted_measures(drops: pd.DataFrame, icl: pd.DataFrame) -> dict[str, str]:
     """The panels of ``drop_vs_fraction.png`` (measure -> title): HITS@1 (mean ablation), the ICL score Y2 decides
-    on (D, the log-slope benefit, where the run has it; else the single-token benefit) and the temporal factor."""
+    on (:func:`verdicts.y2_measure` of the ICL rows ``icl``) and the temporal factor."""
     have = set(drops.measure)
-    icl = "icl_slope" if "icl_slope" in have else "icl_benefit"
-    return {m: MEASURES[m] for m in ("hits1_mean", icl, "temporal_factor") if m in have}
+    return {m: MEASURES[m] for m in ("hits1_mean", y2_measure(icl), "temporal_factor") if m in have}
 
 
 def summary(res) -> list[str]:
