@@ -20,13 +20,13 @@ its CI from the per-task standard errors (``1.96·sqrt(Σ se_t²) / n_tasks``; t
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
+from ..core.models import LoadedModel
 from ..core.patching import patched_last_logits
 from ..measures.stats import Z95
 from .icl_tasks import Prompt
@@ -116,7 +116,7 @@ def run_probes(model, prompts: Sequence[Prompt], *, tokenizer=None, pad_id: int 
 
     prompts = list(prompts)
     pid = default_pad_id(tokenizer) if pad_id is None else int(pad_id)
-    arrays = run_conditions(SimpleNamespace(model=model), [Condition("intact", "intact")], build_trials(prompts, pid),
+    arrays = run_conditions(LoadedModel(model, tokenizer=None), [Condition("intact", "intact")], build_trials(prompts, pid),
                             batch_size=batch_size, measure_batch=measure_batch, progress=progress,
                             reuse=False)["intact"]
     return probe_rows(prompts, arrays)

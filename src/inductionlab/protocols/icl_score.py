@@ -33,11 +33,11 @@ measure_batch=measure_batch)`` and reduce each condition's arrays.
 from __future__ import annotations
 
 from functools import partial
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 
+from ..core.models import LoadedModel
 from ..errors import InductionLabError
 from ..measures.stats import ci
 from .runner import Trials, run_conditions
@@ -99,7 +99,7 @@ def token_losses(model, ids: torch.Tensor, *, batch_size: int = 2, return_hits: 
     from ..core.ablation import Condition
 
     ids = torch.as_tensor(ids, dtype=torch.long)
-    out = run_conditions(SimpleNamespace(model=model), [Condition("intact", "intact")], Trials({"ids": ids}),
+    out = run_conditions(LoadedModel(model, tokenizer=None), [Condition("intact", "intact")], Trials({"ids": ids}),
                          batch_size=batch_size, measure_batch=partial(measure_batch, hits=return_hits), dist=dist,
                          reuse=False)["intact"]
     if not out:      # no sequences
