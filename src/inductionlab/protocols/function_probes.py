@@ -116,9 +116,9 @@ def run_probes(model, prompts: Sequence[Prompt], *, tokenizer=None, pad_id: int 
 
     prompts = list(prompts)
     pid = default_pad_id(tokenizer) if pad_id is None else int(pad_id)
-    arrays = run_conditions(LoadedModel(model, tokenizer=None), [Condition("intact", "intact")], build_trials(prompts, pid),
-                            batch_size=batch_size, measure_batch=measure_batch, progress=progress,
-                            reuse=False)["intact"]
+    arrays = run_conditions(LoadedModel(model, tokenizer=None), [Condition("intact", "intact")],
+                            build_trials(prompts, pid), batch_size=batch_size, measure_batch=measure_batch,
+                            progress=progress, reuse=False)["intact"]
     return probe_rows(prompts, arrays)
 
 
