@@ -59,7 +59,7 @@ def small(text: Path, **over) -> HeadTypesConfig:
 
 @pytest.fixture(scope="module")
 def study(loaded, tmp_path_factory):
-    """The study with ``--cmr`` on. The CMR grid is stood in for by random normalised CRPs (the grid's own tests
+    """The study with ``--cmr`` on and two sensitivity arms for Y2 (resample, mean). The CMR grid is stood in for by random normalised CRPs (the grid's own tests
     are in test_cmr.py), cached in a temporary cache dir."""
     from inductionlab.measures import cmr
     from inductionlab.studies.head_types.study import run_head_types
@@ -72,7 +72,9 @@ def study(loaded, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
         mp.setattr(cmr, "compute_grid", fake_grid)
-        cfg = small(text, cmr=CMRConfig(enabled=True, n_exps=1, n_starts=1, top=4))
+        cfg = small(text, cmr=CMRConfig(enabled=True, n_exps=1, n_starts=1, top=4),
+                    icl=TokenLossConfig(text=str(text), late=40, early=10, n_sequences=3,
+                                        sensitivity=("resample", "mean")))
         return run_head_types(lm, cfg, out, RunOptions(progress=False)), out
 
 
@@ -180,7 +182,8 @@ def test_a_second_run_resumes_from_the_pieces(study, loaded, monkeypatch):
         raise AssertionError("recomputed on resume")
     monkeypatch.setattr(S, "attribution_patching", refuse)
     monkeypatch.setattr(S, "direct_logit_attribution", refuse)
-    again = S.run_head_types(loaded[0], small(loaded[1], cmr=res.config.cmr), out, RunOptions(progress=False))
+    again = S.run_head_types(loaded[0], small(loaded[1], cmr=res.config.cmr, icl=res.config.icl), out,
+                             RunOptions(progress=False))
     assert np.array_equal(again.fv.cie, res.fv.cie) and again.drops.equals(res.drops)
     assert np.array_equal(again.cmr["distance"], res.cmr["distance"], equal_nan=True)
     first, second = dict(res.record["attribution"]), dict(again.record["attribution"])
@@ -344,7 +347,7 @@ def test_token_loss_record_windows_and_per_window_arrays(study):
     res, out = study
     rec = json.loads((out / "results.json").read_text())
     tl = rec["token_loss"]
-    assert tl["method"] == "sink" and tl["sensitivity_method"] == "resample" and tl["n_windows"] == 3
+    assert tl["method"] == "sink" and tl["sensitivity_methods"] == ["resample", "mean"] and tl["n_windows"] == 3
     assert tl["sizing"] == {"fixed": 3, "option": "--icl-sequences"} and "consecutive" in tl["windows"]
     assert tl["window_tokens"] == 49 and tl["measured_tokens"] == [8, 48] and tl["band"] is None   # ⌊1.2·40⌋ = 48
     y2 = next(v for v in rec["verdicts"] if v["claim"] == "Y2")
@@ -355,8 +358,44 @@ def test_token_loss_record_windows_and_per_window_arrays(study):
         assert np.allclose(piece[m], got[m], atol=1e-4), m          # nll stored as float32
     rows = pd.read_csv(out / "icl_rows.csv")
     assert {"slope", "band", "benefit"} <= set(rows.columns)
-    assert (out / "checkpoints" / "icl_sensitivity").is_dir()
+    assert (out / "checkpoints" / "icl_resample").is_dir() and (out / "checkpoints" / "icl_mean").is_dir()
     assert "## Token-loss ICL score" in (out / "report.md").read_text()
+
+
+def test_each_sensitivity_arm_gives_y2s_difference_under_its_method(study):
+    """``--icl-sensitivity resample,mean``: one piece per arm and Y2 condition, ``icl_<method>/<condition>``, on the
+    primary's windows; Y2's caveat gives, per arm in the order given, the mean over fractions of D(FV-exclusive) −
+    D(induction-exclusive) per window, recomputed here from the arm's pieces alone."""
+    from inductionlab.measures.stats import ci
+    from inductionlab.studies.report import fmt_ci
+    res, out = study
+    y2 = sorted(c.name for c in res.conditions if c.kind in ("induction-excl-fv", "fv-excl-induction"))
+    caveat = next(v for v in json.loads((out / "results.json").read_text())["verdicts"] if v["claim"] == "Y2")["caveat"]
+    said = caveat.split("sensitivity arms, the same difference under another ablation: ")[1].split("; ")
+    assert [s.split(" ")[0] for s in said] == ["resample", "mean"]
+    for method, text in zip(("resample", "mean"), said):
+        arm = out / "checkpoints" / f"icl_{method}"
+        assert sorted(p.stem for p in arm.glob("*.npz")) == y2
+        slope = {c: np.load(arm / f"{c}.npz")["slope"].astype(np.float64) for c in y2}
+        fractions = sorted({c.rsplit("-", 1)[1] for c in y2})
+        d = np.mean([slope[f"fv-excl-induction-{f}"] - slope[f"induction-excl-fv-{f}"] for f in fractions], axis=0)
+        assert d.shape == (3,) and text == f"{method} {fmt_ci(*ci(d))}"
+    assert not np.allclose(*(np.load(out / "checkpoints" / f"icl_{m}" / f"{y2[0]}.npz")["slope"]
+                             for m in ("resample", "mean")))            # two methods, two results
+
+
+def test_sensitivity_arms_are_refused_when_repeated_primary_or_unknown(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("some words " * 50)
+    for arms, message in ((("mean", "mean"), "repeats a method"), (("resample", "sink"), "is the primary"),
+                          (("patch",), "use sink, resample, mean, zero")):
+        with pytest.raises(InductionLabError, match=f"--icl-sensitivity .*{message}"):
+            TokenLossConfig(text=str(text), sensitivity=arms).validate()
+    assert TokenLossConfig(text=str(text), sensitivity=None).arms == ()
+    r = CliRunner().invoke(main, ["study", "head-types", "--icl-text", str(text), "--icl-sensitivity", "mean,mean",
+                                  "--out", str(tmp_path / "x")])
+    assert r.exit_code != 0 and "--icl-sensitivity mean,mean repeats a method" in r.output
+    assert not (tmp_path / "x").exists()
 
 
 def test_the_icl_score_runs_under_the_claims_conditions_only(study):

@@ -378,6 +378,10 @@ class DualRouteConfig:
             raise InductionLabError(f"--route-word-pool {self.word_pool} and rows {self.rows} must be >= 1")
 
 
+#: The ablations the token-loss score runs under (the primary ``--icl-method`` and the sensitivity arms).
+TOKEN_LOSS_METHODS = ("sink", "resample", "mean", "zero")
+
+
 @dataclass
 class TokenLossConfig:
     """The token-loss ICL score under ablation (Olsson et al. 2022; Yin & Steinhardt 2025's "token-loss
@@ -401,12 +405,14 @@ class TokenLossConfig:
                                              "the pilot's n.", none="no cap", flag="--budget-minutes")
     bands: bool = opt(True, "Windows end at the late token (the flag sets bands false; the band benefit B, which "
                             "needs 1.2 x late tokens, is then absent).", flag="--no-icl-bands")
-    method: str = opt("sink", "Ablation of the heads for this measure.", choices=("sink", "resample", "mean", "zero"),
+    method: str = opt("sink", "Ablation of the heads for this measure.", choices=TOKEN_LOSS_METHODS,
                       source="Yin & Steinhardt 2025's hook, as their code runs it, writes v(BOS) at every position: "
                              "sink (ANCHORS-POWER 1.3)", flag="--icl-method")
-    sensitivity: str | None = opt("resample", "A second ablation of the claim's conditions, reported beside the "
-                                              "primary (study head-types).", none="no sensitivity arm",
-                                  choices=("resample", "sink", "mean", "zero", "none"), flag="--icl-sensitivity")
+    sensitivity: tuple[str, ...] | None = opt(("resample",), "Other ablations of the claim's conditions, "
+                                                            "comma-separated (resample, sink, mean, zero): each an arm "
+                                                            "reported beside the primary (study head-types).",
+                                              none="no sensitivity arm", flag="--icl-sensitivity",
+                                              metavar="METHOD[,METHOD...]")
     batch_size: int = opt(2, "Windows per forward pass.", cli=False, size=lambda c: TOKEN_BYTES * (c.late * 6 // 5 + 1))
 
     @property
@@ -416,8 +422,8 @@ class TokenLossConfig:
 
     def validate(self) -> None:
         """Raises InductionLabError: positions out of order, fewer than 2 windows (a CI needs two), a half-width
-        or budget <= 0, an unknown method, a sensitivity arm equal to the primary method; the demo corpus not
-        installed or a ``--icl-text`` that is no file (checked here, before a model loads)."""
+        or budget <= 0, an unknown method, a sensitivity arm equal to the primary method or given twice; the demo
+        corpus not installed or a ``--icl-text`` that is no file (checked here, before a model loads)."""
         check_fields(self)
         if self.text == "demo":
             from ..data.corpus import demo_archive     # here: the CLI's options read this module
@@ -439,11 +445,19 @@ class TokenLossConfig:
             raise InductionLabError(f"--icl-half-width {self.half_width} must be > 0 nats (e.g. 0.1)")
         if self.budget_minutes is not None and not self.budget_minutes > 0:
             raise InductionLabError(f"--budget-minutes {self.budget_minutes} must be > 0 (or none)")
-        if self.sensitivity is not None:
-            check_method(self.sensitivity)
-            if self.sensitivity == self.method:
-                raise InductionLabError(f"--icl-sensitivity {self.sensitivity} is the primary --icl-method; give "
-                                        "another method or none")
+        for m in self.arms:
+            if m not in TOKEN_LOSS_METHODS:
+                raise InductionLabError(f"--icl-sensitivity {m}: use {', '.join(TOKEN_LOSS_METHODS)} (or none)")
+            if m == self.method:
+                raise InductionLabError(f"--icl-sensitivity {m} is the primary --icl-method; give another method "
+                                        "or none")
+        if len(set(self.arms)) != len(self.arms):
+            raise InductionLabError(f"--icl-sensitivity {','.join(self.arms)} repeats a method; give each once")
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        """The sensitivity arms' ablation methods, in the order given (none: ``()``)."""
+        return tuple(self.sensitivity or ())
 
 
 __all__ = ["LagProbeConfig", "SerialRecallConfig", "WordCopyConfig", "FVScoreConfig", "DualRouteConfig", "HeadTypeParams",

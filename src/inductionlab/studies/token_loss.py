@@ -2,8 +2,8 @@
 positions settled before anything is written (:func:`plan`), then in the study's phases (:func:`measure`) a pilot
 (intact + the claim's ablation on ``--icl-pilot`` windows, one piece ``icl_pilot``) that sizes the confirmatory
 run (piece ``icl_sample_size``: n = ⌈(1.96·σ/h)²⌉ capped by ``--budget-minutes`` and the text), the confirmatory
-phase ``icl/<condition>`` on n windows under every condition (same windows in each: paired), and an optional
-sensitivity arm ``icl_sensitivity/<condition>`` under a second ablation method. Each piece resumes.
+phase ``icl/<condition>`` on n windows under every condition (same windows in each: paired), and optional
+sensitivity arms ``icl_<method>/<condition>``, one per other ablation method. Each piece resumes.
 
 With ``--icl-sequences N`` there is no pilot: N windows, as before issue 34.
 """
@@ -61,11 +61,11 @@ class TokenLossPlan:
 
 @dataclass
 class TokenLossRun:
-    """The phase's value: per condition the probe's arrays, the sensitivity arm's (or None), the pilot's sizing
-    record (None: a fixed n), the windows' count, the per-window table (:func:`~inductionlab.protocols.
-    token_loss.window_table`) and the windows ``[n, length]``."""
+    """The phase's value: per condition the probe's arrays, per sensitivity method its arms' arrays (empty: no
+    arm), the pilot's sizing record (None: a fixed n), the windows' count, the per-window table
+    (:func:`~inductionlab.protocols.token_loss.window_table`) and the windows ``[n, length]``."""
     arrays: dict[str, dict[str, np.ndarray]]
-    sensitivity: dict[str, dict[str, np.ndarray]] | None
+    sensitivity: dict[str, dict[str, dict[str, np.ndarray]]]
     sizing: dict | None
     n: int
     table: pd.DataFrame = field(repr=False)
@@ -92,28 +92,27 @@ def plan(loaded, cfg: TokenLossConfig, seed: int) -> TokenLossPlan:
 
 def measure(ctx: Context, tl: TokenLossPlan, conditions, pilot_condition, sensitivity_conditions=()) -> TokenLossRun:
     """The pilot and the sizing (auto), then the confirmatory phase ``icl`` under ``conditions`` (the first is
-    intact) and the sensitivity phase ``icl_sensitivity`` under ``sensitivity_conditions`` with
-    ``cfg.sensitivity`` (none: skipped)."""
+    intact) and one sensitivity phase ``icl_<method>`` per method of ``cfg.arms`` under ``sensitivity_conditions``
+    (none: skipped)."""
     cfg, loaded = tl.cfg, ctx.loaded
-    sens = list(sensitivity_conditions) if cfg.sensitivity else []
+    sens = list(sensitivity_conditions) if cfg.arms else []
     sizing = None
     if cfg.auto:
         pr = P.probe(tl.pilot_windows, cfg, tl.early, tl.late)
         pilot = ctx.arrays("icl_pilot", lambda: P.run_pilot(loaded, pr, [conditions[0], pilot_condition]))
-        sizing = ctx.piece("icl_sample_size", lambda: P.choose_n(pilot, cfg, len(conditions) + len(sens),
-                                                                tl.available))
+        sizing = ctx.piece("icl_sample_size", lambda: P.choose_n(pilot, cfg, len(conditions) + len(cfg.arms) *
+                                                                len(sens), tl.available))
         sizing |= {"pilot_condition": pilot_condition.name}
         n = int(sizing["sample_size"]["n"])
         windows = P.text_windows(loaded, cfg, tl.length, n, tl.seed)
     else:
         windows, n = tl.windows, len(tl.windows)
-    phases = [Phase("icl", P.probe(windows, cfg, tl.early, tl.late), conditions)]
-    if sens:
-        phases.append(Phase("icl_sensitivity", P.probe(windows, cfg, tl.early, tl.late, cfg.sensitivity), sens))
-    runs = ctx.measure(*phases)
+    arms = cfg.arms if sens else ()
+    runs = ctx.measure(Phase("icl", P.probe(windows, cfg, tl.early, tl.late), conditions),
+                       *(Phase(f"icl_{m}", P.probe(windows, cfg, tl.early, tl.late, m), sens) for m in arms))
     arrays = runs["icl"].arrays
-    s = runs["icl_sensitivity"].arrays if sens else None
-    return TokenLossRun(arrays, s, sizing, n, P.window_table(arrays), windows)
+    return TokenLossRun(arrays, {m: runs[f"icl_{m}"].arrays for m in arms}, sizing, n, P.window_table(arrays),
+                        windows)
 
 
 def cost(run: TokenLossRun, icl_seconds: float | None, n_conditions: int) -> dict:
@@ -151,7 +150,7 @@ def record(tl: TokenLossPlan, run: TokenLossRun) -> dict:
             "band": None if last >= TL.band(tl.late)[1] else
             f"absent: the windows stop at token {last}, before ⌊1.2·late⌋ = {TL.band(tl.late)[1]}",
             "windows": P.window_construction(tl.cfg), "n_windows": run.n, "method": tl.cfg.method,
-            "sensitivity_method": tl.cfg.sensitivity if run.sensitivity is not None else None,
+            "sensitivity_methods": list(run.sensitivity),
             "sizing": run.sizing if run.sizing is not None else {"fixed": run.n, "option": "--icl-sequences"},
             "intact_per_window_sd": sd, "intact": means,
             "per_window_arrays": "checkpoints/icl/<condition>.npz: nll (float32 [n, tokens measured]), slope, band, "
@@ -163,8 +162,8 @@ def report_lines(rec: dict) -> list[str]:
     lines = ["## Token-loss ICL score", "", f"Measure: {rec['definition']}.", "",
              f"Windows: {rec['n_windows']} ({rec['windows']}); {rec['window_tokens']} tokens, losses kept for tokens "
              f"{rec['measured_tokens'][0]}–{rec['measured_tokens'][1]}; early {rec['early']}, late {rec['late']}. "
-             f"Ablation: {rec['method']}" + (f"; sensitivity arm: {rec['sensitivity_method']}"
-                                              if rec.get("sensitivity_method") else "") + "."]
+             f"Ablation: {rec['method']}" + (f"; sensitivity arms: {', '.join(rec['sensitivity_methods'])}"
+                                              if rec["sensitivity_methods"] else "") + "."]
     if rec.get("band"):
         lines += ["", f"Band benefit B {rec['band']}."]
     sz = rec["sizing"]

@@ -23,7 +23,7 @@ Pieces (each checkpointed in ``<out>/checkpoints/``; a re-run with the same ``--
    probes with the heads' last-position output set to its mean over the FV scoring prompts and to zero (all
    conditions at once per prompt, as the ablation edits the last position only: ``probes/<task>.npz``), the
    token-loss ICL score (:mod:`inductionlab.studies.token_loss`: a pilot ``icl_pilot`` sizing the windows
-   ``icl_sample_size``, then ``icl/<condition>`` and the sensitivity arm ``icl_sensitivity/<condition>``; the
+   ``icl_sample_size``, then ``icl/<condition>`` and the sensitivity arms ``icl_<method>/<condition>``; the
    log-slope benefit D decides Y2) and the lag probe (``lag/<condition>``).
 
 Then ``results.json``, tables, figures and ``report.md``, with the verdicts Y1–Y4 of
@@ -55,6 +55,7 @@ from ...protocols.cmr_fit import attention_crp_cmr_fit
 from ...protocols.configs import DualRouteConfig, FVScoreConfig, LagProbeConfig
 from ...protocols.icl_tasks import Prompt, build_tasks, make_prompts
 from ...protocols.lag_probe import LagProbeResult
+from ...protocols.token_loss import window_table
 from ..configs import check_trial_ids
 from .. import token_loss as TLS
 from ..engine import Context, Phase, StudyResult, run_study
@@ -481,10 +482,8 @@ def result(plan: Plan, pieces: dict) -> HeadTypesStudy:
     drops = drop_table(conditions, lambda name: per_trial(name, probes, icl, lag), counts)
     route = pieces.get("route")
     overlap = overlap_table(hs["induction"], fv, hs.scores, route)
-    sens = None
-    if icl_run.sensitivity is not None:
-        from ...protocols.token_loss import window_table
-        sens = window_table({"intact": icl_run.arrays["intact"], **icl_run.sensitivity})
+    intact = icl_run.arrays["intact"]
+    sens = {m: window_table({"intact": intact, **arms}) for m, arms in icl_run.sensitivity.items()}
     verd = decide(drops, probes, icl, lag, conditions, overlap, counts, icl_cost=pieces["icl_cost"], icl_sensitivity=sens)
     verd = TLS.with_cap_note(verd, "Y2", icl_run)
     aie = fv.aie()

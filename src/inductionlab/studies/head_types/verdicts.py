@@ -118,20 +118,23 @@ def y2_measure(icl: pd.DataFrame) -> str:
 
 def decide(drops: pd.DataFrame, probes: pd.DataFrame, icl: pd.DataFrame, lag: LagProbeResult, conditions,
            overlap: pd.DataFrame, counts: dict[int, float], *, icl_cost: dict | None = None,
-           icl_sensitivity: pd.DataFrame | None = None) -> list[Verdict]:
+           icl_sensitivity: dict[str, pd.DataFrame] | None = None) -> list[Verdict]:
     """The claims Y1–Y4 (module docstring), each a :class:`~inductionlab.studies.run.Verdict` with its numbers
     (``counts``: head count -> the fraction that gave it, for the per-fraction numbers; ``icl_cost``: the
     token-loss phase's ``seconds_per_trial_condition`` and ``conditions``, for Y2's power line;
-    ``icl_sensitivity``: the per-window table under the sensitivity method, Y2's difference under it goes to the
-    verdict's caveat)."""
+    ``icl_sensitivity``: sensitivity method -> the per-window table under it; Y2's difference under each goes to
+    the verdict's caveat, in the order given)."""
     y2 = y2_measure(icl)
     v2 = _paired_claim("Y2", conditions, probes, icl, lag, y2, -1, counts,
                        lambda m, lo, hi: (lo > 0, "the intact ICL benefit D's CI reaches 0: no in-context gain to lower"),
                        icl_cost)
-    if icl_sensitivity is not None:
-        conds = [c for c in conditions if c.name in set(icl_sensitivity.condition)]
-        d, _ = _exclusive_difference(conds, probes, icl_sensitivity, lag, y2_measure(icl_sensitivity), -1, counts)
-        note = f"sensitivity arm: the same difference under the second ablation method {fmt_ci(*ci(d))}"
+    arms = []
+    for method, table in (icl_sensitivity or {}).items():
+        conds = [c for c in conditions if c.name in set(table.condition)]
+        d, _ = _exclusive_difference(conds, probes, table, lag, y2_measure(table), -1, counts)
+        arms.append(f"{method} {fmt_ci(*ci(d))}")
+    if arms:
+        note = "sensitivity arms, the same difference under another ablation: " + "; ".join(arms)
         v2 = v2 | {"caveat": f"{v2.caveat}; {note}" if v2.caveat else note}
     out = [
         _paired_claim("Y1", conditions, probes, icl, lag, "hits1_mean", +1, counts,

@@ -172,9 +172,9 @@ class RoutesConfig:
                                         "2 or more tokens (e.g. 2-4); none skips it")
             check_trials_fit(words.n_permutations, words.trial_tokens, "--n-permutations")
         check_trials_fit(self.icl.n_sequences or self.icl.pilot, self.icl.late * 6 // 5 + 1, "--icl-sequences")
-        if self.icl.sensitivity is not None:
-            raise InductionLabError(f"--icl-sensitivity {self.icl.sensitivity}: study routes runs no sensitivity arm; "
-                                    "give none (study head-types runs one for Y2)")
+        if self.icl.arms:
+            raise InductionLabError(f"--icl-sensitivity {','.join(self.icl.arms)}: study routes runs no sensitivity "
+                                    "arm; give none (study head-types runs them for Y2)")
 
 
 SPEC = StudySpec(
