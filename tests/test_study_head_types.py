@@ -59,8 +59,8 @@ def small(text: Path, **over) -> HeadTypesConfig:
 
 @pytest.fixture(scope="module")
 def study(loaded, tmp_path_factory):
-    """The study with ``--cmr`` on and two sensitivity arms for Y2 (resample, mean). The CMR grid is stood in for by random normalised CRPs (the grid's own tests
-    are in test_cmr.py), cached in a temporary cache dir."""
+    """The study with ``--cmr`` on and two sensitivity arms for Y2 (resample, mean). The CMR grid is stood in for by
+    random normalised CRPs (the grid's own tests are in test_cmr.py), cached in a temporary cache dir."""
     from inductionlab.measures import cmr
     from inductionlab.studies.head_types.study import run_head_types
     lm, text = loaded

@@ -95,19 +95,19 @@ def measure(ctx: Context, tl: TokenLossPlan, conditions, pilot_condition, sensit
     intact) and one sensitivity phase ``icl_<method>`` per method of ``cfg.arms`` under ``sensitivity_conditions``
     (none: skipped)."""
     cfg, loaded = tl.cfg, ctx.loaded
-    sens = list(sensitivity_conditions) if cfg.arms else []
+    sens = list(sensitivity_conditions)
+    arms = cfg.arms if sens else ()                     # methods that run: none without conditions to run them on
     sizing = None
     if cfg.auto:
         pr = P.probe(tl.pilot_windows, cfg, tl.early, tl.late)
         pilot = ctx.arrays("icl_pilot", lambda: P.run_pilot(loaded, pr, [conditions[0], pilot_condition]))
-        sizing = ctx.piece("icl_sample_size", lambda: P.choose_n(pilot, cfg, len(conditions) + len(cfg.arms) *
-                                                                len(sens), tl.available))
+        sizing = ctx.piece("icl_sample_size", lambda: P.choose_n(pilot, cfg, len(conditions) + len(arms) * len(sens),
+                                                                tl.available))
         sizing |= {"pilot_condition": pilot_condition.name}
         n = int(sizing["sample_size"]["n"])
         windows = P.text_windows(loaded, cfg, tl.length, n, tl.seed)
     else:
         windows, n = tl.windows, len(tl.windows)
-    arms = cfg.arms if sens else ()
     runs = ctx.measure(Phase("icl", P.probe(windows, cfg, tl.early, tl.late), conditions),
                        *(Phase(f"icl_{m}", P.probe(windows, cfg, tl.early, tl.late, m), sens) for m in arms))
     arrays = runs["icl"].arrays
